@@ -1,0 +1,134 @@
+"""Engine benchmark on one GPU: a Llama-3-8B-shaped model with random bf16 weights (built from a config, nothing
+downloaded), contexts of 8k and 32k tokens, keep 10%.
+
+Measured side by side in one process, on one device:
+* decode time per token of ``full`` against ``streaming``, ``h2o`` and ``snapkv`` (streaming mode: every policy
+  evicts at every step, so the policy's whole cost is in the figure; and prefill mode: compress once, then decode);
+* prefill time and peak GPU memory (``torch.cuda.max_memory_allocated``) of ``streaming`` mode against ``full``;
+* the memory a streaming run should need: weights + (budget + chunk) tokens of KV + the activations of one chunk,
+  each measured (weights and KV from tensor sizes, activations as the peak of one chunk's forward pass).
+
+Usage: ``python bench/engine_gpu.py --out bench/results/engine_gpu.json`` (needs a CUDA GPU with ~40 GB free).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kvlab.budget import Budget  # noqa: E402
+from kvlab.engine import RunSpec, generate  # noqa: E402
+from kvlab.models import wrap_model  # noqa: E402
+from kvlab.policies import make_policy  # noqa: E402
+
+LLAMA3_8B = dict(
+    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=8, max_position_embeddings=32768 + 1024, rope_theta=500000.0, tie_word_embeddings=False,
+)
+
+
+def build_model(layers: int | None):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{**LLAMA3_8B, **({"num_hidden_layers": layers} if layers else {})})
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.02)
+    return wrap_model(model)
+
+
+def decode_ms(loaded, ids, spec: RunSpec, repeats: int) -> dict[str, float]:
+    """Median decode time per token over ``repeats`` runs, with the prefill and peak memory of the last one."""
+    per_token, prefill, peak, kv = [], [], 0, 0
+    for _ in range(repeats):
+        result = generate(loaded, ids, spec)
+        per_token.append(1000 * result.decode_seconds / (len(result.tokens[0]) - 1))
+        prefill.append(result.prefill_seconds)
+        peak, kv = result.peak_gpu_bytes, result.peak_kv_bytes
+    return {"decode_ms_per_token": statistics.median(per_token), "decode_ms_runs": per_token,
+            "prefill_s": statistics.median(prefill), "peak_gpu_bytes": peak, "peak_kv_bytes": kv}
+
+
+def activation_peak(loaded, chunk: int) -> int:
+    """Peak memory above the weights of one forward pass over ``chunk`` tokens with an empty cache."""
+    spec = RunSpec(make_policy("full"), max_new_tokens=1)
+    ids = torch.randint(0, 1000, (1, chunk), device="cuda")
+    torch.cuda.synchronize()
+    result = generate(loaded, ids, spec)
+    kv_of_chunk = result.peak_kv_bytes
+    return result.peak_gpu_bytes - weight_bytes(loaded) - kv_of_chunk
+
+
+def weight_bytes(loaded) -> int:
+    return sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--contexts", default="8192,32768")
+    parser.add_argument("--keep", type=float, default=0.1)
+    parser.add_argument("--chunk", type=int, default=1024)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=None, help="fewer layers for a quick check")
+    parser.add_argument("--out", default="bench/results/engine_gpu.json")
+    args = parser.parse_args()
+
+    loaded = build_model(args.layers)
+    weights = weight_bytes(loaded)
+    results = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+        "model": "Llama-3-8B shape, random bf16 weights", "layers": loaded.arch.num_layers, "keep": args.keep,
+        "chunk": args.chunk, "new_tokens": args.new_tokens, "repeats": args.repeats, "weight_bytes": weights,
+        "contexts": {},
+    }
+    warm = torch.randint(0, 1000, (1, 2048), device="cuda")
+    for name in ("full", "streaming", "h2o", "snapkv"):
+        for mode in ("prefill", "streaming"):
+            budget = None if name == "full" else Budget(keep=0.1)
+            generate(loaded, warm, RunSpec(make_policy(name), budget, mode=mode, chunk=512, max_new_tokens=4,
+                                           stop_token_ids=()))
+    act = activation_peak(loaded, args.chunk)
+    results["activation_bytes_one_chunk"] = act
+    for context in (int(c) for c in args.contexts.split(",")):
+        ids = torch.randint(0, 100000, (1, context), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+        rows = {}
+        for name in ("full", "streaming", "h2o", "snapkv"):
+            for mode in ("prefill", "streaming"):
+                budget = None if name == "full" else Budget(keep=args.keep)
+                spec = RunSpec(make_policy(name), budget, mode=mode, chunk=args.chunk if mode == "streaming" else None,
+                               max_new_tokens=args.new_tokens, stop_token_ids=())
+                torch.cuda.empty_cache()
+                rows[f"{name}/{mode}"] = decode_ms(loaded, ids, spec, args.repeats)
+                print(context, name, mode, {k: v for k, v in rows[f"{name}/{mode}"].items() if k != "decode_ms_runs"},
+                      flush=True)
+        budget_tokens = Budget(keep=args.keep).resolve(context)
+        per_token_kv = 2 * loaded.arch.num_layers * loaded.arch.num_kv_heads * loaded.arch.head_dim * 2
+        expected = weights + (budget_tokens + args.chunk) * per_token_kv + act
+        rows["streaming_memory_model"] = {
+            "budget_tokens": budget_tokens, "weights": weights, "kv_budget_plus_chunk": (budget_tokens + args.chunk) * per_token_kv,
+            "activations_one_chunk": act, "expected_peak": expected,
+            "measured_peak_streaming_mode": rows["streaming/streaming"]["peak_gpu_bytes"],
+            "ratio": rows["streaming/streaming"]["peak_gpu_bytes"] / expected,
+        }
+        results["contexts"][str(context)] = rows
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print(json.dumps({c: {k: (v["decode_ms_per_token"] if "decode_ms_per_token" in v else v.get("ratio"))
+                          for k, v in rows.items()} for c, rows in results["contexts"].items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

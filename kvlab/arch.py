@@ -1,0 +1,138 @@
+"""Architecture facts of a decoder-only transformer, read from its Hugging Face config.
+
+The engine needs them to shape the cache, the cost calculator to price it, and the dashboard to label it. They are
+read from the config alone (no weights), so a pasted ``config.json`` or a hub config is enough.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from kvlab.errors import KvlabError
+
+DTYPE_BYTES: dict[torch.dtype, int] = {
+    torch.float32: 4,
+    torch.float16: 2,
+    torch.bfloat16: 2,
+    torch.float64: 8,
+}
+
+
+@dataclass(frozen=True)
+class ArchFacts:
+    """What shapes the KV cache of one model.
+
+    ``sliding_layers`` lists the layers whose attention only looks back ``sliding_window`` tokens; a full cache keeps
+    at most ``sliding_window - 1`` past tokens there. ``kv_lora_rank`` is set for multi-head latent attention
+    (DeepSeek-V2/V3), whose cache holds one compressed latent plus a shared RoPE key per token instead of per-head
+    K and V.
+    """
+
+    model_type: str
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = field(default_factory=tuple)
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+
+    @property
+    def uses_mla(self) -> bool:
+        """Whether the cache is a multi-head latent attention cache (one latent per token, not per head)."""
+        return self.kv_lora_rank is not None
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether ``layer`` uses sliding-window attention."""
+        return layer in self.sliding_layers
+
+
+def _text_config(config: Any) -> Any:
+    """Multimodal configs keep the language model's facts in a nested text config."""
+    get_text_config = getattr(config, "get_text_config", None)
+    if callable(get_text_config):
+        return get_text_config()
+    return config
+
+
+def _get(config: Any, *names: str, default: Any = None) -> Any:
+    """The first of ``names`` that the config (an object or a mapping) defines and that is not None."""
+    for name in names:
+        value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _dtype_bytes(config: Any) -> int:
+    names = ("dtype", "torch_dtype") if isinstance(config, Mapping) else ("dtype",)
+    raw = _get(config, *names, default="float32")
+    if isinstance(raw, torch.dtype):
+        return DTYPE_BYTES.get(raw, 2)
+    name = str(raw).replace("torch.", "")
+    return {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}.get(name, 2)
+
+
+def _sliding_layers(config: Any, num_layers: int) -> tuple[int | None, tuple[int, ...]]:
+    window = _get(config, "sliding_window")
+    if window is None or _get(config, "use_sliding_window") is False:
+        return None, ()
+    layer_types = _get(config, "layer_types")
+    if layer_types:
+        layers = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+        return (int(window), layers) if layers else (None, ())
+    max_window_layers = _get(config, "max_window_layers")
+    if max_window_layers is not None and _get(config, "model_type") in {"qwen2", "qwen2_moe", "qwen3"}:
+        layers = tuple(range(int(max_window_layers), num_layers))
+        return (int(window), layers) if layers else (None, ())
+    return int(window), tuple(range(num_layers))
+
+
+def _config_object(mapping: Mapping[str, Any]) -> Any:
+    """A ``config.json`` mapping as transformers' own config class when it knows the model type, so that derived
+    fields (Gemma's alternating ``layer_types``, a multimodal model's nested text config) come out exactly as the
+    model would see them; the raw mapping otherwise."""
+    from transformers import AutoConfig
+
+    model_type = mapping.get("model_type")
+    if not model_type:
+        return mapping
+    try:
+        return AutoConfig.for_model(model_type, **{k: v for k, v in mapping.items() if k != "model_type"})
+    except (ValueError, TypeError, KeyError):
+        return mapping
+
+
+def arch_from_config(config: Any) -> ArchFacts:
+    """Read the architecture facts from a transformers config object or a ``config.json`` mapping."""
+    if isinstance(config, Mapping):
+        config = _config_object(config)
+    text = config if isinstance(config, Mapping) else _text_config(config)
+    num_layers = _get(text, "num_hidden_layers", "n_layer", "num_layers")
+    num_q_heads = _get(text, "num_attention_heads", "n_head", "num_heads")
+    hidden = _get(text, "hidden_size", "n_embd", "d_model")
+    if num_layers is None or num_q_heads is None or hidden is None:
+        raise KvlabError(
+            "The config does not describe a decoder-only transformer: it lacks the number of layers, "
+            "attention heads or hidden size."
+        )
+    num_kv_heads = _get(text, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=num_q_heads)
+    head_dim = _get(text, "head_dim", default=int(hidden) // int(num_q_heads))
+    window, sliding = _sliding_layers(text, int(num_layers))
+    return ArchFacts(
+        model_type=str(_get(text, "model_type", default="unknown")),
+        num_layers=int(num_layers),
+        num_q_heads=int(num_q_heads),
+        num_kv_heads=int(num_kv_heads),
+        head_dim=int(head_dim),
+        dtype_bytes=_dtype_bytes(text),
+        sliding_window=window,
+        sliding_layers=sliding,
+        kv_lora_rank=_get(text, "kv_lora_rank"),
+        qk_rope_head_dim=_get(text, "qk_rope_head_dim"),
+    )

@@ -1,0 +1,75 @@
+"""The one budget meaning shared by every policy.
+
+A budget is the number of tokens each layer's cache holds per KV head after eviction, sinks and windows included; or
+a kept fraction of the context, turned into tokens as ``ceil(keep * context_tokens)``. Frontiers compare like with
+like only because every policy obeys the same meaning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvlab.errors import KvlabError
+from kvlab.policies import Policy
+
+
+KEEP_DECIMALS = 9
+
+
+def kept_tokens(tokens: int, keep_fraction: float = 1.0) -> int:
+    """Tokens kept per layer out of ``tokens`` at a kept fraction: ``ceil(keep_fraction x tokens)``.
+
+    The product is rounded to 9 decimals first, so that floating point does not turn 0.1 x 30 (3.0000000000000004)
+    into 4 tokens. The cost calculator and the engine share this function, so priced and measured runs agree.
+    """
+    if not 0.0 < keep_fraction <= 1.0:
+        raise KvlabError(f"A kept fraction of {keep_fraction} is not possible; it must be more than 0 and at most 1.")
+    if tokens < 0:
+        raise KvlabError("The number of tokens cannot be negative.")
+    return math.ceil(round(keep_fraction * tokens, KEEP_DECIMALS))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Either ``tokens`` per layer per KV head, or ``keep``, a fraction of the context in (0, 1]."""
+
+    tokens: int | None = None
+    keep: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.tokens is None) == (self.keep is None):
+            raise KvlabError("Give a budget either in tokens or as a kept fraction, not both and not neither.")
+        if self.tokens is not None and self.tokens <= 0:
+            raise KvlabError(f"A budget of {self.tokens} tokens is not possible; it must be a positive number of tokens.")
+        if self.keep is not None and not 0.0 < self.keep <= 1.0:
+            raise KvlabError(f"A kept fraction of {self.keep} is not possible; it must be more than 0 and at most 1.")
+
+    def resolve(self, context_tokens: int) -> int:
+        """Tokens kept per layer per KV head for a context of ``context_tokens``."""
+        if self.tokens is not None:
+            return self.tokens
+        assert self.keep is not None
+        return max(1, kept_tokens(context_tokens, self.keep))
+
+
+
+def check_budget(policy: Policy, budget: Budget | None, context_tokens: int) -> int | None:
+    """The per-layer budget in tokens for this policy and context, or ``None`` for no eviction.
+
+    Raises one sentence when the budget cannot be honoured, for example a budget below a policy's sinks plus window.
+    """
+    if not policy.evicts():
+        if budget is not None:
+            raise KvlabError(f"Policy {policy.name!r} keeps every token, so it takes no budget; drop --keep/--budget.")
+        return None
+    if budget is None:
+        raise KvlabError(f"Policy {policy.name!r} evicts tokens, so it needs a budget (tokens or a kept fraction).")
+    tokens = budget.resolve(context_tokens)
+    if tokens < policy.min_budget():
+        of_context = f" (keep {budget.keep:g} of {context_tokens} tokens)" if budget.keep is not None else ""
+        raise KvlabError(
+            f"A budget of {tokens} tokens{of_context} is smaller than {policy.name}'s minimum of "
+            f"{policy.min_budget()}: {policy.describe_min_budget()}."
+        )
+    return tokens

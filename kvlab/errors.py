@@ -1,0 +1,10 @@
+"""User-facing errors.
+
+Every failure a user can cause (a bad budget, an unknown policy, a model that cannot be loaded, a locked database)
+is raised as a :class:`KvlabError` whose message is one plain sentence. The CLI prints that sentence and exits
+non-zero; the dashboard shows it on the page. Anything else is a bug and keeps its traceback.
+"""
+
+
+class KvlabError(Exception):
+    """An error caused by the user's input or environment, described in one sentence."""

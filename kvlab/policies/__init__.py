@@ -1,0 +1,63 @@
+"""Eviction policies by name, with their parameters settable from Python and the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from kvlab.errors import KvlabError
+from kvlab.policies.base import LayerView, Policy, check_fields, evict_layer
+from kvlab.policies.full import Full
+from kvlab.policies.h2o import H2O
+from kvlab.policies.knorm import Knorm
+from kvlab.policies.random import RandomPolicy
+from kvlab.policies.snapkv import PyramidKV, SnapKV
+from kvlab.policies.streaming import Streaming
+from kvlab.policies.tova import TOVA
+
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (Full, Streaming, H2O, SnapKV, PyramidKV, TOVA, Knorm, RandomPolicy)
+}
+
+__all__ = ["POLICIES", "LayerView", "Policy", "evict_layer", "make_policy", "parse_params"]
+
+
+def make_policy(name: str, **params: object) -> Policy:
+    """Build a policy by name with keyword parameters; unknown names and parameters raise one clear sentence."""
+    cls = POLICIES.get(name.lower())
+    if cls is None:
+        raise KvlabError(f"Unknown policy {name!r}; choose one of: {', '.join(POLICIES)}.")
+    check_fields(cls, params)
+    return cls(**params)
+
+
+def _coerce(policy: str, field: dataclasses.Field, text: str) -> object:
+    """Turn a command-line string into the type the policy's parameter declares."""
+    kind = typing.get_type_hints(POLICIES[policy])[field.name]
+    try:
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        return kind(text)
+    except ValueError:
+        expected = {int: "a whole number", float: "a number", bool: "true or false"}.get(kind, "a string")
+        raise KvlabError(f"Parameter {field.name!r} of policy {policy!r} must be {expected}, not {text!r}.") from None
+
+
+def parse_params(policy: str, pairs: list[str]) -> dict[str, object]:
+    """Parse ``key=value`` strings into a policy's typed parameters."""
+    cls = POLICIES.get(policy.lower())
+    if cls is None:
+        raise KvlabError(f"Unknown policy {policy!r}; choose one of: {', '.join(POLICIES)}.")
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    params: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise KvlabError(f"Policy parameters are written key=value, not {pair!r}.")
+        check_fields(cls, {key: value})
+        params[key] = _coerce(cls.name, by_name[key], value)
+    return params

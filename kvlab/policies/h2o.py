@@ -1,0 +1,49 @@
+"""H2O: heavy hitters by accumulated attention, plus recent tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from kvlab.errors import KvlabError
+from kvlab.policies.base import KEEP, LayerView, Policy
+
+
+@dataclass
+class H2O(Policy):
+    """H2O (Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language Models",
+    NeurIPS 2023, arXiv:2306.14048): keep the ``recent_ratio`` share of the budget as the most recent tokens and
+    fill the rest with the tokens that have accumulated the most attention from all queries so far.
+
+    The accumulated score of a token is the sum, over every query that has attended to it (prefill and decode) and
+    over the query heads sharing its KV head, of the softmax attention it received. Evicted tokens lose their score
+    for good, as in the paper's greedy algorithm.
+
+    Differs from the paper: with grouped-query attention the paper's per-head scores are summed over the query heads
+    of each KV head, because the KV head is what is stored; and in ``prefill`` mode the whole context is scored
+    before one eviction, where the paper evicts one token per step from the start.
+    """
+
+    name: ClassVar[str] = "h2o"
+    needs_scores: ClassVar[bool] = True
+    recent_ratio: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.recent_ratio < 1.0:
+            raise KvlabError(f"H2O's recent_ratio is the share of the budget kept as recent tokens, strictly between 0 and 1, not {self.recent_ratio}.")
+
+    def recent(self, budget: int) -> int:
+        """How many of ``budget`` slots are reserved for the most recent tokens."""
+        return max(1, round(budget * self.recent_ratio))
+
+    def min_budget(self) -> int:
+        return 2
+
+    def describe_min_budget(self) -> str:
+        return "one heavy hitter plus one recent token"
+
+    def score(self, view: LayerView) -> torch.Tensor:
+        assert view.cache.scores is not None
+        return view.cache.scores.masked_fill(view.most_recent(self.recent(view.budget)), KEEP)

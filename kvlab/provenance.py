@@ -1,0 +1,137 @@
+"""Where a result came from: code version, package versions and the identity of the weights.
+
+A stored run is only comparable with another if both say which code, which libraries and which exact weights
+produced them. Everything here is best effort and never fails a run: a missing package or a checkout that is not a
+git repository gives ``None``, not an error. The one exception is :func:`weights_hash`, whose input the caller chose.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import platform
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import kvlab
+from kvlab.errors import KvlabError
+
+#: Distributions whose versions can change a result or its timing; recorded with every run.
+TRACKED_PACKAGES: tuple[str, ...] = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "duckdb")
+
+_PACKAGE_DIR = Path(kvlab.__file__).resolve().parent
+_HASH_CHUNK_BYTES = 8 * 1024 * 1024
+_GIT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """The code and library versions behind a run.
+
+    ``git_commit`` ends in ``-dirty`` when tracked files differ from that commit, so an edited checkout is not
+    mistaken for the commit it started from.
+    """
+
+    kvlab_version: str
+    git_commit: str | None
+    packages: dict[str, str | None]
+
+
+@functools.lru_cache(maxsize=1)
+def collect_provenance() -> Provenance:
+    """The provenance of this process, computed once: none of it changes while the process runs."""
+    return Provenance(kvlab.__version__, git_commit(), package_versions())
+
+
+def package_versions(names: Iterable[str] = TRACKED_PACKAGES) -> dict[str, str | None]:
+    """Installed versions of ``names`` (``None`` where not installed) plus the Python version.
+
+    Read from package metadata, so nothing heavy (torch) is imported to learn its version.
+    """
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_commit(package_dir: Path = _PACKAGE_DIR) -> str | None:
+    """The commit of the git checkout that holds ``package_dir`` at its top level, or ``None``.
+
+    ``None`` when git is missing, the directory is not in a repository, the repository has no commit yet, or the
+    package is installed inside some other repository (a virtual environment within a project): that repository's
+    commit would say nothing about this code.
+    """
+    checkout = package_dir.resolve().parent
+    lines = _git(checkout, "rev-parse", "--show-toplevel", "HEAD")
+    if lines is None or len(lines) != 2 or Path(lines[0]).resolve() != checkout:
+        return None
+    changes = _git(checkout, "status", "--porcelain", "--untracked-files=no")
+    return lines[1] + ("-dirty" if changes else "")
+
+
+def _git(cwd: Path, *args: str) -> list[str] | None:
+    """Output lines of a git command, or ``None`` if it could not run or failed."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=_GIT_TIMEOUT_S, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.splitlines()
+
+
+def weights_hash(source: str | Path | Iterable[str | Path]) -> str:
+    """A sha256 identity of model weights: a model directory (its ``*.safetensors`` files) or a list of files.
+
+    Each file is named by its base name and hashed by its bytes, so the same weights give the same identity
+    wherever they are stored. A file is read once per process while its size and modification time stay the same.
+    Models loaded from the Hugging Face hub without local files can use ``config._commit_hash`` instead.
+    """
+    files = _weight_files(source)
+    listing = "\n".join(f"{path.name} {_file_sha256(path)}" for path in sorted(files, key=lambda p: p.name))
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def _weight_files(source: str | Path | Iterable[str | Path]) -> list[Path]:
+    """The files to hash: the safetensors files of a directory, or the given files, all of which must exist."""
+    if isinstance(source, (str, Path)) and Path(source).is_dir():
+        files = sorted(Path(source).glob("*.safetensors"))
+        if not files:
+            raise KvlabError(f"There are no .safetensors files in {source} to hash.")
+    else:
+        files = [Path(source)] if isinstance(source, (str, Path)) else [Path(item) for item in source]
+    if not files:
+        raise KvlabError("No weights files were given to hash.")
+    missing = [str(path) for path in files if not path.is_file()]
+    if missing:
+        raise KvlabError(f"The weights file {missing[0]} does not exist.")
+    return files
+
+
+_digest_cache: dict[tuple[str, int, int], str] = {}
+_digest_lock = threading.Lock()
+
+
+def _file_sha256(path: Path) -> str:
+    """sha256 of one file's bytes, cached by (resolved path, size, modification time)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    with _digest_lock:
+        cached = _digest_cache.get(key)
+    if cached is not None:
+        return cached
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    hexdigest = digest.hexdigest()
+    with _digest_lock:
+        _digest_cache[key] = hexdigest
+    return hexdigest

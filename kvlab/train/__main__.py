@@ -1,0 +1,91 @@
+"""``python -m kvlab.train <command>``: haystacks, prepare, train, evaluate, card.
+
+A full run on one GPU (about 25 minutes on one H100)::
+
+    python -m kvlab.train prepare
+    python -m kvlab.train train --time-budget-min 18
+    python -m kvlab.train evaluate
+    python -m kvlab.train card
+
+``train`` resumes from ``<workdir>/checkpoint.pt`` when it exists, so it can be run in pieces. ``--tiny`` trains a
+toy shape on short sequences, to check the pipeline on a CPU in a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from kvlab.train.model import TINY_SHAPE, ModelShape
+
+DEFAULT_WORKDIR = Path("out/train")
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent.parent / "data" / "models" / "kvlab-tiny-llama"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kvlab.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="corpus, checkpoints and logs")
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="where the trained model is written/read")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("haystacks", help="write data/haystacks/*.txt from this Python's pydoc_data")
+    p = sub.add_parser("prepare", help="build the corpus, its manifest, the tokenizer and the token streams")
+    p.add_argument("--max-bytes", type=int, default=400_000_000)
+    p.add_argument("--tokenizer-bytes", type=int, default=100_000_000)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--tiny", action="store_true", help="a toy corpus and vocabulary for a CPU check")
+    t = sub.add_parser("train", help="train (or resume) and export the model")
+    t.add_argument("--max-steps", type=int)
+    t.add_argument("--time-budget-min", type=float, help="fit the number of steps to this much training time")
+    t.add_argument("--batch-size", type=int, default=16)
+    t.add_argument("--lr", type=float, default=1.5e-3)
+    t.add_argument("--workers", type=int, default=6)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--init-from", type=Path, help="start from an exported model's weights")
+    t.add_argument("--no-compile", action="store_true")
+    t.add_argument("--tiny", action="store_true", help="a toy shape on 512-token sequences")
+    e = sub.add_parser("evaluate", help="needle accuracy, perplexity and attention profile into <model>/eval.json")
+    e.add_argument("--per-depth", type=int, default=5, help="items per length and depth (11 depths)")
+    e.add_argument("--variant-per-depth", type=int, default=2, help="the same for multi-key and multi-value")
+    e.add_argument("--batch", type=int, default=16)
+    sub.add_parser("card", help="write <model>/README.md and the loss curve from the recorded results")
+    args = parser.parse_args(argv)
+
+    if args.command == "haystacks":
+        from kvlab.train.haystacks import write_haystacks
+
+        write_haystacks()
+    elif args.command == "prepare":
+        from kvlab.train.prepare import prepare
+
+        scale = dict(max_bytes=3_000_000, tokenizer_bytes=1_000_000, vocab_size=512) if args.tiny else dict(
+            max_bytes=args.max_bytes, tokenizer_bytes=args.tokenizer_bytes, vocab_size=args.vocab)
+        max_length = (TINY_SHAPE if args.tiny else ModelShape()).max_positions
+        manifest = prepare(args.workdir, max_length=max_length, workers=args.workers, **scale)
+        print(json.dumps({k: manifest[k] for k in ("train", "heldout", "haystack_contamination", "prepare_seconds")}))
+    elif args.command == "train":
+        from kvlab.train.loop import TrainSettings, train
+
+        settings = TrainSettings(batch_size=args.batch_size, lr=args.lr, max_steps=args.max_steps,
+                                 time_budget_s=args.time_budget_min * 60 if args.time_budget_min else None,
+                                 seed=args.seed, compile=not args.no_compile, workers=args.workers)
+        if args.tiny:
+            settings = replace(settings, warmup_steps=5, checkpoint_every=10, log_every=2, eval_every=10,
+                               eval_batches=1, calibration_steps=3)
+        print(train(args.workdir, args.model, TINY_SHAPE if args.tiny else ModelShape(), settings, args.init_from))
+    elif args.command == "evaluate":
+        from kvlab.train.evaluate import evaluate
+
+        evaluate(args.model, args.workdir, per_depth=args.per_depth, variant_per_depth=args.variant_per_depth,
+                 batch=args.batch)
+    elif args.command == "card":
+        from kvlab.train.card import write_card
+
+        print(write_card(args.model, args.workdir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The command line: figures as JSON, and one clear sentence with a non-zero status for every bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvlab.cli import main
+from tiny_models import save_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_generate_json_reports_measured_figures(checkpoint, capsys):
+    prompt = "the cache keeps the tokens that matter " * 6
+    status, out, _ = run(capsys, "generate", "--model", checkpoint, "--prompt", prompt, "--policy", "streaming",
+                         "--budget", "16", "--mode", "streaming", "--chunk", "8", "--max-new-tokens", "5", "--json")
+    assert status == 0
+    figures = json.loads(out)
+    for key in ("text", "tokens", "context_tokens", "kv_bytes", "kv_bytes_full", "peak_kv_bytes", "kept_per_layer"):
+        assert key in figures
+    layers, kv_heads, head_dim = 3, 2, 16
+    per_token = 2 * layers * kv_heads * head_dim * 4
+    assert figures["kept_per_layer"] == [16] * layers
+    assert figures["kv_bytes"] == 16 * per_token
+    assert figures["peak_kv_bytes"] == (16 + 8) * per_token
+    seen = figures["context_tokens"] + len(figures["tokens"]) - 1
+    assert figures["kv_bytes_full"] == seen * per_token
+    assert figures["context_tokens"] > 16
+
+
+def test_generate_reads_a_prompt_file_and_takes_policy_parameters(checkpoint, tmp_path, capsys):
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("the tokens that matter " * 10, encoding="utf-8")
+    status, out, _ = run(capsys, "generate", "--model", checkpoint, "--prompt-file", str(prompt_file), "--policy",
+                         "snapkv", "--param", "window=4", "--param", "kernel=3", "--keep", "0.5", "--json")
+    assert status == 0
+    figures = json.loads(out)
+    assert figures["params"] == {"window": 4, "kernel": 3, "pooling": "max"}
+    assert figures["budget_tokens"] == -(-figures["context_tokens"] // 2)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--budget", "0"], "must be a positive number of tokens"),
+        (["--budget", "-3"], "must be a positive number of tokens"),
+        (["--keep", "1.5"], "more than 0 and at most 1"),
+        (["--keep", "0"], "more than 0 and at most 1"),
+        (["--policy", "streaming", "--budget", "4"], "smaller than streaming's minimum of 5"),
+        (["--policy", "snapkv", "--budget", "20"], "observation window of 32"),
+        (["--policy", "magic", "--budget", "10"], "Unknown policy 'magic'"),
+        (["--policy", "h2o", "--budget", "10", "--param", "heavy=3"], "has no parameter 'heavy'"),
+        (["--policy", "h2o", "--budget", "10", "--param", "recent_ratio=lots"], "must be a number"),
+        (["--policy", "h2o", "--budget", "10", "--param", "recent_ratio=1.5"], "strictly between 0 and 1"),
+        (["--policy", "h2o"], "needs a budget"),
+        (["--policy", "full", "--keep", "0.5"], "takes no budget"),
+        (["--policy", "streaming", "--budget", "10", "--mode", "streaming", "--chunk", "0"], "positive number"),
+    ],
+)
+def test_bad_inputs_exit_non_zero_with_one_sentence(checkpoint, capsys, argv, message):
+    status, out, err = run(capsys, "generate", "--model", checkpoint, "--prompt", "hello", *argv)
+    assert status != 0
+    assert out == ""
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_fraction_below_the_policy_minimum_is_refused_once_the_context_is_known(checkpoint, capsys):
+    status, _, err = run(capsys, "generate", "--model", checkpoint, "--prompt", "the cache " * 10, "--policy",
+                         "streaming", "--keep", "0.05")
+    assert status == 2
+    assert "keep 0.05 of" in err and "minimum of 5" in err

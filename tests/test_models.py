@@ -1,0 +1,109 @@
+"""Loading models and reading their architecture facts: clear sentences for everything a user can get wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+from kvlab.arch import arch_from_config
+from kvlab.errors import KvlabError
+from kvlab.models import load_model
+from tiny_models import save_tiny_checkpoint
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
+
+
+def test_loads_a_local_checkpoint_on_cpu_in_fp32_without_remote_code(checkpoint):
+    loaded = load_model(checkpoint)
+    assert loaded.device.type == "cpu"
+    assert loaded.dtype == torch.float32
+    assert next(loaded.model.parameters()).dtype == torch.float32
+    assert loaded.model.config._attn_implementation == "kvlab"
+    assert loaded.arch.num_layers == 3 and loaded.arch.num_kv_heads == 2 and loaded.arch.head_dim == 16
+
+
+def test_dtype_can_be_asked_for(checkpoint):
+    assert load_model(checkpoint, dtype="bf16").dtype == torch.bfloat16
+    with pytest.raises(KvlabError, match="Unknown dtype"):
+        load_model(checkpoint, dtype="float8")
+
+
+def write_config(directory: Path, config: dict) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return str(directory)
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        ({"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 32, "num_hidden_layers": 2,
+          "num_attention_heads": 2, "intermediate_size": 37, "vocab_size": 99}, "without a causal language-model head"),
+        ({"model_type": "t5", "is_encoder_decoder": True, "d_model": 32, "num_layers": 2, "num_heads": 2,
+          "vocab_size": 99}, "encoder-decoder"),
+        ({"model_type": "mysterious", "auto_map": {"AutoConfig": "cfg.MyConfig"}}, "trust_remote_code"),
+    ],
+)
+def test_models_that_cannot_run_are_refused_in_one_sentence(tmp_path, config, message):
+    with pytest.raises(KvlabError, match=message):
+        load_model(write_config(tmp_path / "model", config))
+
+
+def test_missing_paths_are_named(tmp_path):
+    with pytest.raises(KvlabError, match="No model directory"):
+        load_model(str(tmp_path / "does" / "not" / "exist"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(KvlabError, match="has no config.json"):
+        load_model(str(tmp_path / "empty"))
+
+
+def test_a_hub_id_without_network_gives_one_sentence():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    completed = subprocess.run(
+        [sys.executable, "-m", "kvlab", "generate", "--model", "kvlab-nobody/not-cached", "--prompt", "hi"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.strip().startswith("error: Could not fetch 'kvlab-nobody/not-cached'")
+    assert "Traceback" not in completed.stderr
+
+
+COMMON = dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
+              intermediate_size=64, vocab_size=10)
+
+
+@pytest.mark.parametrize(
+    "config,sliding_window,sliding_layers",
+    [
+        (LlamaConfig(**COMMON), None, ()),
+        (MistralConfig(**COMMON, sliding_window=4096), 4096, tuple(range(6))),
+        (MistralConfig(**COMMON, sliding_window=None), None, ()),
+        (Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=1024, max_window_layers=4), 1024, (4, 5)),
+        (Qwen2Config(**COMMON, use_sliding_window=False, sliding_window=1024), None, ()),
+        (Gemma2Config(**COMMON, head_dim=32, sliding_window=512), 512, (0, 2, 4)),
+    ],
+)
+def test_architecture_facts_come_from_the_config(config, sliding_window, sliding_layers):
+    arch = arch_from_config(config)
+    assert (arch.num_layers, arch.num_q_heads, arch.num_kv_heads) == (6, 8, 2)
+    assert arch.head_dim == 32
+    assert arch.sliding_window == sliding_window
+    assert arch.sliding_layers == sliding_layers
+    assert arch_from_config(config.to_dict()) == arch
+
+
+def test_a_config_that_is_not_a_transformer_is_refused():
+    with pytest.raises(KvlabError, match="decoder-only transformer"):
+        arch_from_config({"model_type": "resnet", "num_channels": 3})
