@@ -95,7 +95,9 @@ class BudgetedCache:
             new_positions = self._pending_positions
         new_positions = new_positions.to(device=key_states.device, dtype=torch.int32).expand(batch, kv_heads, n_new)
         if layer.keys is None:
-            layer.keys, layer.values = key_states, value_states
+            # The model hands over transposed views; store them in the standard layout so that every later cat,
+            # gather and attention kernel sees contiguous tensors.
+            layer.keys, layer.values = key_states.contiguous(), value_states.contiguous()
             layer.positions = new_positions.contiguous()
         else:
             layer.keys = torch.cat([layer.keys, key_states], dim=2)
@@ -123,6 +125,29 @@ class BudgetedCache:
         if layer.scores is not None:
             layer.scores = layer.scores.gather(2, indices)
         layer.n_new = 0
+
+    def fork(self, *, track_scores: bool, query_window: int) -> "BudgetedCache":
+        """An independent cache holding the same tokens, for another policy to compress.
+
+        K, V and positions are shared, not copied: the cache never changes them in place (appending and eviction
+        build new tensors), so a fork costs no memory until it diverges. Accumulated scores, which the attention
+        function adds to in place, are copied when the new owner tracks them.
+        """
+        forked = BudgetedCache(len(self.layers), track_scores=track_scores, query_window=query_window)
+        forked.seen_tokens = self.seen_tokens
+        for source, target in zip(self.layers, forked.layers):
+            target.keys, target.values, target.positions = source.keys, source.values, source.positions
+            target.sliding_window, target.scaling, target.softcap = source.sliding_window, source.scaling, source.softcap
+            if track_scores:
+                if source.scores is None:
+                    raise ValueError("The shared prefill did not accumulate attention scores.")
+                target.scores = source.scores.clone()
+            if query_window:
+                if source.recent_queries is None or source.recent_queries.shape[2] < min(query_window, self.seen_tokens):
+                    raise ValueError("The shared prefill did not remember enough queries.")
+                target.recent_queries = source.recent_queries[:, :, -query_window:]
+                target.recent_query_positions = source.recent_query_positions[-query_window:]
+        return forked
 
     def kv_bytes(self) -> int:
         """Bytes of all K and V tensors held, read from the tensors themselves."""

@@ -43,7 +43,10 @@ class RunSpec:
     """How to run one generation: the policy, its budget, the mode, and what to observe.
 
     ``chunk`` is the number of context tokens read per forward pass; ``None`` reads the whole context at once in
-    ``prefill`` mode and :data:`DEFAULT_STREAMING_CHUNK` tokens in ``streaming`` mode. Decoding is greedy.
+    ``prefill`` mode and :data:`DEFAULT_STREAMING_CHUNK` tokens in ``streaming`` mode. ``compression_interval``
+    (``streaming`` mode) evicts during decoding once every that many tokens instead of at every token, as kvpress's
+    ``DecodingPress`` does: the cache then holds up to budget + interval tokens, which must stay within the chunk so
+    that the budget + chunk bound holds. Decoding is greedy.
     """
 
     policy: Policy
@@ -54,6 +57,7 @@ class RunSpec:
     stop_token_ids: tuple[int, ...] | None = None
     seed: int = 0
     stats: StatsRequest | None = None
+    compression_interval: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -62,6 +66,13 @@ class RunSpec:
             raise KvlabError(f"A chunk of {self.chunk} tokens is not possible; it must be a positive number.")
         if self.max_new_tokens < 0:
             raise KvlabError(f"max_new_tokens must be zero or more, not {self.max_new_tokens}.")
+        if self.compression_interval < 1:
+            raise KvlabError(f"The compression interval must be at least one token, not {self.compression_interval}.")
+        if self.mode == "streaming" and self.compression_interval > self.chunk_size(self.compression_interval):
+            raise KvlabError(
+                f"A compression interval of {self.compression_interval} tokens is larger than the chunk of "
+                f"{self.chunk_size(self.compression_interval)}; the cache would exceed budget + chunk."
+            )
 
     def chunk_size(self, context_tokens: int) -> int:
         """Tokens per prefill forward pass."""
@@ -144,20 +155,62 @@ def _supports(model: Any, argument: str) -> bool:
     return argument in inspect.signature(model.forward).parameters
 
 
+@dataclass
+class Prefilled:
+    """A batch of contexts read once with a full cache that remembers what every listed policy needs (accumulated
+    attention, an observation window of queries), so that several ``prefill``-mode policies can each compress a
+    fork of it instead of reading the context again. The results are those of separate runs (a tested equivalence)."""
+
+    input_ids: torch.Tensor
+    cache: BudgetedCache
+    logits: torch.Tensor
+    peak_kv_bytes: int
+    seconds: float
+
+
+def prefill_once(loaded: LoadedModel, input_ids: torch.Tensor, policies: list[Policy],
+                 chunk: int | None = None) -> Prefilled:
+    """Read ``input_ids`` once for all ``policies`` (see :class:`Prefilled`)."""
+    from kvlab.policies import make_policy
+
+    reader = Generation(loaded, RunSpec(make_policy("full"), chunk=chunk, max_new_tokens=0), input_ids)
+    reader.cache = BudgetedCache(
+        loaded.arch.num_layers,
+        track_scores=any(policy.needs_scores for policy in policies),
+        query_window=max((policy.query_window() for policy in policies), default=0),
+    )
+    started = time.perf_counter()
+    logits = None
+    with torch.inference_mode():
+        for _, logits in reader._read(reader.input_ids, 0):
+            pass
+    _synchronize(loaded.device)
+    assert logits is not None
+    return Prefilled(reader.input_ids, reader.cache, logits, reader.peak_kv_bytes, time.perf_counter() - started)
+
+
 class Generation:
     """One generation of one policy over a batch of same-length token sequences.
 
     ``suffix_ids`` are read after the context and, in ``prefill`` mode, after compression (a question asked of a
-    compressed context); in ``streaming`` mode they are read in chunks like the context.
+    compressed context); in ``streaming`` mode they are read in chunks like the context. ``prefilled`` continues
+    from a context already read by :func:`prefill_once` (``prefill`` mode only) instead of ``input_ids``.
     """
 
     def __init__(
         self,
         loaded: LoadedModel,
         spec: RunSpec,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         suffix_ids: torch.Tensor | None = None,
+        prefilled: Prefilled | None = None,
     ) -> None:
+        if prefilled is not None:
+            if spec.mode != "prefill":
+                raise KvlabError("A context read once for several policies can only be compressed in prefill mode.")
+            input_ids = prefilled.input_ids
+        if input_ids is None:
+            raise KvlabError("Give the prompt's token ids, or a context already read.")
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise KvlabError("The prompt is empty; give at least one token of context.")
         if suffix_ids is not None and (suffix_ids.dim() != 2 or suffix_ids.shape[0] != input_ids.shape[0]):
@@ -179,6 +232,12 @@ class Generation:
         )
         self.generator = torch.Generator(device=loaded.device).manual_seed(spec.seed)
         self.peak_kv_bytes = 0
+        self._start_logits: torch.Tensor | None = None
+        if prefilled is not None:
+            self.cache = prefilled.cache.fork(track_scores=spec.policy.needs_scores,
+                                              query_window=spec.policy.query_window())
+            self.peak_kv_bytes = prefilled.peak_kv_bytes
+            self._start_logits = prefilled.logits
         self._logits_to_keep = _supports(loaded.model, "logits_to_keep")
         self._stops = set(spec.stop_token_ids if spec.stop_token_ids is not None else self._eos_ids())
         total = self.context_tokens + (0 if self.suffix_ids is None else self.suffix_ids.shape[1])
@@ -268,10 +327,11 @@ class Generation:
 
     def _run(self) -> Iterator[Event]:
         step = 0
-        logits = None
-        for event, logits in self._read(self.input_ids, step):
-            step += 1
-            yield event
+        logits = self._start_logits
+        if logits is None:
+            for event, logits in self._read(self.input_ids, step):
+                step += 1
+                yield event
         if self.spec.mode == "prefill" and self.budget_tokens is not None:
             self._evict()
             yield self._event("compress", step)
@@ -290,7 +350,7 @@ class Generation:
                 yield self._event("decode", step + index, token_ids=tokens, logits=logits)
                 return
             logits, stats = self._forward(next_ids.unsqueeze(1))
-            if self.spec.mode == "streaming":
+            if self.spec.mode == "streaming" and (index + 1) % self.spec.compression_interval == 0:
                 self._evict()
             yield self._event("decode", step + index, token_ids=tokens, logits=logits, stats=stats)
 
@@ -305,15 +365,17 @@ def _trim(tokens: list[int], stops: set[int]) -> list[int]:
 
 def generate(
     loaded: LoadedModel,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | None,
     spec: RunSpec,
     suffix_ids: torch.Tensor | None = None,
+    prefilled: Prefilled | None = None,
 ) -> GenerationResult:
-    """Run one generation to the end and report what it produced and held."""
+    """Run one generation to the end and report what it produced and held. With ``prefilled``, the context was read
+    earlier (its time is not counted here) and the peak GPU memory is that of this call only."""
     device = loaded.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    generation = Generation(loaded, spec, input_ids, suffix_ids)
+    generation = Generation(loaded, spec, input_ids, suffix_ids, prefilled)
     per_sequence: list[list[int]] = [[] for _ in range(generation.batch_size)]
     started = time.perf_counter()
     prefill_done = started

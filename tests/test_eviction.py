@@ -217,3 +217,35 @@ def test_observing_does_not_change_the_output(llama):
     observed = generate(loaded, ids, RunSpec(make_policy("full"), mode="streaming", chunk=8, max_new_tokens=6,
                                              stats=StatsRequest()))
     assert plain.tokens == observed.tokens
+
+
+def test_compression_interval_evicts_every_few_tokens_within_budget_plus_chunk(llama):
+    _, loaded = llama
+    spec = RunSpec(make_policy("streaming"), Budget(tokens=12), mode="streaming", chunk=6, max_new_tokens=9,
+                   stop_token_ids=(), compression_interval=3)
+    decode = [e for e in Generation(loaded, spec, prompt(length=40)).events() if e.kind == "decode"]
+    # the last token is chosen but never fed back, so the last event sees the cache of the step before
+    assert [e.kept_per_layer[0] for e in decode] == [13, 14, 12, 13, 14, 12, 13, 14, 14]
+    with pytest.raises(Exception, match="larger than the chunk"):
+        RunSpec(make_policy("streaming"), Budget(tokens=12), mode="streaming", chunk=4, compression_interval=5)
+
+
+@pytest.mark.parametrize("chunk", [None, 9])
+def test_one_shared_prefill_gives_each_policy_the_result_of_its_own_run(llama, chunk):
+    from kvlab.engine import prefill_once
+
+    _, loaded = llama
+    ids, question = prompt(batch=2, length=40, seed=4), prompt(batch=2, length=5, seed=6)
+    policies = [make_policy(name, **({"window": 4} if name in ("snapkv", "pyramidkv") else {}))
+                for name in ("streaming", "h2o", "snapkv", "pyramidkv", "tova", "knorm", "random")]
+    shared = prefill_once(loaded, ids, policies, chunk=chunk)
+    for policy in policies:
+        spec = RunSpec(policy, Budget(tokens=12), chunk=chunk, max_new_tokens=6, stop_token_ids=())
+        alone = generate(loaded, ids, spec, suffix_ids=question)
+        forked = generate(loaded, None, spec, suffix_ids=question, prefilled=shared)
+        assert forked.tokens == alone.tokens, policy.name
+        assert forked.kept_per_layer == alone.kept_per_layer
+        assert forked.peak_kv_bytes == alone.peak_kv_bytes
+    assert generate(loaded, None, RunSpec(make_policy("full"), max_new_tokens=6, stop_token_ids=()),
+                    suffix_ids=question, prefilled=shared).tokens == generate(
+        loaded, ids, RunSpec(make_policy("full"), max_new_tokens=6, stop_token_ids=()), suffix_ids=question).tokens
