@@ -125,9 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     policies = commands.add_parser("policies", help="list the eviction policies and their parameters")
     policies.set_defaults(func=run_policies)
 
-    from kvlab.store_cli import register_cli
+    from kvlab import eval_cli, store_cli
 
-    register_cli(commands)
+    eval_cli.register_cli(commands)
+    store_cli.register_cli(commands)
     return parser
 
 

@@ -135,3 +135,14 @@ def _file_sha256(path: Path) -> str:
     with _digest_lock:
         _digest_cache[key] = hexdigest
     return hexdigest
+
+
+def weights_identity(name: str, config: object) -> str | None:
+    """How a stored run names the weights it measured: the hash of a local model's safetensors files, else the hub
+    commit transformers resolved (``config._commit_hash``), else nothing."""
+    if Path(name).expanduser().is_dir():
+        try:
+            return weights_hash(Path(name).expanduser())
+        except KvlabError:
+            return None
+    return getattr(config, "_commit_hash", None)

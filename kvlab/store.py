@@ -97,6 +97,7 @@ class Trial:
     task_id: str
     context_tokens: int
     correct: bool
+    exact: bool | None = None
     depth: float | None = None
     expected: str | None = None
     output: str | None = None
@@ -272,8 +273,14 @@ def _v2_resumable_sweeps(cursor: Cursor) -> None:
     )
 
 
+def _v3_exact_match(cursor: Cursor) -> None:
+    """Two scores per trial: ``correct`` (the answer appears in the output) and ``exact`` (the output's first line
+    is the answer). Older trials have no exact score (NULL)."""
+    cursor.execute("ALTER TABLE trials ADD COLUMN exact BOOLEAN")
+
+
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
-MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (_v1_initial, _v2_resumable_sweeps)
+MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (_v1_initial, _v2_resumable_sweeps, _v3_exact_match)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -435,6 +442,12 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Close this process's connection to the database, for every handle on it, and release the file lock.
 
@@ -515,9 +528,9 @@ class Store:
         where, params = _where(filters)
         return self._read(
             f"""
-            SELECT r.*, coalesce(t.trials, 0) AS trials, t.accuracy
+            SELECT r.*, coalesce(t.trials, 0) AS trials, t.accuracy, t.exact_accuracy
             FROM runs r LEFT JOIN (
-                SELECT run_id, count(*) AS trials, avg(correct::DOUBLE) AS accuracy FROM trials GROUP BY run_id
+                SELECT run_id, count(*) AS trials, avg(correct::DOUBLE) AS accuracy, avg(exact::DOUBLE) AS exact_accuracy FROM trials GROUP BY run_id
             ) t USING (run_id)
             WHERE {where} ORDER BY r.run_id
             """,
@@ -537,7 +550,7 @@ class Store:
         """
         return self._read_trials(
             "run_id, coalesce(r.context_length, t.context_tokens) AS context_length, t.depth, "
-            "count(*) AS trials, avg(t.correct::DOUBLE) AS accuracy",
+            "count(*) AS trials, avg(t.correct::DOUBLE) AS accuracy, avg(t.exact::DOUBLE) AS exact_accuracy",
             filters,
             "GROUP BY ALL ORDER BY ALL",
         )
@@ -549,7 +562,7 @@ class Store:
         """
         return self._read_trials(
             "r.model, r.task, r.policy, r.mode, r.keep, r.budget_tokens, count(DISTINCT run_id) AS runs, "
-            "count(*) AS trials, avg(t.correct::DOUBLE) AS accuracy, avg(t.kv_bytes) AS mean_kv_bytes, "
+            "count(*) AS trials, avg(t.correct::DOUBLE) AS accuracy, avg(t.exact::DOUBLE) AS exact_accuracy, avg(t.kv_bytes) AS mean_kv_bytes, "
             "avg(t.peak_kv_bytes) AS mean_peak_kv_bytes, avg(t.kept_tokens) AS mean_kept_tokens",
             filters,
             "GROUP BY ALL ORDER BY ALL",

@@ -231,6 +231,7 @@ def test_migrating_a_v1_database_keeps_its_data(db_path: Path) -> None:
         assert {"task", "started_by", "run_key", "status"} <= set(runs.columns)
 
         trials = migrated.trials_frame()
+        assert "exact" in trials.columns and trials["exact"].isna().all()
         assert trials[["run_id", "trial_key", "task_id", "correct", "kv_bytes"]].values.tolist() == [
             [1, "v1:1", "n0", True, 100], [1, "v1:2", "n1", False, 200], [2, "v1:1", "n0", True, 300]
         ]

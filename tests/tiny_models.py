@@ -22,7 +22,7 @@ COMMON = dict(
     num_hidden_layers=3,
     num_attention_heads=4,
     num_key_value_heads=2,
-    max_position_embeddings=256,
+    max_position_embeddings=1024,
     attn_implementation="eager",
 )
 

@@ -1,0 +1,165 @@
+"""The ``sweep`` and ``eval`` subcommands: accuracy against memory over a grid, or one policy on user tasks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from kvlab.cli import add_model_arguments, add_policy_arguments, policy_from_args
+from kvlab.errors import KvlabError
+from kvlab.store import DB_ENV_VAR
+
+NEEDLE_KINDS = {"needle": "single", "needle-multikey": "multi-key", "needle-multivalue": "multi-value"}
+
+
+def _numbers(text: str, kind: type, what: str) -> tuple:
+    try:
+        return tuple(kind(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise KvlabError(f"{what} must be a comma-separated list of numbers, not {text!r}.") from None
+
+
+def _interrupt_on_sigterm() -> None:
+    """Treat SIGTERM like Ctrl-C, so a killed sweep marks its runs interrupted on the way out."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _load(args: argparse.Namespace):
+    from kvlab.models import load_model
+    from kvlab.provenance import weights_identity
+
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    return loaded, weights_identity(loaded.name, loaded.model.config)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    """Run (or resume) a sweep and report what was run and what was already stored."""
+    from tqdm import tqdm
+
+    from kvlab.store import open_store
+    from kvlab.sweep import SweepGrid, SweepRunner, parse_policies
+
+    if args.task not in NEEDLE_KINDS:
+        raise KvlabError(f"Unknown task {args.task!r}; choose one of: {', '.join(NEEDLE_KINDS)}.")
+    grid = SweepGrid(
+        policies=parse_policies(args.policies, args.param),
+        keeps=_numbers(args.keep, float, "--keep"),
+        contexts=_numbers(args.contexts, int, "--contexts"),
+        depths=None if args.depths == "random" else _numbers(args.depths, float, "--depths"),
+        trials=args.trials, modes=tuple(m.strip() for m in args.mode.split(",")), seed=args.seed,
+        kind=NEEDLE_KINDS[args.task], chunk=args.chunk, query_aware=not args.query_agnostic,
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, share_prefill=not args.no_share_prefill,
+    )
+    store = open_store(args.db)
+    loaded, identity = _load(args)
+    bar = tqdm(total=0, unit="trial", file=sys.stderr, disable=args.quiet)
+
+    def progress(done: int, total: int, label: str) -> None:
+        bar.total = total
+        bar.n = done
+        bar.set_description(label)
+        bar.refresh()
+
+    _interrupt_on_sigterm()
+    runner = SweepRunner(loaded, store, grid, weights_hash=identity, progress=progress)
+    try:
+        summary = runner.run()
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"interrupted after {runner.summary.ran} new trials; run the same command again to resume "
+              f"({store.path}).", file=sys.stderr)
+        return 130
+    bar.close()
+    print(f"ran {summary.ran} trials, {summary.skipped} were already stored; runs "
+          f"{', '.join(map(str, summary.run_ids))} in {store.path}")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Answer every task of a JSONL file under one policy; print accuracy and per-item results."""
+    from kvlab.engine import RunSpec
+    from kvlab.evaluate import evaluate_items
+    from kvlab.store import RunConfig, open_store
+    from kvlab.tasks.items import load_jsonl, stop_token_ids
+
+    policy, budget = policy_from_args(args)
+    store = open_store(args.db) if args.db else None
+    loaded, identity = _load(args)
+    items = load_jsonl(args.tasks, loaded.tokenizer)
+    eos = getattr(loaded.model.generation_config, "eos_token_id", None)
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+    chat = bool(getattr(loaded.tokenizer, "chat_template", None))
+    stops = eos_ids if chat else stop_token_ids(loaded.tokenizer, eos_ids)
+    spec = RunSpec(policy, budget, mode=args.mode, chunk=args.chunk, max_new_tokens=args.max_new_tokens,
+                   stop_token_ids=stops, seed=args.seed)
+    run_id = None
+    if store is not None:
+        params = {**policy.params(), "query_aware": not args.query_agnostic}
+        config = RunConfig(model=loaded.name, policy=policy.name, mode=args.mode, task=f"jsonl:{Path(args.tasks).name}",
+                           policy_params=params, weights_hash=identity, keep=args.keep, budget_tokens=args.budget,
+                           chunk=args.chunk, seed=args.seed, device=loaded.device.type,
+                           dtype=str(loaded.dtype).replace("torch.", ""))
+        run_id = store.begin_run(config)
+    on_trial = (lambda trial: store.add_trial(run_id, trial)) if store is not None else None
+    evaluation = evaluate_items(loaded, items, spec, query_aware=not args.query_agnostic, on_trial=on_trial)
+    if store is not None:
+        store.finish_run(run_id)
+    if args.json:
+        print(json.dumps({
+            "accuracy": evaluation.accuracy, "exact_accuracy": evaluation.exact_accuracy, "run_id": run_id,
+            "items": [{"id": t.task_id, "correct": t.correct, "exact": t.exact, "expected": t.expected,
+                       "output": t.output, "context_tokens": t.context_tokens, "kv_bytes": t.kv_bytes,
+                       "peak_kv_bytes": t.peak_kv_bytes} for t in evaluation.trials],
+        }))
+    else:
+        for trial in evaluation.trials:
+            mark = "ok " if trial.correct else "MISS"
+            print(f"{mark} {trial.task_id}: expected {trial.expected!r}, got {trial.output!r}")
+        print(f"accuracy {evaluation.accuracy:.1%} (exact {evaluation.exact_accuracy:.1%}) over "
+              f"{len(evaluation.trials)} tasks" + (f"; stored as run {run_id}" if run_id is not None else ""))
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``sweep`` and ``eval`` subcommands."""
+    sweep = subparsers.add_parser("sweep", help="accuracy against memory over a grid of needle tasks",
+                                  description="Run or resume a grid of policies x budgets x modes x context lengths "
+                                              "x depths x trials; every trial is stored as it finishes.")
+    add_model_arguments(sweep)
+    sweep.add_argument("--policies", required=True, help="comma list, e.g. h2o,streaming,random")
+    sweep.add_argument("--param", action="append", default=[], metavar="POLICY.KEY=VALUE",
+                       help="a parameter of one listed policy, e.g. snapkv.window=16 (repeatable)")
+    sweep.add_argument("--keep", default="", help="kept fractions, e.g. 0.1,0.3,0.5")
+    sweep.add_argument("--mode", default="prefill", help="prefill, streaming, or both: prefill,streaming")
+    sweep.add_argument("--contexts", required=True, help="context lengths in tokens, e.g. 1024,2048")
+    sweep.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1], or 'random'")
+    sweep.add_argument("--trials", type=int, default=1, help="items per depth (per cell with --depths random)")
+    sweep.add_argument("--task", default="needle", help="needle, needle-multikey or needle-multivalue")
+    sweep.add_argument("--seed", type=int, default=0)
+    sweep.add_argument("--chunk", type=int, default=None)
+    sweep.add_argument("--batch-size", type=int, default=8)
+    sweep.add_argument("--max-new-tokens", type=int, default=24)
+    sweep.add_argument("--query-agnostic", action="store_true",
+                       help="read the question after compression (default: before, as part of the prompt)")
+    sweep.add_argument("--no-share-prefill", action="store_true",
+                       help="let every prefill-mode policy read each context itself (for measuring the sharing)")
+    sweep.add_argument("--db", default=None, help=f"database file (default: ${DB_ENV_VAR} or the per-user default)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    sweep.set_defaults(func=run_sweep)
+
+    evaluate = subparsers.add_parser("eval", help="answer the tasks of a JSONL file under one policy",
+                                     description="Each line: {\"id\": str, \"context\": str, \"question\": str, "
+                                                 "\"answer\": str}.")
+    add_model_arguments(evaluate)
+    evaluate.add_argument("--tasks", required=True, help="a JSONL file of tasks")
+    add_policy_arguments(evaluate)
+    evaluate.add_argument("--max-new-tokens", type=int, default=32)
+    evaluate.add_argument("--query-agnostic", action="store_true", help="read the question after compression")
+    evaluate.add_argument("--db", default=None, help="store the run in this database")
+    evaluate.add_argument("--json", action="store_true")
+    evaluate.set_defaults(func=run_eval)

@@ -1,0 +1,42 @@
+"""Evaluating one policy on a list of task items (user tasks from JSONL files), optionally storing the run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvlab.engine import RunSpec, generate
+from kvlab.models import LoadedModel
+from kvlab.store import Trial
+from kvlab.sweep import prompt_tensors, trials_of
+from kvlab.tasks.items import TaskItem
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Per-item trials and the accuracies over them (contains-match and exact first-line match)."""
+
+    trials: list[Trial]
+
+    @property
+    def accuracy(self) -> float:
+        return sum(t.correct for t in self.trials) / len(self.trials)
+
+    @property
+    def exact_accuracy(self) -> float:
+        return sum(bool(t.exact) for t in self.trials) / len(self.trials)
+
+
+def evaluate_items(loaded: LoadedModel, items: Sequence[TaskItem], spec: RunSpec, *, query_aware: bool = True,
+                   on_trial=None) -> Evaluation:
+    """Answer each item under ``spec`` (one at a time: user contexts have different lengths)."""
+    trials: list[Trial] = []
+    for item in items:
+        batch = [(item.task_id, item)]
+        context, question = prompt_tensors(batch, query_aware, loaded.device)
+        result = generate(loaded, context, spec, suffix_ids=question)
+        trial = trials_of(batch, result, result.prefill_seconds)[0]
+        trials.append(trial)
+        if on_trial is not None:
+            on_trial(trial)
+    return Evaluation(trials)

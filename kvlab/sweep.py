@@ -1,0 +1,299 @@
+"""Sweeps: policies x budgets x modes x context lengths x depths x trials, stored trial by trial.
+
+Every cell of the grid answers the same items (the same haystack windows, facts and depths, drawn from the seed),
+so policies are compared like with like. A cell at one context length is one stored run; each answered item is one
+trial, stored as soon as its batch finishes. Re-running a sweep finds its runs by their configuration and skips the
+trials already stored, so an interrupted sweep loses at most the batch in flight and never duplicates a trial.
+
+Policies in ``prefill`` mode share one read of each batch of contexts (:func:`kvlab.engine.prefill_once`): the
+context is read once, remembering what every policy needs, and each policy compresses its own fork of that cache.
+``streaming``-mode policies evict while reading, so each reads for itself.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from kvlab.budget import Budget
+from kvlab.engine import MODES, GenerationResult, Prefilled, RunSpec, generate, prefill_once
+from kvlab.errors import KvlabError
+from kvlab.models import LoadedModel
+from kvlab.policies import Policy, make_policy
+from kvlab.store import RunConfig, Store, Trial
+from kvlab.tasks.facts import TRAIN_TEMPLATES, Fact, make_fact
+from kvlab.tasks.items import TaskItem, from_needle, stop_token_ids
+from kvlab.tasks.needle import Kind, build_needle, load_haystacks, score
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One policy at one budget in one mode: a stored run per context length."""
+
+    policy: Policy
+    keep: float | None
+    mode: str
+
+    @property
+    def label(self) -> str:
+        keep = "full" if self.keep is None else f"keep {self.keep:g}"
+        return f"{self.policy.name} {keep} {self.mode}"
+
+
+@dataclass(frozen=True)
+class SweepGrid:
+    """The grid to run. ``depths=None`` puts each trial's needle at a random depth (seeded)."""
+
+    policies: tuple[Policy, ...]
+    keeps: tuple[float, ...]
+    contexts: tuple[int, ...]
+    depths: tuple[float, ...] | None
+    trials: int
+    modes: tuple[str, ...] = ("prefill",)
+    seed: int = 0
+    kind: Kind = "single"
+    chunk: int | None = None
+    query_aware: bool = True
+    max_new_tokens: int = 24
+    batch_size: int = 8
+    share_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.policies:
+            raise KvlabError("A sweep needs at least one policy.")
+        if self.trials < 1:
+            raise KvlabError(f"A sweep needs at least one trial per cell, not {self.trials}.")
+        if self.batch_size < 1:
+            raise KvlabError(f"The batch size must be at least 1, not {self.batch_size}.")
+        for mode in self.modes:
+            if mode not in MODES:
+                raise KvlabError(f"Unknown mode {mode!r}; use 'prefill' or 'streaming'.")
+        for keep in self.keeps:
+            Budget(keep=keep)
+        for depth in self.depths or ():
+            if not 0.0 <= depth <= 1.0:
+                raise KvlabError(f"A needle depth must lie in [0, 1], not {depth}.")
+        if any(p.evicts() for p in self.policies) and not self.keeps:
+            raise KvlabError("Evicting policies need at least one kept fraction (--keep).")
+
+    @property
+    def task(self) -> str:
+        """The task description stored with each run."""
+        return "needle" if self.kind == "single" else f"needle-{self.kind}"
+
+    def cells(self) -> list[Cell]:
+        """Every (policy, keep, mode) of the grid; ``full`` once, in the first mode (it keeps everything)."""
+        cells: list[Cell] = []
+        for policy in self.policies:
+            if not policy.evicts():
+                cells.append(Cell(policy, None, self.modes[0]))
+                continue
+            cells.extend(Cell(policy, keep, mode) for mode in self.modes for keep in self.keeps)
+        return cells
+
+
+@dataclass
+class SweepSummary:
+    """What a sweep did: trials run now, trials found already stored, and whether it was stopped early."""
+
+    ran: int = 0
+    skipped: int = 0
+    stopped: bool = False
+    run_ids: list[int] = field(default_factory=list)
+
+
+def needle_items(loaded: LoadedModel, grid: SweepGrid, context: int) -> list[tuple[str, TaskItem]]:
+    """The items of one context length with their trial keys, the same for every cell of the grid."""
+    tokenizer = loaded.tokenizer
+    haystacks = load_haystacks(tokenizer)
+    items: list[tuple[str, TaskItem]] = []
+    slots: list[tuple[str, float]] = []
+    depth_rng = random.Random(f"{grid.seed}/{context}/depths")
+    for trial in range(grid.trials):
+        if grid.depths is None:
+            slots.append((f"trial={trial}", depth_rng.random()))
+        else:
+            slots.extend((f"depth={depth:.4f}/trial={trial}", depth) for depth in grid.depths)
+    for index, (key, depth) in enumerate(sorted(slots)):
+        rng = random.Random(f"{grid.seed}/{context}/{key}")
+        template = TRAIN_TEMPLATES[rng.randrange(len(TRAIN_TEMPLATES))]
+        fact = make_fact(template, rng, num_values=3 if grid.kind == "multi-value" else 1)
+        distractors: list[Fact] = []
+        if grid.kind == "multi-key":
+            used = {fact.key}
+            for _ in range(3):
+                distractors.append(make_fact(template, rng, avoid_keys=frozenset(used)))
+                used.add(distractors[-1].key)
+        haystack = haystacks[rng.randrange(len(haystacks))]
+        item = build_needle(tokenizer, haystack, context, depth, fact, distractors=distractors, rng=rng)
+        items.append((key, from_needle(item, index)))
+    return items
+
+
+def shape_batches(items: Sequence[tuple[str, TaskItem]], size: int, query_aware: bool) -> list[list[tuple[str, TaskItem]]]:
+    """Batches of items whose prompts have the same shape (same context length, and same question length when the
+    question is read separately)."""
+    groups: dict[tuple[int, int], list[tuple[str, TaskItem]]] = {}
+    for key, item in items:
+        shape = (item.context_tokens, 0) if query_aware else (len(item.context_ids), len(item.question_ids))
+        groups.setdefault(shape, []).append((key, item))
+    return [group[i:i + size] for group in groups.values() for i in range(0, len(group), size)]
+
+
+def prompt_tensors(batch: Sequence[tuple[str, TaskItem]], query_aware: bool, device: torch.device
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if query_aware:
+        ids = [item.context_ids + item.question_ids for _, item in batch]
+        return torch.tensor(ids, device=device), None
+    context = torch.tensor([item.context_ids for _, item in batch], device=device)
+    question = torch.tensor([item.question_ids for _, item in batch], device=device)
+    return context, question
+
+
+def trials_of(batch: Sequence[tuple[str, TaskItem]], result: GenerationResult, prefill_s: float) -> list[Trial]:
+    """Per-item trials of a batched generation. Bytes and seconds are the batch's divided by its size: every
+    sequence of a batch holds the same number of tokens, and the batch decodes together."""
+    size = len(batch)
+    kept = sum(result.kept_per_layer) / len(result.kept_per_layer)
+    trials = []
+    for (key, item), text in zip(batch, result.texts):
+        verdict = score(text, item.answer)
+        trials.append(Trial(
+            trial_key=key, task_id=item.task_id, context_tokens=item.context_tokens, correct=verdict.contains,
+            exact=verdict.exact, depth=item.depth, expected=item.answer, output=text, kept_tokens=round(kept),
+            kv_bytes=result.kv_bytes // size, peak_kv_bytes=result.peak_kv_bytes // size,
+            peak_gpu_bytes=result.peak_gpu_bytes, prefill_s=prefill_s / size, decode_s=result.decode_seconds / size,
+        ))
+    return trials
+
+
+class SweepRunner:
+    """Runs a grid against one model and one store."""
+
+    def __init__(self, loaded: LoadedModel, store: Store, grid: SweepGrid, *, model_name: str | None = None,
+                 weights_hash: str | None = None, started_by: str | None = None,
+                 progress: Progress | None = None, should_stop: Callable[[], bool] | None = None) -> None:
+        self.loaded, self.store, self.grid = loaded, store, grid
+        self.model_name = model_name or loaded.name
+        self.weights_hash = weights_hash
+        self.started_by = started_by
+        self.progress = progress or (lambda done, total, label: None)
+        self.should_stop = should_stop or (lambda: False)
+        eos = getattr(loaded.model.generation_config, "eos_token_id", None)
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        self.stops = stop_token_ids(loaded.tokenizer, eos_ids)
+        self.summary = SweepSummary()
+        self._done = 0
+        self._total = 0
+
+    def _config(self, cell: Cell, context: int) -> RunConfig:
+        params = dict(cell.policy.params())
+        params["query_aware"] = self.grid.query_aware
+        return RunConfig(
+            model=self.model_name, policy=cell.policy.name, mode=cell.mode, task=self.grid.task,
+            policy_params=params, weights_hash=self.weights_hash, keep=cell.keep, chunk=self.grid.chunk,
+            context_length=context, seed=self.grid.seed, device=self.loaded.device.type,
+            dtype=str(self.loaded.dtype).replace("torch.", ""),
+        )
+
+    def _spec(self, cell: Cell) -> RunSpec:
+        budget = Budget(keep=cell.keep) if cell.keep is not None else None
+        return RunSpec(cell.policy, budget, mode=cell.mode, chunk=self.grid.chunk, max_new_tokens=self.grid.max_new_tokens,
+                       stop_token_ids=self.stops, seed=self.grid.seed)
+
+    def _store(self, run_id: int, batch: Sequence[tuple[str, TaskItem]], result: GenerationResult,
+               prefill_s: float, label: str, counted: int) -> None:
+        """Store a batch's trials (those the run already has are skipped) and report ``counted`` more done."""
+        self.summary.ran += self.store.add_trials(run_id, trials_of(batch, result, prefill_s))
+        self._done += counted
+        self.progress(self._done, self._total, label)
+
+    def run(self) -> SweepSummary:
+        """Run every pending trial of the grid; mark runs finished, or interrupted if stopped or killed."""
+        cells = self.grid.cells()
+        plan = []
+        for context in self.grid.contexts:
+            items = needle_items(self.loaded, self.grid, context)
+            for cell in cells:
+                run_id = self.store.begin_run(self._config(cell, context), started_by=self.started_by)
+                self.summary.run_ids.append(run_id)
+                stored = self.store.stored_trial_keys(run_id)
+                pending = [(key, item) for key, item in items if key not in stored]
+                self.summary.skipped += len(items) - len(pending)
+                plan.append((context, cell, run_id, pending))
+        self._total = sum(len(pending) for *_, pending in plan)
+        self.progress(0, self._total, "starting")
+        open_runs = {run_id for *_, run_id, pending in plan if pending}
+        for *_, run_id, pending in plan:
+            if not pending:
+                self.store.finish_run(run_id)
+        try:
+            for context in self.grid.contexts:
+                cells_here = [(cell, run_id, pending) for ctx, cell, run_id, pending in plan if ctx == context and pending]
+                self._run_context(cells_here)
+                for _, run_id, _ in cells_here:
+                    if not self.summary.stopped:
+                        self.store.finish_run(run_id)
+                        open_runs.discard(run_id)
+                if self.summary.stopped:
+                    break
+        finally:
+            for run_id in open_runs:
+                self.store.finish_run(run_id, "interrupted")
+        return self.summary
+
+    def _stop_requested(self) -> bool:
+        if self.should_stop():
+            self.summary.stopped = True
+        return self.summary.stopped
+
+    def _run_context(self, cells: list[tuple[Cell, int, list[tuple[str, TaskItem]]]]) -> None:
+        shared = [c for c in cells if c[0].mode == "prefill" and c[0].policy.evicts() and self.grid.share_prefill]
+        alone = [c for c in cells if c not in shared]
+        if shared:
+            self._run_shared(shared)
+        for cell, run_id, pending in alone:
+            for batch in shape_batches(pending, self.grid.batch_size, self.grid.query_aware):
+                if self._stop_requested():
+                    return
+                context, question = prompt_tensors(batch, self.grid.query_aware, self.loaded.device)
+                result = generate(self.loaded, context, self._spec(cell), suffix_ids=question)
+                self._store(run_id, batch, result, result.prefill_seconds, cell.label, len(batch))
+
+    def _run_shared(self, cells: list[tuple[Cell, int, list[tuple[str, TaskItem]]]]) -> None:
+        """Prefill-mode cells: read each batch once, then let every cell that still needs it compress a fork."""
+        union: dict[str, TaskItem] = {}
+        for _, _, pending in cells:
+            union.update(pending)
+        wanted = {run_id: {key for key, _ in pending} for _, run_id, pending in cells}
+        for batch in shape_batches(sorted(union.items()), self.grid.batch_size, self.grid.query_aware):
+            if self._stop_requested():
+                return
+            keys = {key for key, _ in batch}
+            needing = [(cell, run_id) for cell, run_id, _ in cells if wanted[run_id] & keys]
+            context, question = prompt_tensors(batch, self.grid.query_aware, self.loaded.device)
+            prefilled: Prefilled = prefill_once(self.loaded, context, [cell.policy for cell, _ in needing],
+                                                chunk=self.grid.chunk)
+            for cell, run_id in needing:
+                result = generate(self.loaded, None, self._spec(cell), suffix_ids=question, prefilled=prefilled)
+                self._store(run_id, batch, result, prefilled.seconds + result.prefill_seconds, cell.label,
+                            len(wanted[run_id] & keys))
+
+
+def parse_policies(names: str, params: Sequence[str] = ()) -> tuple[Policy, ...]:
+    """Policies from a comma list, with ``policy.key=value`` parameters addressed to one policy by name."""
+    from kvlab.policies import parse_params
+
+    chosen = [name.strip().lower() for name in names.split(",") if name.strip()]
+    per_policy: dict[str, list[str]] = {name: [] for name in chosen}
+    for pair in params:
+        target, dot, rest = pair.partition(".")
+        if not dot or target not in per_policy:
+            raise KvlabError(f"Sweep parameters are written policy.key=value for a listed policy, not {pair!r}.")
+        per_policy[target].append(rest)
+    return tuple(make_policy(name, **parse_params(name, per_policy[name])) for name in chosen)

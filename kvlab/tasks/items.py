@@ -1,0 +1,116 @@
+"""What the evaluation runs: a context, a question and the expected answer, as token ids ready for the engine.
+
+Needle items (built by :mod:`kvlab.tasks.needle`) and user tasks from JSONL files both become a :class:`TaskItem`.
+The context and the question stay apart so that the question can be read before compression (``query_aware``: the
+policy sees the question, as SnapKV's observation window is meant to) or after it (the compressed cache must serve
+any question). Base models get the plain completion format of the needle tasks; models with a chat template get a
+user turn holding the context and question, and the assistant's turn opened.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from kvlab.errors import KvlabError
+from kvlab.tasks.needle import ANSWER_PREFIX, QUESTION_PREFIX, NeedleItem, encode
+
+JSONL_FIELDS = ("id", "context", "question", "answer")
+
+
+@dataclass(frozen=True)
+class TaskItem:
+    """One prompt to answer. ``context_ids`` begin with the model's BOS (when it has one); the prompt the model
+    reads is ``context_ids + question_ids``."""
+
+    task_id: str
+    context_ids: tuple[int, ...]
+    question_ids: tuple[int, ...]
+    answer: str
+    depth: float | None = None
+
+    @property
+    def context_tokens(self) -> int:
+        """Every prompt token, context and question together."""
+        return len(self.context_ids) + len(self.question_ids)
+
+
+def from_needle(item: NeedleItem, index: int) -> TaskItem:
+    """A needle item as a task item (its ids already follow the plain completion format)."""
+    return TaskItem(
+        task_id=f"needle-{item.kind}-{item.context_tokens}-{index}",
+        context_ids=item.context_ids,
+        question_ids=item.question_ids,
+        answer=item.answer,
+        depth=item.depth,
+    )
+
+
+def _has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def prompt_ids(tokenizer: Any, context: str, question: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Context and question ids for a model: the needle format for base models, a chat turn for chat models.
+
+    For chat models the rendered conversation is split where the question begins, so that the question (and the
+    end of the user turn) can still be read after compression.
+    """
+    if _has_chat_template(tokenizer):
+        marker = "\u2063kvlab-question\u2063"
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{context}\n\n{marker}"}], tokenize=False, add_generation_prompt=True
+        )
+        head, _, tail = rendered.partition(marker)
+        return tuple(encode(tokenizer, head)), tuple(encode(tokenizer, question + tail))
+    bos = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
+    return bos + tuple(encode(tokenizer, context)), tuple(encode(tokenizer, f"{QUESTION_PREFIX}{question}{ANSWER_PREFIX}"))
+
+
+def load_jsonl(path: str | Path, tokenizer: Any) -> list[TaskItem]:
+    """User tasks, one JSON object per line with string fields ``id``, ``context``, ``question``, ``answer``.
+
+    A malformed line is reported with its number; nothing is run until the whole file reads cleanly.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise KvlabError(f"Cannot read the task file {path}: {error.strerror}.") from None
+    except UnicodeDecodeError:
+        raise KvlabError(f"The task file {path} is not UTF-8 text.") from None
+    items: list[TaskItem] = []
+    seen: set[str] = set()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise KvlabError(f"Line {number} of {path} is not valid JSON ({error.msg}).") from None
+        if not isinstance(record, dict) or any(not isinstance(record.get(f), str) for f in JSONL_FIELDS):
+            raise KvlabError(
+                f"Line {number} of {path} must be an object with string fields {', '.join(JSONL_FIELDS)}."
+            )
+        if record["id"] in seen:
+            raise KvlabError(f"Line {number} of {path} repeats the id {record['id']!r}; ids must be unique.")
+        seen.add(record["id"])
+        context_ids, question_ids = prompt_ids(tokenizer, record["context"], record["question"])
+        items.append(TaskItem(record["id"], context_ids, question_ids, record["answer"]))
+    if not items:
+        raise KvlabError(f"The task file {path} holds no tasks.")
+    return items
+
+
+@lru_cache(maxsize=16)
+def _newline_tokens(tokenizer: Any) -> tuple[int, ...]:
+    return tuple(i for i in range(len(tokenizer)) if "\n" in tokenizer.decode([i]))
+
+
+def stop_token_ids(tokenizer: Any, eos: Sequence[int] = ()) -> tuple[int, ...]:
+    """Tokens that end an answer: the end of sequence and every token that contains a line break (answers are one
+    line, and scoring reads the first line)."""
+    return tuple(sorted(set(eos) | set(_newline_tokens(tokenizer))))
