@@ -161,27 +161,27 @@ def _blocked_attention(
     query: torch.Tensor,
     layer: LayerCache,
     layer_idx: int,
-    query_positions: torch.Tensor,
     mask: torch.Tensor | None,
     context: ForwardContext,
 ) -> torch.Tensor:
     """Exact attention in blocks of queries, observing the probabilities on the way.
 
-    Scores are computed in float32 for at most ``SCORE_BLOCK_ELEMENTS`` (query, key) pairs at a time. Each block adds
-    its column sums to the layer's accumulated scores (H2O) and, when asked, its statistics.
+    As in transformers' eager attention, logits are computed in the model's dtype and the softmax in float32, and
+    at most ``SCORE_BLOCK_ELEMENTS`` (query, key) pairs exist at a time. Each block adds its column sums to the
+    layer's accumulated scores (H2O) and, when asked, its statistics.
     """
     keys, values = layer.keys, layer.values
     batch, q_heads, n_queries, head_dim = query.shape
     kv_heads, n_keys = keys.shape[1], keys.shape[2]
     groups = q_heads // kv_heads
     grouped = query.reshape(batch, kv_heads, groups, n_queries, head_dim)
-    keys_t = keys.transpose(-1, -2).unsqueeze(2).float()
-    values_f = values.unsqueeze(2).float()
+    keys_t = keys.transpose(-1, -2).unsqueeze(2)
+    values_g = values.unsqueeze(2)
     block = max(1, SCORE_BLOCK_ELEMENTS // max(1, batch * q_heads * n_keys))
     outputs = []
     for start in range(0, n_queries, block):
         stop = min(start + block, n_queries)
-        logits = torch.matmul(grouped[:, :, :, start:stop].float(), keys_t) * layer.scaling
+        logits = torch.matmul(grouped[:, :, :, start:stop], keys_t).float() * layer.scaling
         if layer.softcap is not None:
             logits = torch.tanh(logits / layer.softcap) * layer.softcap
         if mask is not None:
@@ -189,13 +189,12 @@ def _blocked_attention(
             block_mask = block_mask.unsqueeze(2) if block_mask.dim() == 4 else block_mask
             logits = logits.masked_fill(~block_mask, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
-        outputs.append(torch.matmul(probs, values_f))
+        outputs.append(torch.matmul(probs.to(values.dtype), values_g))
         if layer.scores is not None:
             layer.scores += probs.sum(dim=(2, 3))
         if context.stats is not None:
             context.stats.add(layer_idx, probs, layer.positions)
-    out = torch.cat(outputs, dim=3).reshape(batch, q_heads, n_queries, head_dim)
-    return out.to(query.dtype)
+    return torch.cat(outputs, dim=3).reshape(batch, q_heads, n_queries, head_dim)
 
 
 def _remember_queries(layer: LayerCache, query: torch.Tensor, query_positions: torch.Tensor, window: int) -> None:
@@ -240,7 +239,7 @@ def kvlab_attention(
     mask = _layer_mask(layer, query_positions, context.last_position)
     observe = layer.scores is not None or context.stats is not None or layer.softcap is not None
     if observe or (mask is not None and mask.dim() == 4):
-        output = _blocked_attention(query, layer, layer_idx, query_positions, mask, context)
+        output = _blocked_attention(query, layer, layer_idx, mask, context)
     else:
         no_past = layer.length == query.shape[2]
         output = _sdpa(query, layer.keys, layer.values, mask, layer.scaling, no_past)

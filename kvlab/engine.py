@@ -233,6 +233,7 @@ class Generation:
         self.generator = torch.Generator(device=loaded.device).manual_seed(spec.seed)
         self.peak_kv_bytes = 0
         self._start_logits: torch.Tensor | None = None
+        self.prefill_finished_at: float | None = None
         if prefilled is not None:
             self.cache = prefilled.cache.fork(track_scores=spec.policy.needs_scores,
                                               query_window=spec.policy.query_window())
@@ -341,6 +342,8 @@ class Generation:
                 step += 1
                 yield event
         assert logits is not None
+        _synchronize(self.loaded.device)
+        self.prefill_finished_at = time.perf_counter()
         finished = torch.zeros(self.batch_size, dtype=torch.bool)
         for index in range(self.spec.max_new_tokens):
             next_ids = logits.argmax(dim=-1)
@@ -378,13 +381,9 @@ def generate(
     generation = Generation(loaded, spec, input_ids, suffix_ids, prefilled)
     per_sequence: list[list[int]] = [[] for _ in range(generation.batch_size)]
     started = time.perf_counter()
-    prefill_done = started
     try:
         for event in generation.events():
             if event.kind == "decode":
-                if not per_sequence[0]:
-                    _synchronize(device)
-                    prefill_done = time.perf_counter()
                 for sequence, token in zip(per_sequence, event.token_ids or []):
                     sequence.append(token)
     except torch.OutOfMemoryError:
@@ -394,8 +393,7 @@ def generate(
         ) from None
     _synchronize(device)
     finished = time.perf_counter()
-    if not any(per_sequence):
-        prefill_done = finished
+    prefill_done = generation.prefill_finished_at or finished
     stops = generation._stops
     tokens = [_trim(sequence, stops) for sequence in per_sequence]
     tokenizer = loaded.tokenizer

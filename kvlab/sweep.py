@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvlab.budget import Budget
+from kvlab.budget import Budget, check_budget
 from kvlab.engine import MODES, GenerationResult, Prefilled, RunSpec, generate, prefill_once
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel
@@ -80,6 +80,9 @@ class SweepGrid:
                 raise KvlabError(f"A needle depth must lie in [0, 1], not {depth}.")
         if any(p.evicts() for p in self.policies) and not self.keeps:
             raise KvlabError("Evicting policies need at least one kept fraction (--keep).")
+        for cell in self.cells():
+            for context in self.contexts:
+                check_budget(cell.policy, Budget(keep=cell.keep) if cell.keep is not None else None, context)
 
     @property
     def task(self) -> str:

@@ -152,3 +152,8 @@ def test_killing_a_sweep_process_and_running_it_again_leaves_one_row_per_cell_an
         per_run = trials.groupby("run_id").size()
         assert len(per_run) == cells * 2 and set(per_run) == {6}
         assert set(store.list_runs(RunFilter())["status"]) == {"finished"}
+
+
+def test_a_cell_whose_budget_is_below_the_policy_minimum_is_refused_before_anything_runs():
+    with pytest.raises(KvlabError, match="snapkv's minimum"):
+        grid(policies=(make_policy("snapkv"),), keeps=(0.1,), contexts=(256,))
