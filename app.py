@@ -1,9 +1,18 @@
-"""kvlab dashboard: declares the pages and the model picker they share. Layout only; the work is in ``kvlab``."""
+"""kvlab dashboard: declares the pages and draws the model picker they share. Layout only; the work is in ``kvlab``."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-st.set_page_config(page_title="kvlab", layout="wide")
-navigation = st.navigation([st.Page("pages/generate.py", title="Generate", icon=":material/play_arrow:")])
-navigation.run()
+from kvlab.ui.session import model_sidebar
+
+st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
+page = st.navigation([
+    st.Page("pages/live.py", title="Live run", icon=":material/play_circle:", url_path="live", default=True),
+    st.Page("pages/needle_grid.py", title="Needle grid", icon=":material/grid_on:", url_path="needle-grid"),
+    st.Page("pages/frontier.py", title="Frontier", icon=":material/show_chart:", url_path="frontier"),
+    st.Page("pages/costs.py", title="Cost calculator", icon=":material/payments:", url_path="costs"),
+    st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:", url_path="runs"),
+])
+model_sidebar()
+page.run()

@@ -51,7 +51,9 @@ def build_model(layers: int | None):
 
 
 def decode_ms(loaded, ids, spec: RunSpec, repeats: int) -> dict[str, float]:
-    """Median decode time per token over ``repeats`` runs, with the prefill and peak memory of the last one."""
+    """Median decode time per token over ``repeats`` runs, after one untimed run at the same shapes (kernels and
+    allocator warm), with the prefill and peak memory of the last one."""
+    generate(loaded, ids, spec)
     per_token, prefill, peak, kv = [], [], 0, 0
     for _ in range(repeats):
         result = generate(loaded, ids, spec)
@@ -77,7 +79,8 @@ def weight_bytes(loaded) -> int:
 
 
 def hf_generate_ms(loaded, ids, new_tokens: int) -> float:
-    """Decode ms per token of plain ``model.generate`` (transformers' own cache and SDPA): the reference speed."""
+    """Decode ms per token of plain ``model.generate`` (transformers' own cache and SDPA, with PyTorch's default
+    choice of SDPA kernels), after one untimed run at the same shapes."""
     def run(n: int) -> float:
         torch.cuda.synchronize()
         started = time.perf_counter()
@@ -85,7 +88,7 @@ def hf_generate_ms(loaded, ids, new_tokens: int) -> float:
         torch.cuda.synchronize()
         return time.perf_counter() - started
 
-    run(2)
+    run(new_tokens)
     return 1000 * (run(new_tokens) - run(1)) / (new_tokens - 1)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kvlab.cache import BudgetedCache, LayerCache
 
@@ -141,9 +142,23 @@ def _layer_mask(layer: LayerCache, query_positions: torch.Tensor, last_position:
     return allowed_keys(layer.positions, query_positions, window)
 
 
+#: SDPA kernels kvlab lets PyTorch choose from on CUDA. cuDNN's attention is left out: it builds an execution plan
+#: for every new key length, and a decoding cache has a new length at every step (measured on an H100 with torch
+#: 2.11: the first pass over a decode's shapes ran about 7x slower than flash attention).
+CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
           scaling: float, no_past: bool) -> torch.Tensor:
     """SDPA without expanding the cache when the kernels allow it (no mask, or on the CPU)."""
+    if query.device.type == "cuda":
+        with sdpa_kernel(CUDA_SDPA_BACKENDS):
+            return _sdpa_call(query, key, value, mask, scaling, no_past)
+    return _sdpa_call(query, key, value, mask, scaling, no_past)
+
+
+def _sdpa_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+               scaling: float, no_past: bool) -> torch.Tensor:
     groups = query.shape[1] // key.shape[1]
     if no_past and mask is not None and mask.dim() == 2:
         return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,

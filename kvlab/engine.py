@@ -223,7 +223,7 @@ class Generation:
         self.budget_tokens = check_budget(spec.policy, spec.budget, self.context_tokens)
         arch = loaded.arch
         self.layer_budgets = (
-            spec.policy.layer_budgets(self.budget_tokens, arch.num_layers)
+            spec.policy.layer_budgets(self.budget_tokens, arch.num_layers, capacity=self.context_tokens)
             if self.budget_tokens is not None
             else [NO_BUDGET] * arch.num_layers
         )

@@ -249,3 +249,13 @@ def test_one_shared_prefill_gives_each_policy_the_result_of_its_own_run(llama, c
     assert generate(loaded, None, RunSpec(make_policy("full"), max_new_tokens=6, stop_token_ids=()),
                     suffix_ids=question, prefilled=shared).tokens == generate(
         loaded, ids, RunSpec(make_policy("full"), max_new_tokens=6, stop_token_ids=()), suffix_ids=question).tokens
+
+
+def test_pyramid_hands_what_lower_layers_cannot_hold_to_the_upper_layers():
+    pyramid = make_policy("pyramidkv", window=32, beta=20)
+    budgets = pyramid.layer_budgets(3687, 10, capacity=4096)
+    assert sum(budgets) == 3687 * 10
+    assert max(budgets) <= 4096
+    assert budgets == sorted(budgets, reverse=True)
+    assert budgets[-1] > 32 + (3687 - 32) // 20
+    assert pyramid.layer_budgets(4096, 10, capacity=4096) == [4096] * 10

@@ -66,8 +66,9 @@ class Policy:
         """Why the budget cannot be smaller than :meth:`min_budget`, for error messages."""
         return "one token"
 
-    def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
-        """Tokens each layer keeps per KV head. Uniform unless the policy spreads the total differently."""
+    def layer_budgets(self, budget: int, num_layers: int, capacity: int | None = None) -> list[int]:
+        """Tokens each layer keeps per KV head, for contexts of at most ``capacity`` tokens. Uniform unless the
+        policy spreads the total differently."""
         return [budget] * num_layers
 
     def evicts(self) -> bool:

@@ -61,8 +61,10 @@ class PyramidKV(SnapKV):
     layer keeps ``1/beta`` of the average and the bottom layer ``2 - 1/beta`` times it, so the total over layers is
     that of a uniform budget (exactly, after rounding).
 
-    Differs from the paper: as SnapKV above; and a layer whose share exceeds what it holds keeps everything, so the
-    total can fall short of the uniform one on short contexts.
+    Differs from the paper: as SnapKV above; and where the schedule gives the lower layers more than the context
+    holds (large kept fractions), the reference code lets that surplus go unused, so the total falls short of a
+    uniform budget; kvlab hands the surplus to the upper layers in proportion to their shares, keeping both the
+    total and the fall with depth.
     """
 
     name: ClassVar[str] = "pyramidkv"
@@ -73,16 +75,33 @@ class PyramidKV(SnapKV):
         if self.beta < 1:
             raise KvlabError(f"PyramidKV's beta must be at least 1, not {self.beta}.")
 
-    def layer_budgets(self, budget: int, num_layers: int) -> list[int]:
+    def layer_budgets(self, budget: int, num_layers: int, capacity: int | None = None) -> list[int]:
         if num_layers == 1:
             return [budget]
         spare = budget - self.window
         top = spare / self.beta
         bottom = 2 * spare - top
         shares = [bottom - (bottom - top) * layer / (num_layers - 1) for layer in range(num_layers)]
+        if capacity is not None:
+            shares = _fill_up_to(shares, capacity - self.window)
         floors = [int(share) for share in shares]
-        remainder = spare * num_layers - sum(floors)
+        remainder = min(round(sum(shares)), spare * num_layers) - sum(floors)
         by_fraction = sorted(range(num_layers), key=lambda layer: floors[layer] - shares[layer])
         for layer in by_fraction[:remainder]:
             floors[layer] += 1
         return [self.window + share for share in floors]
+
+
+def _fill_up_to(shares: list[float], limit: float) -> list[float]:
+    """Cap shares at ``limit`` and hand what the capped layers cannot hold to the others in proportion to their
+    shares, until none is over (water filling), so the total stays the same while any layer has room."""
+    shares = list(shares)
+    while True:
+        excess = sum(max(0.0, share - limit) for share in shares)
+        room = [i for i, share in enumerate(shares) if share < limit]
+        if excess <= 1e-9 or not room:
+            return [min(share, limit) for share in shares]
+        weight = sum(shares[i] for i in room)
+        shares = [min(share, limit) for share in shares]
+        for i in room:
+            shares[i] += excess * shares[i] / weight

@@ -161,7 +161,8 @@ def make_value(kind: ValueKind, rng: random.Random) -> str:
     upper = "ABCDEFGHJKLMNPQRSTUVWXYZ"
     lower = "abcdefghjkmnpqrstuvwxyz"
     if rng.random() < 0.5:
-        return f"{rng.choice(upper)}{rng.choice(upper)}-{rng.randint(1000, 9999)}-{rng.choice(lower)}{rng.randint(1, 9)}"
+        letters = f"{rng.choice(upper)}{rng.choice(upper)}"
+        return f"{letters}-{rng.randint(1000, 9999)}-{rng.choice(lower)}{rng.randint(1, 9)}"
     return f"{rng.choice(lower)}{rng.choice(lower)}{rng.randint(1, 9)}_{''.join(rng.choices(lower + '23456789', k=4))}"
 
 

@@ -33,8 +33,12 @@ Kind = Literal["single", "multi-key", "multi-value"]
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of ``text`` with no special tokens (the prompt's one BOS is added by the assembler)."""
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    """Token ids of ``text`` with no special tokens (the prompt's one BOS is added by the assembler).
+
+    Haystacks are longer than the model's context on purpose (prompts are windows of them), so the tokenizer's
+    too-long warning is silenced.
+    """
+    return list(tokenizer.encode(text, add_special_tokens=False, verbose=False))
 
 
 def question_text(fact: Fact) -> str:
@@ -135,7 +139,8 @@ def insert_at_boundaries(window: np.ndarray, boundaries: np.ndarray,
 
 @dataclass(frozen=True)
 class NeedleItem:
-    """One needle prompt. ``context_ids`` start with BOS; the prompt is ``context_ids + question_ids``.
+    """One needle prompt. ``context_ids`` start with BOS (if the tokenizer has one); the prompt is
+    ``context_ids + question_ids``.
 
     ``context`` and ``question`` are the decoded texts of those ids (the context without its BOS). ``depth`` is where
     the asked fact really sits (the fraction of haystack tokens before it), ``requested_depth`` what was asked for.
@@ -190,7 +195,8 @@ def build_needle(tokenizer: Any, haystack: Haystack, context_tokens: int, depth:
         raise KvlabError(f"A needle depth must lie in [0, 1]; got {depth}.")
     pieces = fact_pieces(tokenizer, fact, depth, distractors, rng or random.Random(0))
     q_ids = encode(tokenizer, question_text(fact))
-    window_len = context_tokens - 1 - len(q_ids) - sum(len(p) for p, _ in pieces)
+    bos = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
+    window_len = context_tokens - len(bos) - len(q_ids) - sum(len(p) for p, _ in pieces)
     starts = np.union1d(np.asarray([0]), haystack.boundaries)
     starts = starts[starts + window_len <= len(haystack.ids)]
     if window_len <= 0 or len(starts) == 0:
@@ -202,7 +208,7 @@ def build_needle(tokenizer: Any, haystack: Haystack, context_tokens: int, depth:
     window = haystack.ids[start:start + window_len]
     local = haystack.boundaries[(haystack.boundaries > start) & (haystack.boundaries < start + window_len)] - start
     body, positions = insert_at_boundaries(window, local, pieces)
-    context_ids = (tokenizer.bos_token_id, *body)
+    context_ids = (*bos, *body)
     kind: Kind = "multi-value" if fact.multi_value else (
         "multi-key" if any(f.template.name == fact.template.name for f in distractors) else "single")
     return NeedleItem(

@@ -1,9 +1,9 @@
 """The model card: ``README.md`` and ``loss_curve.png`` in the model folder, written from the recorded results only.
 
 Every number comes from a file a command wrote: ``training.json`` and ``train_log.jsonl`` (the ``train`` command),
-``corpus.json`` (``prepare``), ``eval.json`` (``evaluate``) and, when present, ``bench/cpu_forward.json``
-(``bench/cpu_forward.py``). The record files are copied next to the card so that the model folder carries its own
-evidence.
+``corpus.json`` (``prepare``), ``eval.json`` (``evaluate`` and ``attention``) and, when present,
+``bench/cpu_forward*.json`` (``bench/cpu_forward.py``). The record files are copied next to the card so that the
+model folder carries its own evidence.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from kvlab.tasks.facts import HELD_OUT_TEMPLATES, TRAIN_TEMPLATES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-CPU_BENCH = REPO_ROOT / "bench" / "cpu_forward.json"
+CPU_BENCHES = (REPO_ROOT / "bench" / "cpu_forward.json", REPO_ROOT / "bench" / "cpu_forward_eager.json")
 RECORDS = ("training.json", "corpus.json", "train_log.jsonl")
 
 
@@ -86,8 +86,10 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
     train_command = "python -m kvlab.train train " + (
         f"--time-budget-min {budget / 60:g}" if budget else f"--max-steps {training['max_steps']}")
     attention = report["attention"]
-    sinks = attention["first_token_mass"]
+    sinks, per_head = attention["first_token_mass"], attention["first_token_mass_per_head"]
     layers_with_sink = sum(m > 0.5 for m in sinks)
+    layers_bos_top = sum(b >= 0.5 for b in attention["first_token_is_top_key"])
+    sink_heads = [(layer, head, m) for layer, heads in enumerate(per_head) for head, m in enumerate(heads) if m > 0.5]
     contamination = corpus["haystack_contamination"]
     size_mb = (model_dir / "model.safetensors").stat().st_size / 1e6
     last_held = [r for r in log if "heldout_lm_loss" in r][-1]
@@ -115,11 +117,13 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         f"Built by `python -m kvlab.train prepare` from the `.py`, `.pyi`, `.md`, `.rst` and `.txt` files of the "
         f"Python {corpus['python']} installation and its site-packages on the training machine (nothing downloaded): "
         f"{corpus['train']['files']} training files, {corpus['train']['bytes'] / 1e6:.0f} MB, "
-        f"{corpus['train']['tokens'] / 1e6:.1f}M tokens (file-list SHA-256 `{corpus['train']['file_list_sha256'][:16]}…`); "
+        f"{corpus['train']['tokens'] / 1e6:.1f}M tokens (file-list SHA-256 "
+        f"`{corpus['train']['file_list_sha256'][:16]}…`); "
         f"hold-out split {corpus['heldout']['files']} files, {corpus['heldout']['bytes'] / 1e6:.1f} MB, "
         f"{corpus['heldout']['tokens'] / 1e6:.2f}M tokens (rule: `{corpus['holdout_rule']}`). Files of "
         f"{corpus['file_bytes_range'][0]} bytes to {corpus['file_bytes_range'][1]} bytes, deduplicated by content, "
-        f"ordered by content hash and capped; paths containing {', '.join(f'`{p}`' for p in corpus['excluded_path_parts'])} "
+        "ordered by content hash and capped; paths containing "
+        f"{', '.join(f'`{p}`' for p in corpus['excluded_path_parts'])} "
         "were excluded. `pydoc_data` is the source of the needle haystacks (`data/haystacks/`).",
         "",
         f"Contamination check: of the {contamination['haystack_ngrams']} distinct {contamination['ngram_words']}-word "
@@ -127,8 +131,8 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         f"({_pct(contamination['fraction'])}) occur anywhere in the training text. The full manifest is "
         "`corpus.json`.",
         "",
-        "Half of the training sequences are plain corpus windows; the other half carry needle-retrieval episodes "
-        f"(`kvlab/train/mix.py`): a window of corpus text with facts inserted at sentence or line boundaries, then "
+        f"{_pct(1 - training['mix']['retrieval_fraction'])} of the training sequences are plain corpus windows; the "
+        f"other {_pct(training['mix']['retrieval_fraction'])} carry needle-retrieval episodes (`kvlab/train/mix.py`): a window of corpus text with facts inserted at sentence or line boundaries, then "
         f"a question and its answer, packed until the sequence is full. {len(TRAIN_TEMPLATES)} fact templates plus "
         "randomly composed subjects, values of three shapes (digits, words, identifiers), single-fact, multi-key "
         "and multi-value episodes, distractor facts about other subjects. The templates "
@@ -142,8 +146,12 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         f"{training['train_seconds'] / 60:.1f} minutes of training time; AdamW (lr {settings['lr']:g}, "
         f"{settings['warmup_steps']} warm-up steps, cosine to {settings['min_lr_ratio']:g} x lr, weight decay "
         f"{settings['weight_decay']:g}), bf16 autocast, seed {settings['seed']}. Loss: mean next-token cross-entropy "
-        f"plus {settings['answer_loss_weight']:g} x the mean over answer tokens. Corpus preparation took "
-        f"{corpus['prepare_seconds'] / 60:.1f} minutes before it.",
+        f"plus {settings['answer_loss_weight']:g} x the mean over answer tokens. Wall-clock time of the whole "
+        f"pipeline on that GPU: {corpus['prepare_seconds'] / 60:.1f} min `prepare`, "
+        f"{training['last_run_wall_seconds'] / 60:.1f} min `train` (compilation, checkpoints and hold-out "
+        f"evaluations included), {report['eval_seconds'] / 60:.1f} min `evaluate`: "
+        f"{(corpus['prepare_seconds'] + training['last_run_wall_seconds'] + report['eval_seconds']) / 60:.1f} "
+        "minutes.",
         "",
         "![loss curve](loss_curve.png)",
         "",
@@ -186,28 +194,60 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         "",
         "## Attention profile",
         "",
-        f"Eager attention on the first {attention['window']} tokens of each haystack (BOS first), averaged over "
-        "heads and over query positions 1 onwards. *Sink*: attention mass on the first token. *Entropy*: of each "
-        f"attention row, in nats (a uniform row over the same positions averages {attention['uniform_entropy_nats']:.2f}). "
-        "*Top 1%*: share of the attention not on the first token that goes to the 1% of keys receiving most of it "
-        "(heavy hitters; 1% would mean none).",
+        f"`python -m kvlab.train attention` (on {attention['device']}): eager attention on the first "
+        f"{attention['window']} tokens of each of the {len(attention['haystacks'])} haystacks (BOS first), averaged "
+        "over heads, query positions 1 onwards and haystacks. *Sink*: attention mass on the first token (mean over "
+        "heads, and in the strongest head). *Previous* and *last 8*: mass on the previous token and on the 8 tokens "
+        "before the query. *Entropy*: of each attention row, in nats (a uniform row over the same positions averages "
+        f"{attention['uniform_entropy_nats']:.2f}). *Top 1%*: share of the attention not on the first token that goes "
+        "to the 1% of keys receiving most of it (heavy hitters; uniform causal attention would give "
+        f"{attention['uniform_top1pct_keys_share']:.3f}, since early keys are seen by more queries). *BOS top*: "
+        "fraction of haystacks in which the first token is the key that receives the most attention.",
         "",
-        "| layer | sink | entropy (nats) | top 1% keys |",
-        "|---|---|---|---|",
-        *[f"| {i} | {s:.3f} | {e:.2f} | {h:.3f} |"
-          for i, (s, e, h) in enumerate(zip(sinks, attention["entropy_nats"], attention["top1pct_keys_share"]))],
+        "| layer | sink (mean) | sink (strongest head) | previous | last 8 | entropy (nats) | top 1% keys | BOS top |",
+        "|---|---|---|---|---|---|---|---|",
+        *[f"| {i} | {s:.3f} | {max(h):.3f} | {p:.3f} | {r:.3f} | {e:.2f} | {k:.3f} | {b:.2f} |"
+          for i, (s, h, p, r, e, k, b) in enumerate(zip(sinks, per_head, attention["previous_token_mass"],
+                                                        attention["recent8_mass"], attention["entropy_nats"],
+                                                        attention["top1pct_keys_share"],
+                                                        attention["first_token_is_top_key"]))],
         "",
-        f"{layers_with_sink} of {len(sinks)} layers put more than half of their attention on the first token.",
+        f"**{layers_with_sink} of {len(sinks)} layers put more than half of their attention on the first token.** "
+        f"The first token is the most attended key in {layers_bos_top} of {len(sinks)} layers (a weak signal: under "
+        "causal masking every query sees it, so even uniform attention makes it the top key), and "
+        f"{len(sink_heads)} of {sum(len(h) for h in per_head)} heads put more than half of their attention on it"
+        + (" (" + ", ".join(f"layer {l} head {h}: {m:.2f}" for l, h, m in sink_heads) + ")" if sink_heads else "")
+        + ".",
         "",
     ]
-    if CPU_BENCH.exists():
-        bench = json.loads(CPU_BENCH.read_text())
-        lines += ["## CPU speed", "",
-                  f"`{bench['command']}`: one forward pass over {bench['tokens']} tokens takes "
-                  f"**{bench['median_s']:.2f} s** (median of {len(bench['seconds'])}) on {bench['machine']}.", ""]
-    lines += ["## Reproduce", "", "```", "python -m kvlab.train prepare",
-              train_command,
-              "python -m kvlab.train evaluate", "python -m kvlab.train card", "```", "",
+    if layers_with_sink * 2 < len(sinks):
+        flat = [i for i, e in enumerate(attention["entropy_nats"]) if e > 0.95 * attention["uniform_entropy_nats"]]
+        local = [i for i, r in enumerate(attention["recent8_mass"]) if r > 0.5]
+        lines += [
+            "So this model has no attention sink on the first token in most layers, unlike the large LLMs that "
+            "StreamingLLM was designed on. In those, the sink grows because most heads have nothing to do on most "
+            "tokens and park that attention on a fixed, always-visible token, and studies of it report that it emerges "
+            "with enough training data. This model is small and was trained for a few minutes, and its heads stay "
+            "busy: "
+            + (f"layer{'s' if len(flat) > 1 else ''} {', '.join(map(str, flat))} attend{'' if len(flat) > 1 else 's'} "
+               "almost uniformly (a running average of the context), " if flat else "")
+            + (f"layer{'s' if len(local) > 1 else ''} {', '.join(map(str, local))} put most of "
+               f"{'their' if len(local) > 1 else 'its'} attention on the last 8 tokens, " if local else "")
+            + "and the sink is carried by a few heads. What that means for eviction (does dropping the first tokens "
+            "cost this model accuracy?) is for kvlab's experiments to measure, not for this card to assume.",
+            "",
+        ]
+    benches = [json.loads(p.read_text()) for p in CPU_BENCHES if p.exists()]
+    if benches:
+        lines += ["## CPU speed", ""]
+        lines += [f"- `{b['command']}`: one forward pass over {b['tokens']} tokens with {b['attention']} attention "
+                  f"in {b['dtype']} takes **{b['median_s']:.2f} s** (median of {len(b['seconds'])}) on {b['machine']}."
+                  for b in benches]
+        lines.append("")
+    lines += ["## Reproduce", "", "On one GPU, from the repository root (see `docs/model.md`):", "", "```",
+              "python -m kvlab.train prepare", train_command, "python -m kvlab.train evaluate",
+              "python -m kvlab.train attention", "python -m kvlab.train card", "python bench/cpu_forward.py",
+              "```", "",
               "Licence: the weights are derived from the installed packages' text; the haystacks are Python "
               "documentation under the PSF licence (`data/haystacks/README.md`).", ""]
     readme = model_dir / "README.md"

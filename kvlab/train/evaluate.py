@@ -4,7 +4,8 @@ Retrieval is plain greedy decoding with Hugging Face ``generate`` (full cache, n
 haystacks, scored by exact match of the first generated line. Items of one length share a length, so they are batched
 without padding. Perplexity is measured on the corpus's hold-out files and on the haystacks. The attention profile
 runs the eager attention on haystack windows and reports, per layer, the attention mass on the first token (the
-sink), the entropy of the attention rows, and how concentrated the rest is on a few keys (heavy hitters).
+sink), on the previous token, the entropy of the attention rows, and how concentrated the rest is on a few keys
+(heavy hitters); ``python -m kvlab.train attention`` re-measures it alone.
 """
 
 from __future__ import annotations
@@ -83,36 +84,56 @@ def perplexity(model: Any, tokens: np.ndarray, bos: int, window: int, windows: i
 
 @torch.no_grad()
 def attention_profile(model: Any, haystacks: Sequence[Haystack], bos: int, window: int) -> dict[str, Any]:
-    """Per layer (mean over heads, query positions 1.., and one window per haystack): attention mass on the first
-    token, row entropy in nats, and the share of the remaining mass that the top 1% of keys (by total attention
-    received) take. Per head, the first-token mass."""
-    sink, entropy, heavy, sink_heads = [], [], [], []
+    """Where attention goes, on one window per haystack, with the model's eager attention.
+
+    Per layer, averaged over heads, query positions 1 onwards and windows: the mass on the first token (the sink),
+    on the previous token and on the 8 tokens before the query, the row entropy in nats, the share of the mass not on
+    the first token that the top 1% of keys (by total attention received) take (heavy hitters; compare the share
+    under uniform causal attention, which is not 1% because early keys are seen by more queries), and the fraction
+    of windows in which the first token is the key that receives the most attention. Per head: the first-token mass.
+    """
+    rows: dict[str, list[list[float]]] = defaultdict(list)
     for hay in haystacks:
         ids = torch.tensor([[bos, *hay.ids[:window - 1].tolist()]], device=model.device)
-        attentions = model(input_ids=ids, output_attentions=True).attentions
-        per_layer_sink, per_layer_entropy, per_layer_heavy, per_head = [], [], [], []
-        for att in attentions:
+        layers: dict[str, list[Any]] = defaultdict(list)
+        for att in model(input_ids=ids, output_attentions=True).attentions:
             a = att[0, :, 1:, :].float()
-            per_head.append(a[:, :, 0].mean(dim=1).tolist())
-            per_layer_sink.append(a[:, :, 0].mean().item())
-            per_layer_entropy.append((-(a * a.clamp_min(1e-12).log()).sum(-1)).mean().item())
-            received = a[:, :, 1:].sum(dim=1)
-            top = max(1, received.shape[-1] // 100)
-            share = received.topk(top, dim=-1).values.sum(-1) / received.sum(-1).clamp_min(1e-12)
-            per_layer_heavy.append(share.mean().item())
-        sink.append(per_layer_sink)
-        entropy.append(per_layer_entropy)
-        heavy.append(per_layer_heavy)
-        sink_heads.append(per_head)
-    return {
-        "window": window,
-        "haystacks": [h.name for h in haystacks],
-        "first_token_mass": np.mean(sink, axis=0).tolist(),
-        "entropy_nats": np.mean(entropy, axis=0).tolist(),
+            queries = torch.arange(a.shape[1], device=a.device)
+            layers["first_token_mass_per_head"].append(a[:, :, 0].mean(dim=1).tolist())
+            layers["first_token_mass"].append(a[:, :, 0].mean().item())
+            layers["previous_token_mass"].append(a[:, queries, queries].mean().item())
+            offsets = queries[:, None] + 1 - torch.arange(a.shape[2], device=a.device)[None, :]
+            layers["recent8_mass"].append((a * ((offsets >= 1) & (offsets <= 8))).sum(-1).mean().item())
+            layers["entropy_nats"].append((-(a * a.clamp_min(1e-12).log()).sum(-1)).mean().item())
+            received = a.sum(dim=1)
+            rest = received[:, 1:]
+            top = rest.topk(max(1, rest.shape[-1] // 100), dim=-1).values.sum(-1) / rest.sum(-1).clamp_min(1e-12)
+            layers["top1pct_keys_share"].append(top.mean().item())
+            layers["first_token_is_top_key"].append(float(received.mean(0).argmax().item() == 0))
+        for name, values in layers.items():
+            rows[name].append(values)
+    uniform = torch.tril(torch.ones(window, window)) / torch.arange(1, window + 1)[:, None]
+    received = uniform[1:, 1:].sum(0)
+    profile: dict[str, Any] = {
+        "window": window, "haystacks": [h.name for h in haystacks],
         "uniform_entropy_nats": float(np.mean(np.log(np.arange(2, window + 1)))),
-        "top1pct_keys_share": np.mean(heavy, axis=0).tolist(),
-        "first_token_mass_per_head": np.mean(sink_heads, axis=0).tolist(),
+        "uniform_top1pct_keys_share": float(received.topk(max(1, len(received) // 100)).values.sum() / received.sum()),
     }
+    profile.update({name: np.mean(values, axis=0).tolist() for name, values in rows.items()})
+    return profile
+
+
+def measure_attention(model_dir: Path) -> dict[str, Any]:
+    """The attention profile alone (cheap enough for a CPU), written into ``model_dir/eval.json``."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load(model_dir, device, attn="eager")
+    profile = attention_profile(model, load_haystacks(tokenizer), tokenizer.bos_token_id, 1024)
+    profile["device"] = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    path = model_dir / "eval.json"
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report["attention"] = profile
+    path.write_text(json.dumps(report, indent=2))
+    return profile
 
 
 def evaluate(model_dir: Path, workdir: Path | None, *, per_depth: int, variant_per_depth: int, batch: int,
@@ -144,8 +165,7 @@ def evaluate(model_dir: Path, workdir: Path | None, *, per_depth: int, variant_p
     report["perplexity_haystacks"] = perplexity(model, hay_tokens, bos, 4096, 8)
     if workdir is not None and (workdir / "heldout.npy").exists():
         report["perplexity_heldout_corpus"] = perplexity(model, np.load(workdir / "heldout.npy"), bos, 4096, 32)
-    eager, _ = load(model_dir, device, attn="eager")
-    report["attention"] = attention_profile(eager, haystacks, bos, 1024)
     report["eval_seconds"] = round(time.perf_counter() - started, 1)
     (model_dir / "eval.json").write_text(json.dumps(report, indent=2))
+    report["attention"] = measure_attention(model_dir)
     return report

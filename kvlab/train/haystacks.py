@@ -2,8 +2,8 @@
 
 ``pydoc_data/topics.py`` holds the text of the language reference topics that ``help()`` shows. The corpus builder
 excludes that package, so the model never trains on it. This module keeps the prose paragraphs (no tables, headings
-or indented code), joins each paragraph's wrapped lines into one line (one space between sentences), and writes the topics, in their order, into a
-few files of about equal size.
+or indented code), joins each paragraph's wrapped lines into one line (one space between sentences), and writes the
+topics, in their order, into a few files of about equal size.
 """
 
 from __future__ import annotations

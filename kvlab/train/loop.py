@@ -73,14 +73,16 @@ def _optimizer(model: Any, s: TrainSettings, device: torch.device) -> torch.opti
     return torch.optim.AdamW(groups, lr=s.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
 
 
-def _heldout_batches(workdir: Path, tokenizer: Any, mix: MixSettings, s: TrainSettings) -> list[tuple[torch.Tensor, ...]]:
+def _heldout_batches(workdir: Path, tokenizer: Any, mix: MixSettings,
+                     s: TrainSettings) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed hold-out batches (half retrieval, half plain) for the loss curve's hold-out points."""
     builder = MixBuilder(np.load(workdir / "heldout.npy", mmap_mode="r"), tokenizer, mix)
     rng = random.Random(f"heldout/{s.seed}")
     batches = []
     for b in range(s.eval_batches):
         seqs = [builder.retrieval(rng) if (b + i) % 2 == 0 else builder.plain(rng) for i in range(s.batch_size)]
-        batches.append((torch.from_numpy(np.stack([x for x, _ in seqs])), torch.from_numpy(np.stack([m for _, m in seqs]))))
+        ids, masks = zip(*seqs)
+        batches.append((torch.from_numpy(np.stack(ids)), torch.from_numpy(np.stack(masks))))
     return batches
 
 

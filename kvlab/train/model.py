@@ -75,7 +75,8 @@ def shape_dict(shape: ModelShape) -> dict[str, Any]:
 
 
 def export(model: Any, tokenizer_dir: Path, out_dir: Path) -> Path:
-    """Save a bf16 copy of ``model`` (the float32 training weights stay as they are) as one ``model.safetensors`` with its config and the tokenizer files."""
+    """Save a bf16 copy of ``model`` (the float32 training weights stay as they are) as one ``model.safetensors``,
+    with its config and the tokenizer files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     copy.deepcopy(model).to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True, max_shard_size="200MB")
     for name in TOKENIZER_FILES:

@@ -1,0 +1,12 @@
+"""What the dashboard needs beyond the kvlab library: run data shaped for drawing, and a few shared page helpers.
+
+The pages in ``pages/`` hold layout and widgets only. Everything they show is computed here:
+
+* :mod:`kvlab.ui.live`: a live run as data (the prompt, the settings, the trace of its events) and its storage;
+* :mod:`kvlab.ui.live_figures` and :mod:`kvlab.ui.store_figures`: pure functions from that data, or from stored
+  runs, to plotly figures with bounded point counts;
+* :mod:`kvlab.ui.tables`: pure functions from stored runs to the tables the pages show;
+* :mod:`kvlab.ui.inputs`: widget values turned into kvlab objects, with every mistake one sentence;
+* :mod:`kvlab.ui.device_queue`: the process-wide queue that lets one session at a time use the device;
+* :mod:`kvlab.ui.session`: the Streamlit side shared by all pages (model picker, store, waiting for the device).
+"""

@@ -1,0 +1,90 @@
+"""Widget values turned into kvlab objects. Every mistake a user can make here is one sentence
+(:class:`~kvlab.errors.KvlabError`) that the page shows next to the widget; nothing here imports Streamlit."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass
+
+from kvlab.costs import GpuSpec, ModelSpec
+from kvlab.costs.gpus import GIB
+from kvlab.errors import KvlabError
+from kvlab.models import LoadedModel
+from kvlab.policies import POLICIES
+
+#: Cache precisions the calculator offers, by display name.
+KV_PRECISIONS: dict[str, str] = {"fp16 / bf16": "bf16", "fp8 / int8": "fp8", "int4": "int4", "2-bit": "int2"}
+#: Weight precisions the calculator offers, by display name.
+WEIGHT_PRECISIONS: dict[str, str] = {"bf16 / fp16": "bf16", "fp8 / int8": "fp8", "int4": "int4", "fp32": "fp32"}
+#: Choices of string parameters that accept only a few values.
+PARAM_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("snapkv", "pooling"): ("max", "avg"),
+    ("pyramidkv", "pooling"): ("max", "avg"),
+}
+
+
+@dataclass(frozen=True)
+class ParamField:
+    """One parameter of a policy, enough to draw its widget: name, Python type, default and allowed values."""
+
+    name: str
+    kind: type
+    default: object
+    choices: tuple[str, ...] = ()
+
+
+def policy_fields(policy: str) -> list[ParamField]:
+    """The parameters of a policy as the page draws them."""
+    cls = POLICIES[policy]
+    hints = typing.get_type_hints(cls)
+    return [ParamField(f.name, hints[f.name], f.default, PARAM_CHOICES.get((policy, f.name), ()))
+            for f in dataclasses.fields(cls)]
+
+
+def policy_summary(policy: str) -> str:
+    """The first sentence of a policy's docstring (the paper it follows and what it keeps), in Markdown."""
+    text = " ".join((POLICIES[policy].__doc__ or "").split()).replace("``", "`")
+    paper, colon, rest = text.partition("): ")
+    head, body = (paper + colon, rest) if colon else ("", text)
+    return head + body.split(". ", 1)[0].rstrip(".") + "."
+
+
+def read_upload(name: str, data: bytes) -> str:
+    """The text of an uploaded file; anything that is not non-empty UTF-8 text is refused in one sentence."""
+    if b"\x00" in data:
+        raise KvlabError(f"The file {name} is binary, not text; upload a plain UTF-8 text file.")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise KvlabError(f"The file {name} is not UTF-8 text; upload a plain UTF-8 text file.") from None
+    if not text.strip():
+        raise KvlabError(f"The file {name} is empty.")
+    return text
+
+
+def model_spec_from_json(text: str, params_billions: float, name: str = "pasted config.json") -> ModelSpec:
+    """A model to price from a pasted ``config.json`` and its parameter count (which a config does not state)."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise KvlabError(f"The pasted config is not valid JSON ({error.msg} at line {error.lineno}).") from None
+    if not isinstance(config, dict):
+        raise KvlabError("The pasted config must be a JSON object, like a model's config.json.")
+    if params_billions <= 0:
+        raise KvlabError("Give the model's parameter count; a config.json does not state it.")
+    spec = ModelSpec(name, config, params_billions * 1e9)
+    spec.arch  # read the architecture now, so a config without layers or heads is refused here
+    return spec
+
+
+def model_spec_from_loaded(loaded: LoadedModel) -> ModelSpec:
+    """The loaded model, priced by its own config and its counted parameters."""
+    params = sum(parameter.numel() for parameter in loaded.model.parameters())
+    return ModelSpec(loaded.name, loaded.model.config, float(params), source="loaded model")
+
+
+def gpu_spec(name: str, memory_gib: float, bandwidth_gb_s: float, tflops: float, price_per_hour: float) -> GpuSpec:
+    """A GPU from the calculator's editable fields (GiB, GB/s, dense BF16 TFLOP/s, $ per hour)."""
+    return GpuSpec(name, int(memory_gib * GIB), bandwidth_gb_s * 1e9, tflops * 1e12, price_per_hour)

@@ -1,0 +1,405 @@
+"""A live run as data: the prompt, the settings, the trace of the engine's events, and how it is stored.
+
+The live page reads a prompt under a policy and redraws after every event. Everything it draws comes from a
+:class:`LiveTrace`, which keeps, per observed forward pass, the attention statistics the engine measured and which
+key positions the cache held during that pass, and, after every event, the physical bytes and the survivors. The
+trace is plain numpy, so the figure builders are pure functions of it and can be tested without a model.
+
+:class:`LiveRun` drives :class:`kvlab.engine.Generation` one event at a time and times the model alone (drawing
+between events is not counted), so the stored prefill and decode seconds are the model's, not the page's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvlab.attention import StatsRequest
+from kvlab.budget import Budget
+from kvlab.engine import Event, Generation, RunSpec
+from kvlab.errors import KvlabError
+from kvlab.models import LoadedModel
+from kvlab.policies import make_policy
+from kvlab.provenance import weights_identity
+from kvlab.store import RunConfig, Store, Trial
+from kvlab.tasks.facts import TEMPLATES, make_fact
+from kvlab.tasks.items import prompt_ids, stop_token_ids
+from kvlab.tasks.needle import Haystack, build_needle, encode, fact_piece, load_haystacks, score
+
+
+@dataclass(frozen=True)
+class NeedleTask:
+    """A generated needle prompt of exactly ``context_tokens`` tokens with one fact at ``depth`` (0 to 1)."""
+
+    context_tokens: int
+    depth: float
+    template: str = "magic-number"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TextTask:
+    """A text the user pasted or uploaded, an optional question about it and the expected answer.
+
+    Without a question the model simply continues the text; without an answer the run is shown but not stored,
+    since it cannot be scored.
+    """
+
+    context: str
+    question: str = ""
+    answer: str = ""
+
+
+@dataclass(frozen=True)
+class LivePrompt:
+    """What the model reads, and how the run is filed in the store.
+
+    ``needle`` is the ``[start, end)`` token range of the fact sentence when there is one, so the page can show
+    whether those tokens survived.
+    """
+
+    context_ids: tuple[int, ...]
+    question_ids: tuple[int, ...]
+    answer: str | None
+    task: str
+    task_id: str
+    trial_key: str
+    question: str = ""
+    depth: float | None = None
+    needle: tuple[int, int] | None = None
+    seed: int | None = None
+
+    @property
+    def context_tokens(self) -> int:
+        """Every prompt token, context and question together."""
+        return len(self.context_ids) + len(self.question_ids)
+
+
+@lru_cache(maxsize=4)
+def _haystacks(tokenizer: Any) -> tuple[Haystack, ...]:
+    """The haystacks tokenised once per tokenizer: tokenising them takes longer than the first chunk of a run."""
+    return tuple(load_haystacks(tokenizer))
+
+
+def find_span(ids: tuple[int, ...], piece: list[int]) -> tuple[int, int] | None:
+    """Where ``piece`` first occurs in ``ids``, as ``[start, end)``."""
+    width = len(piece)
+    for start in range(len(ids) - width + 1):
+        if list(ids[start:start + width]) == piece:
+            return start, start + width
+    return None
+
+
+def build_prompt(loaded: LoadedModel, task: NeedleTask | TextTask) -> LivePrompt:
+    """The prompt of a task, in the format the tokenizer's model expects."""
+    tokenizer = loaded.tokenizer
+    if isinstance(task, NeedleTask):
+        template = TEMPLATES.get(task.template)
+        if template is None:
+            raise KvlabError(f"Unknown fact template {task.template!r}; choose one of {', '.join(TEMPLATES)}.")
+        rng = random.Random(f"live/{task.seed}")
+        fact = make_fact(template, rng)
+        haystacks = _haystacks(tokenizer)
+        item = build_needle(tokenizer, haystacks[task.seed % len(haystacks)], task.context_tokens, task.depth, fact,
+                            rng=rng)
+        return LivePrompt(
+            context_ids=item.context_ids, question_ids=item.question_ids, answer=item.answer, task="needle",
+            task_id=f"needle-live-{template.name}-{task.seed}",
+            trial_key=f"live/depth={task.depth:.4f}/template={template.name}/seed={task.seed}",
+            question=fact.question, depth=item.depth,
+            needle=find_span(item.context_ids, encode(tokenizer, fact_piece(fact.statements[0]))), seed=task.seed,
+        )
+    if not task.context.strip():
+        raise KvlabError("There is no text to read; paste a text or upload a UTF-8 text file.")
+    if task.question.strip():
+        context_ids, question_ids = prompt_ids(tokenizer, task.context, task.question.strip())
+    else:
+        bos = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
+        context_ids, question_ids = bos + tuple(encode(tokenizer, task.context)), ()
+    digest = hashlib.sha256(f"{task.context}\0{task.question}".encode()).hexdigest()[:16]
+    return LivePrompt(
+        context_ids=context_ids, question_ids=question_ids, answer=task.answer.strip() or None, task="text",
+        task_id=f"text-{digest[:8]}", trial_key=f"live/text={digest}", question=task.question.strip(),
+    )
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """How to run: policy and parameters, budget, mode, chunk, tokens to generate, and what to observe.
+
+    ``query_aware`` reads the question with the context, before any compression (what kvlab's sweeps do);
+    otherwise the question is read after prefill mode's compression, which the cache must then serve blind.
+    """
+
+    policy: str
+    params: dict[str, object] = field(default_factory=dict)
+    budget: Budget | None = None
+    mode: str = "streaming"
+    chunk: int = 256
+    max_new_tokens: int = 24
+    query_aware: bool = True
+    n_bins: int = 128
+    n_sink: int = 4
+
+
+@dataclass
+class ObservedStep:
+    """One forward pass as the engine observed it.
+
+    ``pooled`` is the attention share per key bin (mean over the pass's queries and the layer's query heads),
+    ``held`` the number of distinct key positions per bin that some KV head of the layer held during the pass
+    (zero: evicted or not yet read), ``entropy`` (nats) and ``sink_mass`` per layer and query head.
+    """
+
+    kind: str
+    step: int
+    first_position: int
+    end_position: int
+    pooled: np.ndarray
+    held: np.ndarray
+    entropy: np.ndarray
+    sink_mass: np.ndarray
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    """Bytes after one event: ``kv_bytes`` measured from the K/V tensors held, ``kv_bytes_full`` computed."""
+
+    kind: str
+    step: int
+    seen_tokens: int
+    kv_bytes: int
+    kv_bytes_full: int
+
+
+@dataclass
+class LiveTrace:
+    """Everything the live figures draw, accumulated event by event (first sequence of the batch).
+
+    Key positions are pooled into ``n_bins`` bins over ``[0, span)``, the same bins as the engine's pooled
+    attention rows, so a bin's attention share and what the cache held in it line up.
+    """
+
+    num_layers: int
+    prompt_tokens: int
+    max_new_tokens: int
+    n_bins: int
+    n_sink: int
+    needle: tuple[int, int] | None = None
+    observed: list[ObservedStep] = field(default_factory=list)
+    memory: list[MemoryPoint] = field(default_factory=list)
+    survivors: list[np.ndarray] = field(default_factory=list)
+    seen_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def span(self) -> int:
+        """Positions the run can reach: the prompt and every token it may generate (the engine's bin range)."""
+        return self.prompt_tokens + self.max_new_tokens
+
+    def status(self) -> str:
+        """Where the run is, in words."""
+        if self.token_ids:
+            return f"Decoding: {len(self.token_ids)} of at most {self.max_new_tokens} tokens generated."
+        return f"Reading the prompt: {min(self.seen_tokens, self.prompt_tokens):,} of {self.prompt_tokens:,} tokens."
+
+    def redraw_due(self, every: int) -> bool:
+        """Whether the page should redraw after the latest event: after every prefill pass and compression, and
+        after the first and every ``every``-th decoded token."""
+        last = self.memory[-1] if self.memory else None
+        return last is None or last.kind != "decode" or len(self.token_ids) % every == 1
+
+    def bin_of(self, positions: np.ndarray) -> np.ndarray:
+        """The bin of each position, as the engine's statistics compute it."""
+        return np.clip(positions.astype(np.int64) * self.n_bins // max(self.span, 1), 0, self.n_bins - 1)
+
+    def bin_edges(self) -> np.ndarray:
+        """The first position of each bin, and ``span`` at the end (``n_bins + 1`` values)."""
+        first = -(-np.arange(self.n_bins + 1) * self.span // self.n_bins)
+        first[-1] = self.span
+        return first
+
+    def held_per_bin(self, survivors: list[np.ndarray], new: np.ndarray) -> np.ndarray:
+        """Distinct positions per layer and bin among ``survivors`` (any KV head) and the ``new`` positions."""
+        held = np.zeros((self.num_layers, self.n_bins), dtype=np.int32)
+        for layer in range(self.num_layers):
+            kept = survivors[layer].ravel() if layer < len(survivors) else np.zeros(0, dtype=np.int64)
+            positions = np.unique(np.concatenate([kept.astype(np.int64), new]))
+            held[layer] = np.bincount(self.bin_of(positions), minlength=self.n_bins)
+        return held
+
+    def add(self, event: Event) -> None:
+        """Record one event. A pass's statistics belong to the keys held during it: the survivors of the previous
+        event plus the positions the pass read."""
+        new = np.arange(self.seen_tokens, event.seen_tokens, dtype=np.int64)
+        if event.stats is not None:
+            self.observed.append(ObservedStep(
+                kind=event.kind, step=event.step, first_position=self.seen_tokens, end_position=event.seen_tokens,
+                pooled=event.stats["pooled"][:, 0, :].float().numpy(), held=self.held_per_bin(self.survivors, new),
+                entropy=event.stats["entropy"][:, 0, :].float().numpy(),
+                sink_mass=event.stats["sink_mass"][:, 0, :].float().numpy(),
+            ))
+        self.memory.append(MemoryPoint(event.kind, event.step, event.seen_tokens, event.kv_bytes,
+                                       event.kv_bytes_full))
+        self.survivors = [positions[0].numpy() for positions in event.survivors()]
+        self.seen_tokens = event.seen_tokens
+        if event.kind == "decode" and event.token_ids:
+            self.token_ids.append(event.token_ids[0])
+
+    def kept_per_layer(self) -> list[int]:
+        """Tokens each layer holds now (per KV head)."""
+        return [int(positions.shape[-1]) for positions in self.survivors]
+
+    def needle_held(self) -> float | None:
+        """The share of the needle's tokens the cache still holds (any KV head), averaged over layers; None
+        without a needle."""
+        if self.needle is None or not self.survivors:
+            return None
+        wanted = np.arange(*self.needle)
+        return float(np.mean([np.isin(wanted, positions.ravel()).mean() for positions in self.survivors]))
+
+
+@dataclass(frozen=True)
+class LiveOutcome:
+    """What a finished live run produced, measured (bytes from tensors, seconds of the model alone)."""
+
+    text: str
+    contains: bool | None
+    exact: bool | None
+    kv_bytes: int
+    kv_bytes_full: int
+    peak_kv_bytes: int
+    peak_gpu_bytes: int | None
+    kept_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+
+
+class LiveRun:
+    """One live generation: the engine's events, each recorded in :attr:`trace` before it is handed on."""
+
+    def __init__(self, loaded: LoadedModel, prompt: LivePrompt, settings: LiveSettings) -> None:
+        policy = make_policy(settings.policy, **settings.params)
+        budget = settings.budget if policy.evicts() else None
+        asks = prompt.answer is not None or bool(prompt.question_ids)
+        eos = getattr(loaded.model.generation_config, "eos_token_id", None)
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        stops = stop_token_ids(loaded.tokenizer, eos_ids) if asks else None
+        self.spec = RunSpec(policy, budget, mode=settings.mode, chunk=settings.chunk,  # type: ignore[arg-type]
+                            max_new_tokens=settings.max_new_tokens, stop_token_ids=stops,
+                            stats=StatsRequest(settings.n_sink, settings.n_bins))
+        together = settings.query_aware or not prompt.question_ids
+        context = prompt.context_ids + prompt.question_ids if together else prompt.context_ids
+        suffix = None if together else torch.tensor([prompt.question_ids])
+        self.loaded, self.prompt, self.settings = loaded, prompt, settings
+        self.generation = Generation(loaded, self.spec, torch.tensor([context]), suffix)
+        self.trace = LiveTrace(loaded.arch.num_layers, prompt.context_tokens, settings.max_new_tokens,
+                               settings.n_bins, settings.n_sink, needle=prompt.needle)
+
+    def events(self) -> Iterator[Event]:
+        """Run the generation, yielding each event once the trace has it. A GPU that runs out of memory becomes
+        one sentence, and the memory is handed back so the next run can start."""
+        device = self.loaded.device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        events = self.generation.events()
+        while True:
+            started = time.perf_counter()
+            try:
+                event = next(events)
+            except StopIteration:
+                return
+            except torch.OutOfMemoryError:
+                events.close()
+                torch.cuda.empty_cache()
+                raise KvlabError(
+                    f"The GPU ran out of memory after {self.generation.cache.seen_tokens} tokens; lower the context "
+                    "or the budget, or use streaming mode."
+                ) from None
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - started
+            if event.kind == "decode":
+                self.trace.decode_seconds += elapsed
+            else:
+                self.trace.prefill_seconds += elapsed
+            self.trace.add(event)
+            yield event
+
+    def outcome(self) -> LiveOutcome:
+        """The result once :meth:`events` is exhausted."""
+        trace = self.trace
+        text = self.loaded.tokenizer.decode(trace.token_ids, skip_special_tokens=True)
+        verdict = score(text, self.prompt.answer) if self.prompt.answer is not None else None
+        kept = trace.kept_per_layer()
+        last = trace.memory[-1]
+        device = self.loaded.device
+        return LiveOutcome(
+            text=text, contains=None if verdict is None else verdict.contains,
+            exact=None if verdict is None else verdict.exact, kv_bytes=last.kv_bytes,
+            kv_bytes_full=last.kv_bytes_full, peak_kv_bytes=self.generation.peak_kv_bytes,
+            peak_gpu_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+            kept_tokens=round(sum(kept) / len(kept)) if kept else 0,
+            prefill_seconds=trace.prefill_seconds, decode_seconds=trace.decode_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class LiveResult:
+    """A finished live run as the page keeps it between reruns: redrawn from here when a view setting changes."""
+
+    trace: LiveTrace
+    outcome: LiveOutcome
+    prompt: LivePrompt
+    run_id: int | None
+
+
+def run_config(loaded: LoadedModel, prompt: LivePrompt, settings: LiveSettings) -> RunConfig:
+    """The stored configuration of a live run; the same settings on the same prompt find the same run."""
+    policy = make_policy(settings.policy, **settings.params)
+    budget = settings.budget if policy.evicts() else None
+    return RunConfig(
+        model=loaded.name, policy=policy.name, mode=settings.mode, task=prompt.task,
+        policy_params={**policy.params(), "query_aware": settings.query_aware},
+        weights_hash=weights_identity(loaded.name, loaded.model.config),
+        keep=None if budget is None else budget.keep, budget_tokens=None if budget is None else budget.tokens,
+        chunk=settings.chunk, context_length=prompt.context_tokens, seed=prompt.seed,
+        device=loaded.device.type, dtype=str(loaded.dtype).replace("torch.", ""),
+    )
+
+
+def store_live_run(store: Store, loaded: LoadedModel, prompt: LivePrompt, settings: LiveSettings,
+                   outcome: LiveOutcome, started_by: str | None = None) -> int | None:
+    """File a finished live run and its one trial; None (nothing stored) when there is no answer to score it by."""
+    if prompt.answer is None or outcome.contains is None:
+        return None
+    run_id = store.begin_run(run_config(loaded, prompt, settings), started_by=started_by)
+    store.add_trial(run_id, Trial(
+        trial_key=prompt.trial_key, task_id=prompt.task_id, context_tokens=prompt.context_tokens,
+        correct=outcome.contains, exact=outcome.exact, depth=prompt.depth, expected=prompt.answer,
+        output=outcome.text, kept_tokens=outcome.kept_tokens, kv_bytes=outcome.kv_bytes,
+        peak_kv_bytes=outcome.peak_kv_bytes, peak_gpu_bytes=outcome.peak_gpu_bytes,
+        prefill_s=outcome.prefill_seconds, decode_s=outcome.decode_seconds,
+    ))
+    store.finish_run(run_id)
+    return run_id
+
+
+def warm_up(loaded: LoadedModel) -> None:
+    """Run the model once, observed and evicting, on a few tokens. The first forward pass of a process pays for
+    one-time kernel setup (up to seconds on a CPU); paying it at load time keeps a live run's first chart prompt."""
+    ids = torch.arange(48, dtype=torch.long).remainder(max(len(loaded.tokenizer), 1)).unsqueeze(0)
+    spec = RunSpec(make_policy("h2o"), Budget(tokens=16), mode="streaming", chunk=16, max_new_tokens=2,
+                   stats=StatsRequest(4, 16))
+    for _ in Generation(loaded, spec, ids).events():
+        pass

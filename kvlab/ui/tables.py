@@ -1,0 +1,210 @@
+"""Stored runs shaped into the tables the pages show: pure functions of the store's DataFrames.
+
+Labels name a run by what distinguishes it on a chart (policy, mode, budget); accuracies are shown in percent
+with the number of trials behind them, so a 100 % from one trial is not mistaken for a measurement.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+FrontierAxis = Literal["keep", "kv_bytes", "peak_kv_bytes"]
+Metric = Literal["accuracy", "exact_accuracy"]
+
+FRONTIER_AXES: dict[str, str] = {
+    "keep": "kept fraction of the context",
+    "kv_bytes": "KV bytes held at the end (measured)",
+    "peak_kv_bytes": "peak KV bytes (measured)",
+}
+METRICS: dict[str, str] = {"accuracy": "answer contained in the output", "exact_accuracy": "exact match"}
+
+
+def _present(value: object) -> bool:
+    return value is not None and not (isinstance(value, float) and np.isnan(value)) and value is not pd.NA
+
+
+def budget_label(keep: object, budget_tokens: object) -> str:
+    """``keep 10%``, ``256 tokens``, or ``full cache`` for a run with neither."""
+    if _present(keep):
+        return f"keep {100 * float(keep):.4g}%"  # type: ignore[arg-type]
+    if _present(budget_tokens):
+        return f"{int(budget_tokens)} tokens"  # type: ignore[call-overload]
+    return "full cache"
+
+
+def run_label(policy: str, mode: str, keep: object = None, budget_tokens: object = None) -> str:
+    """How a run is named on charts: ``h2o · prefill · keep 10%``; the full cache has no mode or budget to show."""
+    if policy == "full":
+        return "full cache"
+    return f"{policy} · {mode} · {budget_label(keep, budget_tokens)}"
+
+
+def model_name(path_or_id: str) -> str:
+    """A hub id as it is, a local directory by its last component."""
+    return Path(path_or_id).name if path_or_id.startswith(("/", ".", "~")) else path_or_id
+
+
+def needle_grid(by_depth: pd.DataFrame, runs: pd.DataFrame, depth_bins: int = 11) -> pd.DataFrame:
+    """The needle heatmap's cells from ``Store.accuracy_by_depth`` and ``Store.list_runs``: one row per
+    (run label, context length, depth bin) with ``accuracy`` in percent and the number of ``trials``.
+
+    Trials record where the needle really sits, which is near but rarely exactly at the requested depth, so depths
+    are rounded to ``depth_bins`` evenly spaced values from 0 to 1. Runs with the same label (policy, mode, budget)
+    are pooled, weighted by their trials.
+    """
+    columns = ["label", "context_length", "depth", "accuracy", "trials"]
+    frame = by_depth.dropna(subset=["depth"]).merge(runs[["run_id", "policy", "mode", "keep", "budget_tokens"]],
+                                                      on="run_id")
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    frame["label"] = [run_label(*row) for row in frame[["policy", "mode", "keep", "budget_tokens"]].itertuples(
+        index=False)]
+    frame["depth"] = np.round(frame["depth"].astype(float) * (depth_bins - 1)) / (depth_bins - 1)
+    frame["correct"] = frame["accuracy"] * frame["trials"]
+    cells = frame.groupby(["label", "context_length", "depth"], as_index=False)[["correct", "trials"]].sum()
+    cells["accuracy"] = 100 * cells["correct"] / cells["trials"]
+    return cells[columns]
+
+
+def at_budget(runs: pd.DataFrame, keep: float) -> pd.DataFrame:
+    """The runs at kept fraction ``keep``, and the full cache (the ceiling every budget is measured against)."""
+    return runs[(runs["policy"] == "full") | (runs["keep"].astype(float).sub(keep).abs() < 1e-9)]
+
+
+def choices(runs: pd.DataFrame, column: str, **equal: object) -> list:
+    """The distinct non-missing values of ``column`` among the runs whose other columns equal ``equal``, sorted."""
+    rows = runs
+    for name, value in equal.items():
+        rows = rows[rows[name] == value]
+    return sorted(rows[column].dropna().unique().tolist())
+
+
+def pareto_front(cost: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
+    """Which points no other point beats: none has lower or equal cost with higher or equal accuracy, and one of
+    them strictly."""
+    cost, accuracy = np.asarray(cost, dtype=float), np.asarray(accuracy, dtype=float)
+    front = np.ones(len(cost), dtype=bool)
+    for i in range(len(cost)):
+        dominated = (cost <= cost[i]) & (accuracy >= accuracy[i]) & ((cost < cost[i]) | (accuracy > accuracy[i]))
+        front[i] = not dominated.any()
+    return front
+
+
+def frontier_points(frontier: pd.DataFrame, axis: FrontierAxis = "keep", metric: Metric = "accuracy") -> pd.DataFrame:
+    """Points of an accuracy-against-memory chart from ``Store.accuracy_frontier``: one row per (policy, mode,
+    budget) with ``x`` on the chosen axis, ``accuracy`` in percent, ``trials``, the ``line`` it belongs to (policy
+    and mode) and whether it is on the Pareto ``front``.
+
+    On the kept-fraction axis the full cache sits at 1 and runs with a token budget are left out (their fraction
+    differs per context length); on the byte axes every run has a measured value.
+    """
+    columns = ["line", "label", "policy", "mode", "x", "accuracy", "trials", "front"]
+    if frontier.empty:
+        return pd.DataFrame(columns=columns)
+    points = frontier.copy()
+    if axis == "keep":
+        points["x"] = points["keep"].astype(float).where(points["policy"] != "full", 1.0)
+    else:
+        points["x"] = points[f"mean_{axis}"].astype(float)
+    points = points.dropna(subset=["x", metric])
+    points["line"] = [("full cache" if p == "full" else f"{p} · {m}") for p, m in zip(points["policy"], points["mode"])]
+    points["label"] = [run_label(*row) for row in points[["policy", "mode", "keep", "budget_tokens"]].itertuples(
+        index=False)]
+    points["accuracy"] = 100 * points[metric].astype(float)
+    points["front"] = pareto_front(points["x"].to_numpy(), points["accuracy"].to_numpy())
+    return points.sort_values(["line", "x"])[columns].reset_index(drop=True)
+
+
+RUN_COLUMNS: dict[str, str] = {
+    "run_id": "run", "status": "status", "model": "model", "task": "task", "policy": "policy", "mode": "mode",
+    "budget": "budget", "context_length": "context", "chunk": "chunk", "trials": "trials",
+    "accuracy": "accuracy %", "exact_accuracy": "exact %", "device": "device", "dtype": "dtype",
+    "started_at": "started (UTC)", "started_by": "started by",
+}
+
+
+def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """``Store.list_runs`` for display: newest first, budgets as words, accuracies in percent."""
+    table = runs.copy()
+    table["budget"] = [budget_label(k, b) for k, b in zip(table["keep"], table["budget_tokens"])]
+    table["model"] = table["model"].map(model_name)
+    for column in ("accuracy", "exact_accuracy"):
+        table[column] = (100 * table[column].astype(float)).round(1)
+    return table[list(RUN_COLUMNS)].rename(columns=RUN_COLUMNS).iloc[::-1].reset_index(drop=True)
+
+
+def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """Selected runs side by side, one column per run: configuration, provenance, and the means of their trials
+    (bytes measured from the cache tensors, seconds of the model)."""
+    means = trials.groupby("run_id").agg(
+        kept_tokens=("kept_tokens", "mean"), kv_bytes=("kv_bytes", "mean"), peak_kv_bytes=("peak_kv_bytes", "mean"),
+        prefill_s=("prefill_s", "mean"), decode_s=("decode_s", "mean"),
+    ) if not trials.empty else pd.DataFrame()
+    columns = {}
+    for run in runs.itertuples(index=False):
+        mean = means.loc[run.run_id] if run.run_id in means.index else None
+        columns[f"run {run.run_id}"] = {
+            "model": model_name(run.model), "task": run.task, "policy": run.policy,
+            "parameters": ", ".join(f"{k}={v}" for k, v in json.loads(run.policy_params or "{}").items()) or "—",
+            "mode": run.mode, "budget": budget_label(run.keep, run.budget_tokens), "chunk": _text(run.chunk),
+            "context length": _text(run.context_length), "trials": str(int(run.trials)),
+            "accuracy %": _number(100 * run.accuracy), "exact match %": _number(100 * run.exact_accuracy),
+            "mean tokens kept per layer": _number(None if mean is None else mean["kept_tokens"]),
+            "mean KV bytes at end (measured)": _number(None if mean is None else mean["kv_bytes"], 0),
+            "mean peak KV bytes (measured)": _number(None if mean is None else mean["peak_kv_bytes"], 0),
+            "mean prefill s": _number(None if mean is None else mean["prefill_s"], 3),
+            "mean decode s": _number(None if mean is None else mean["decode_s"], 3),
+            "device · dtype": f"{run.device} · {run.dtype}", "kvlab": _text(run.kvlab_version),
+            "commit": _text(run.git_commit), "status": run.status, "started (UTC)": str(run.started_at)[:19],
+        }
+    return pd.DataFrame(columns)
+
+
+def _text(value: object) -> str:
+    return str(value) if _present(value) else "—"
+
+
+def _number(value: object, digits: int = 1) -> str:
+    if not _present(value):
+        return "—"
+    return f"{float(value):,.{digits}f}"  # type: ignore[arg-type]
+
+
+def stored_keep_fractions(runs: pd.DataFrame) -> dict[str, float]:
+    """Kept fractions that stored runs used, by a label naming one run each: the run's ``keep``, or its token
+    budget over its context length. The full cache and runs whose fraction is unknown are left out."""
+    options: dict[str, float] = {}
+    for run in runs.itertuples(index=False):
+        if _present(run.keep):
+            fraction = float(run.keep)
+        elif _present(run.budget_tokens) and _present(run.context_length) and run.context_length:
+            fraction = min(1.0, int(run.budget_tokens) / int(run.context_length))
+        else:
+            continue
+        label = f"run {run.run_id}: {run_label(run.policy, run.mode, run.keep, run.budget_tokens)}"
+        options[f"{label}, {model_name(run.model)}, {run.task} ({fraction:.1%})"] = fraction
+    return options
+
+
+def formatted_costs(table: pd.DataFrame) -> pd.DataFrame:
+    """``kvlab.costs.cost_table`` with every number written out for reading: thousands separated, three significant
+    digits for fractional values, dollars to four significant digits."""
+    def cell(value: object, unit: str) -> str:
+        if isinstance(value, str):
+            return value
+        number = float(value)  # type: ignore[arg-type]
+        if unit == "$":
+            return f"${number:,.4g}" if number < 1000 else f"${number:,.0f}"
+        if number == int(number) and abs(number) >= 1:
+            return f"{int(number):,}"
+        return f"{number:,.3f}" if abs(number) >= 1 else f"{number:.3g}"
+
+    shown = table.copy()
+    for column in shown.columns[2:]:
+        shown[column] = [cell(value, unit) for value, unit in zip(shown[column], shown["Unit"])]
+    return shown

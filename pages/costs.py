@@ -1,0 +1,125 @@
+"""Cost calculator: the KV cache of a model in bytes, sequences per GPU, decode speed and dollars, full against evicted."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from kvlab.costs import FORMULAS, GPU_PRESETS, MODEL_PRESETS, Scenario, compare, cost_table
+from kvlab.costs.gpus import GIB
+from kvlab.errors import KvlabError
+from kvlab.ui.inputs import KV_PRECISIONS, WEIGHT_PRECISIONS, gpu_spec, model_spec_from_json, model_spec_from_loaded
+from kvlab.ui.session import current_model, page_setup, run_store
+from kvlab.ui.store_figures import cost_bars
+from kvlab.ui.tables import formatted_costs, stored_keep_fractions
+
+page_setup()
+st.title("Cost calculator")
+st.caption("Everything on this page is computed from the model's architecture and the GPU's datasheet figures with "
+           "the formulas listed below (kvlab.costs); nothing is measured. Memory and decode time are taken at the "
+           "full context N + M, an upper bound. GPU prices are editable examples, not quotes.")
+
+model_column, scenario_column, gpu_column = st.columns(3)
+with model_column:
+    st.subheader("Model")
+    source = st.radio("From", ["preset", "loaded model", "pasted config.json"], horizontal=True)
+    spec = None
+    try:
+        if source == "preset":
+            preset = st.selectbox("Preset", list(MODEL_PRESETS), index=list(MODEL_PRESETS).index("Llama-3-8B"))
+            spec = MODEL_PRESETS[preset]
+        elif source == "loaded model":
+            loaded = current_model()
+            if loaded is None:
+                st.warning("No model is loaded; pick one in the sidebar.")
+            else:
+                spec = model_spec_from_loaded(loaded)
+        else:
+            pasted = st.text_area("config.json", height=160, placeholder='{"num_hidden_layers": 32, ...}')
+            billions = st.number_input("Parameters (billions)", min_value=0.0, value=8.0, step=0.5)
+            if pasted.strip():
+                spec = model_spec_from_json(pasted, billions)
+        if spec is not None:
+            arch = spec.arch
+            layout = ("MLA latent" if arch.uses_mla else f"{arch.num_kv_heads} KV heads × head dim {arch.head_dim}")
+            window = f", sliding window {arch.sliding_window} on {len(arch.sliding_layers)} layers" \
+                if arch.sliding_layers else ""
+            st.caption(f"{spec.name}: {arch.num_layers} layers, {arch.num_q_heads} query heads, {layout}{window}; "
+                       f"{spec.params / 1e9:,.2f}B parameters.")
+    except KvlabError as error:
+        st.error(str(error))
+        spec = None
+
+with scenario_column:
+    st.subheader("Workload")
+    prompt_tokens = int(st.number_input("Prompt tokens (N)", min_value=0, value=7168, step=1024))
+    output_tokens = int(st.number_input("Generated tokens (M)", min_value=1, value=1024, step=128))
+    batch = int(st.number_input("Batch (sequences decoded together)", min_value=1, value=8))
+    kv_precision = st.selectbox("KV cache precision", list(KV_PRECISIONS))
+    group = int(st.number_input("Quantisation group size (0: ignore scales)", min_value=0, value=0, step=32,
+                                disabled=KV_PRECISIONS[kv_precision] == "bf16",
+                                help="Each group of this many numbers carries an fp16 scale and zero-point."))
+    weight_precision = st.selectbox("Weight precision", list(WEIGHT_PRECISIONS))
+    keep_source = st.radio("Kept fraction", ["typed", "from a stored run"], horizontal=True)
+    keep = 0.25
+    if keep_source == "typed":
+        keep = st.slider("Kept fraction of the context", 0.01, 1.0, 0.25, 0.01)
+    else:
+        store = run_store()
+        options = stored_keep_fractions(store.list_runs()) if store is not None else {}
+        if options:
+            keep = options[st.selectbox("Stored run", list(options))]
+        else:
+            st.info("No stored run with a budget yet; the typed default of 25 % is used.")
+
+with gpu_column:
+    st.subheader("GPU")
+    gpu_name = st.selectbox("Preset", list(GPU_PRESETS), index=list(GPU_PRESETS).index("H100 SXM 80GB"))
+    base = GPU_PRESETS[gpu_name]
+    memory = st.number_input("Memory (GiB)", min_value=1.0, value=base.memory_bytes / GIB, key=f"mem-{gpu_name}")
+    bandwidth = st.number_input("Bandwidth (GB/s)", min_value=1.0, value=base.bandwidth_bytes_per_s / 1e9,
+                                key=f"bw-{gpu_name}")
+    tflops = st.number_input("Dense BF16 TFLOP/s", min_value=1.0, value=base.peak_flops / 1e12, key=f"fl-{gpu_name}")
+    price = st.number_input("Price per hour ($, example)", min_value=0.0, value=base.price_per_hour, step=0.1,
+                            key=f"price-{gpu_name}")
+    gpus = int(st.number_input("GPUs (ideal tensor parallelism)", min_value=1, max_value=64, value=1))
+    reserve = st.slider("Memory kept in reserve", 0.0, 0.5, 0.10, 0.01,
+                        help="Activations, CUDA context and fragmentation.")
+    utilisation = st.slider("Prefill utilisation of peak FLOP/s", 0.05, 1.0, 0.5, 0.05)
+
+if spec is None:
+    st.stop()
+try:
+    scenario = Scenario(prompt_tokens=prompt_tokens, output_tokens=output_tokens, batch=batch,
+                        kv_precision=KV_PRECISIONS[kv_precision], weight_precision=WEIGHT_PRECISIONS[weight_precision],
+                        keep_fraction=keep, gpu_count=gpus, memory_reserve=reserve, prefill_utilization=utilisation,
+                        quant_group_size=group or None)
+    gpu = gpu_spec(gpu_name, memory, bandwidth, tflops, price)
+    full, evicted = compare(spec, gpu, scenario)
+    table = cost_table(spec, gpu, scenario)
+except KvlabError as error:
+    st.error(str(error))
+    st.stop()
+
+metrics = st.columns(5)
+metrics[0].metric("KV per token", f"{evicted.kv_bytes_per_token:,.0f} B")
+metrics[1].metric("KV per sequence", f"{evicted.kv_bytes_per_sequence / GIB:,.3f} GiB",
+                  delta=f"{(evicted.kv_bytes_per_sequence - full.kv_bytes_per_sequence) / GIB:,.3f} GiB vs full",
+                  delta_color="inverse")
+metrics[2].metric("Sequences that fit", f"{evicted.max_sequences:,}",
+                  delta=f"{evicted.max_sequences - full.max_sequences:+,} vs full")
+metrics[3].metric("Decode time per token", f"{evicted.decode_step_seconds * 1e3:,.2f} ms",
+                  delta=f"{(evicted.decode_step_seconds - full.decode_step_seconds) * 1e3:+,.2f} ms vs full",
+                  delta_color="inverse")
+metrics[4].metric("Cost per query", f"${evicted.cost_per_query:,.5f}",
+                  delta=f"{evicted.cost_per_query - full.cost_per_query:+,.5f} $ vs full", delta_color="inverse")
+if not evicted.batch_fits:
+    st.warning(f"A batch of {batch} does not fit: only {evicted.max_sequences} sequences fit beside the weights.")
+st.plotly_chart(cost_bars(full, evicted), key="cost-bars")
+st.dataframe(formatted_costs(table), hide_index=True, key="cost-table")
+with st.expander("Formulas (N prompt tokens, M generated tokens)", expanded=True):
+    st.dataframe(pd.DataFrame(FORMULAS.items(), columns=["Quantity", "Formula"]), hide_index=True,
+                 key="cost-formulas")
+    st.caption("Not modelled: paged-cache block rounding, activations beyond the reserve, the transient full-prompt "
+               "peak of prefill-mode eviction, per-layer budgets, achieved (rather than datasheet) bandwidth. "
+               "See docs/costs.md.")

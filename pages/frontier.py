@@ -1,0 +1,64 @@
+"""Frontier: accuracy against memory from stored runs, one line per policy and mode, two selections side by side."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from kvlab.claims import CLAIM_CONTEXT, side_by_side
+from kvlab.store import RunFilter
+from kvlab.ui.session import page_setup, run_store
+from kvlab.ui.store_figures import frontier_figure
+from kvlab.ui.tables import FRONTIER_AXES, METRICS, choices, frontier_points, model_name
+
+page_setup()
+st.title("Frontier")
+st.caption("Accuracy against memory for every policy and mode in the store. Circled points are on the Pareto front: "
+           "no other point is at least as accurate with less memory. KV bytes are measured from the cache tensors "
+           "of each trial (per sequence) and averaged.")
+store = run_store()
+runs = store.list_runs() if store is not None else None
+if runs is None:
+    st.stop()
+if runs.empty or not runs["trials"].any():
+    st.info("The store has no runs with trials yet. Run a live run or a needle grid, or point KVLAB_DB at a "
+            "database that has some.")
+    st.stop()
+
+axis_column, metric_column = st.columns(2)
+axis = axis_column.radio("Memory axis", list(FRONTIER_AXES), format_func=FRONTIER_AXES.get, horizontal=True)
+metric = metric_column.radio("Accuracy", list(METRICS), format_func=METRICS.get, horizontal=True)
+
+selections = {}
+for column, name in zip(st.columns(2), ("A", "B")):
+    with column:
+        st.subheader(f"Selection {name}")
+        models = choices(runs, "model")
+        model = st.selectbox("Model", models, format_func=model_name, key=f"frontier-model-{name}")
+        task = st.selectbox("Task", choices(runs, "task", model=model), key=f"frontier-task-{name}")
+        lengths = choices(runs, "context_length", model=model, task=task)
+        length = st.selectbox("Context length (tokens)", lengths, key=f"frontier-length-{name}",
+                              index=min(len(lengths) - 1, 1 if name == "B" else 0) if lengths else None)
+        points = frontier_points(store.accuracy_frontier(RunFilter(
+            models=(model,), tasks=(task,), context_lengths=() if length is None else (int(length),))), axis, metric)
+        st.plotly_chart(frontier_figure(points, FRONTIER_AXES[axis], bytes_axis=axis != "keep"),
+                        key=f"frontier-{name}")
+        st.dataframe(points.drop(columns=["line"]), hide_index=True, key=f"frontier-table-{name}",
+                     column_config={"accuracy": st.column_config.NumberColumn("accuracy %", format="%.0f"),
+                                    "x": st.column_config.NumberColumn(FRONTIER_AXES[axis], format="%.4g")})
+        selections[name] = model
+
+st.subheader("The published needle claim, next to kvlab's measurement")
+st.caption("An article claims that on a 4,096-token needle test H2O keeps 100 % accuracy up to 90 % pruning while "
+           "StreamingLLM falls to 14 % and random eviction to 5 %. Its rows are shown only beside kvlab's own "
+           f"measurement of the same grid on {model_name(selections['A'])} (selection A's model), with the fewest "
+           "trials behind any cell of each row.")
+lengths = choices(runs, "context_length", model=selections["A"], task="needle")
+if not lengths:
+    st.info("Selection A's model has no stored needle runs.")
+else:
+    length = st.selectbox("Context length of kvlab's rows", lengths, key="claim-length",
+                          index=lengths.index(CLAIM_CONTEXT) if CLAIM_CONTEXT in lengths else len(lengths) - 1)
+    table = side_by_side(store.trials_frame(RunFilter(models=(selections["A"],), tasks=("needle",))), int(length))
+    st.dataframe(table, key="claim-table",
+                 column_config={c: st.column_config.NumberColumn(c, format="%.0f %%") for c in table.columns
+                                if c.endswith("pruned")})

@@ -1,0 +1,167 @@
+"""Live run: pick a task, a policy and a budget, and watch the cache being evicted while the model reads and answers."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from kvlab.budget import Budget
+from kvlab.errors import KvlabError
+from kvlab.policies import POLICIES
+from kvlab.tasks.facts import TEMPLATES
+from kvlab.ui import live_figures as figures
+from kvlab.ui.inputs import policy_fields, policy_summary, read_upload
+from kvlab.ui.live import LiveResult, LiveRun, LiveSettings, LiveTrace, NeedleTask, TextTask, build_prompt, store_live_run
+from kvlab.ui.session import current_model, device_turn, page_setup, run_store, user_name
+
+RESULT_KEY = "live_result"
+REDRAW_EVERY_DECODED = 4
+
+page_setup()
+st.title("Live run")
+st.caption("The model reads the prompt chunk by chunk under the chosen policy and budget, then answers. Every chart "
+           "is redrawn after each prefill chunk and every few generated tokens. Changing a setting while a run is "
+           "in progress stops it.")
+loaded = current_model()
+if loaded is None:
+    st.warning("Pick a model that loads in the sidebar to run anything here.")
+
+task_column, policy_column, run_column = st.columns([1.3, 1.2, 1])
+with task_column:
+    kind = st.radio("Task", ["Needle in a haystack", "Your text"], horizontal=True)
+    task: NeedleTask | TextTask | None
+    if kind == "Needle in a haystack":
+        longest = int(getattr(loaded.model.config, "max_position_embeddings", 4096) if loaded else 4096)
+        length = st.number_input("Context length (tokens)", min_value=64, max_value=longest, value=min(2048, longest),
+                                 step=256)
+        depth = st.slider("Needle depth", 0.0, 1.0, 0.5, 0.05, help="Where the fact sits: 0 is the start of the text.")
+        template = st.selectbox("Fact", list(TEMPLATES), help="Templates marked held out never appeared in training.",
+                                format_func=lambda name: name + (" (held out)" if TEMPLATES[name].held_out else ""))
+        seed = st.number_input("Seed (key, value and haystack)", min_value=0, value=0, step=1)
+        task = NeedleTask(int(length), float(depth), template, int(seed))
+    else:
+        upload = st.file_uploader("Upload a text file", type=["txt", "md", "rst", "py", "json", "csv", "log"])
+        pasted = st.text_area("…or paste a text", height=120, placeholder="A long document")
+        question = st.text_input("Question", help="Without one, the model just continues the text.")
+        answer = st.text_input("Expected answer", help="Needed to score the run; unscored runs are not stored.")
+        task = TextTask(pasted, question, answer)
+        if upload is not None:
+            try:
+                task = TextTask(read_upload(upload.name, upload.getvalue()), question, answer)
+            except KvlabError as error:
+                st.error(str(error))
+                task = None
+
+with policy_column:
+    policy = st.selectbox("Policy", list(POLICIES), index=list(POLICIES).index("h2o"))
+    st.caption(policy_summary(policy))
+    params: dict[str, object] = {}
+    for field in policy_fields(policy):
+        key = f"live_{policy}_{field.name}"
+        if field.choices:
+            params[field.name] = st.selectbox(field.name, field.choices, key=key)
+        elif field.kind is bool:
+            params[field.name] = st.checkbox(field.name, value=bool(field.default), key=key)
+        elif field.kind is int:
+            params[field.name] = int(st.number_input(field.name, value=int(field.default), step=1, key=key))
+        elif field.kind is float:
+            params[field.name] = float(st.number_input(field.name, value=float(field.default), step=0.05, key=key))
+        else:
+            params[field.name] = st.text_input(field.name, value=str(field.default), key=key)
+    evicts = policy != "full"
+    budget_kind = st.radio("Budget", ["kept fraction", "tokens per layer"], horizontal=True, disabled=not evicts,
+                           help="Tokens each layer keeps per KV head, sinks and windows included; a fraction is of "
+                                "the prompt.")
+    if budget_kind == "kept fraction":
+        budget = Budget(keep=st.slider("Kept fraction", 0.01, 1.0, 0.1, 0.01, disabled=not evicts))
+    else:
+        budget = Budget(tokens=int(st.number_input("Tokens per layer per KV head", min_value=1, value=256, step=32,
+                                                   disabled=not evicts)))
+
+with run_column:
+    mode = st.radio("Mode", ["streaming", "prefill"], horizontal=True,
+                    help="streaming: the budget holds all the time, evicting after every chunk and token. prefill: "
+                         "the whole prompt is read, then compressed once; peak memory is the full prompt.")
+    chunk = int(st.number_input("Chunk (tokens per forward pass)", min_value=16, max_value=4096, value=256, step=64))
+    max_new = int(st.number_input("Tokens to generate (at most)", min_value=1, max_value=256, value=24))
+    query_aware = st.checkbox("Read the question before compressing", value=True,
+                              help="Off: prefill mode compresses the text before it sees the question.")
+    layers = loaded.arch.num_layers if loaded else 0
+    layer = st.selectbox("3D view", [None, *range(layers)], format_func=figures.layer_name)
+    run = st.button("Run", type="primary", disabled=loaded is None or task is None, icon=":material/play_arrow:")
+
+notice = st.empty()
+status = st.empty()
+output = st.empty()
+landscape_column, side_column = st.columns([3, 2])
+landscape_slot = landscape_column.empty()
+memory_slot = side_column.empty()
+sink_slot = side_column.empty()
+entropy_column, heads_column = st.columns([3, 2])
+entropy_slot = entropy_column.empty()
+heads_slot = heads_column.empty()
+cache_slot = st.empty()
+
+
+def draw(trace: LiveTrace | None, tag: str) -> None:
+    """Every chart of the run in its slot (empty ones before the first run), the 3D view last because a browser
+    takes longest to draw it; ``tag`` keeps each redraw's elements distinct."""
+    memory_slot.plotly_chart(figures.memory_figure(trace), key=f"memory-{tag}")
+    sink_slot.plotly_chart(figures.sink_figure(trace), key=f"sinks-{tag}")
+    entropy_slot.plotly_chart(figures.entropy_over_time(trace), key=f"entropy-{tag}")
+    heads_slot.plotly_chart(figures.head_entropy(trace), key=f"heads-{tag}")
+    cache_slot.plotly_chart(figures.cache_map(trace), key=f"cache-{tag}")
+    landscape_slot.plotly_chart(figures.attention_landscape(trace, layer), key=f"landscape-{tag}")
+
+
+if run and loaded is not None and task is not None:
+    st.session_state.pop(RESULT_KEY, None)
+    try:
+        prompt = build_prompt(loaded, task)
+        settings = LiveSettings(policy, params, budget if evicts else None, mode, chunk, max_new, query_aware)
+        live = LiveRun(loaded, prompt, settings)
+        with device_turn(f"live run of {policy} on {prompt.context_tokens:,} tokens", notice) as ticket:
+            import time as _t; _t0 = _t.perf_counter()
+            for index, event in enumerate(live.events()):
+                print("event", index, round(_t.perf_counter() - _t0, 3), flush=True)
+                ticket.progress = event.seen_tokens / live.trace.span
+                if live.trace.redraw_due(REDRAW_EVERY_DECODED):
+                    status.caption(live.trace.status())
+                    output.code(loaded.tokenizer.decode(live.trace.token_ids) or "…", language=None)
+                    draw(live.trace, str(index))
+                    print("drawn", index, round(_t.perf_counter() - _t0, 3), flush=True)
+        outcome = live.outcome()
+        store = run_store()
+        run_id = None if store is None else store_live_run(store, loaded, prompt, settings, outcome, user_name())
+        st.session_state[RESULT_KEY] = LiveResult(live.trace, outcome, prompt, run_id)
+    except KvlabError as error:
+        notice.error(str(error))
+
+result: LiveResult | None = st.session_state.get(RESULT_KEY)
+if result is None:
+    draw(None, "idle")
+else:
+    draw(result.trace, "final")
+    outcome, prompt = result.outcome, result.prompt
+    output.code(outcome.text or "(nothing generated)", language=None)
+    if outcome.contains is None:
+        status.info("Not scored and not stored: give an expected answer to score a run.")
+    elif outcome.exact:
+        status.success(f"Found: the answer {prompt.answer!r} is the first line of the output.")
+    elif outcome.contains:
+        status.warning(f"Found inside the output, but not as its first line: {prompt.answer!r}.")
+    else:
+        status.error(f"Not found: the expected answer was {prompt.answer!r}.")
+    metrics = st.columns(6)
+    metrics[0].metric("Prompt tokens", f"{prompt.context_tokens:,}")
+    metrics[1].metric("KV held (measured)", f"{outcome.kv_bytes / 2**20:,.2f} MiB")
+    metrics[2].metric("Full cache (computed)", f"{outcome.kv_bytes_full / 2**20:,.2f} MiB")
+    metrics[3].metric("Peak KV (measured)", f"{outcome.peak_kv_bytes / 2**20:,.2f} MiB")
+    needle = result.trace.needle_held()
+    metrics[4].metric("Needle tokens held", "—" if needle is None else f"{needle:.0%}",
+                      help="Share of the fact sentence's tokens still in the cache, mean over layers.")
+    metrics[5].metric("Model time", f"{outcome.prefill_seconds:.2f} s + {outcome.decode_seconds:.2f} s",
+                      help="Prefill + decode, time in the model only (drawing excluded).")
+    stored = "not stored" if result.run_id is None else f"stored as run {result.run_id}"
+    st.caption(f"Question: {prompt.question or '(none)'} · {stored}. KV bytes are read from the K/V tensors the "
+               f"cache holds; the full-cache figure is computed for the same dtype and shapes. Tokens kept per "
+               f"layer: {result.trace.kept_per_layer()}.")

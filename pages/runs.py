@@ -1,0 +1,54 @@
+"""Runs: every stored run, filtered, compared side by side, and downloaded as CSV or Parquet."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from kvlab.store import RunFilter
+from kvlab.ui.downloads import MIME_TYPES, export_bytes
+from kvlab.ui.session import page_setup, run_store
+from kvlab.ui.tables import choices, compare_runs, model_name, runs_table
+
+page_setup()
+st.title("Runs")
+store = run_store()
+if store is None:
+    st.stop()
+everything = store.list_runs()
+if everything.empty:
+    st.info(f"No runs are stored in {store.path} yet. Run a live run or a needle grid, or point KVLAB_DB at a "
+            "database that has some.")
+    st.stop()
+
+filters = st.columns(4)
+models = filters[0].multiselect("Model", choices(everything, "model"), format_func=model_name)
+policies = filters[1].multiselect("Policy", choices(everything, "policy"))
+modes = filters[2].multiselect("Mode", choices(everything, "mode"))
+tasks = filters[3].multiselect("Task", choices(everything, "task"))
+selection = RunFilter(models=tuple(models), policies=tuple(policies), modes=tuple(modes), tasks=tuple(tasks))
+runs = store.list_runs(selection)
+st.dataframe(runs_table(runs), hide_index=True, key="runs-table",
+             column_config={"accuracy %": st.column_config.ProgressColumn("accuracy %", min_value=0, max_value=100,
+                                                                           format="%.0f%%")})
+st.caption(f"{len(runs)} of {len(everything)} runs. Accuracy: the answer appears in the output; exact: it is the "
+           "output's first line.")
+
+st.subheader("Compare")
+ids = runs["run_id"].tolist()
+picked = st.multiselect("Runs to compare", ids, default=ids[-2:], format_func=lambda i: f"run {i}")
+if picked:
+    chosen = runs[runs["run_id"].isin(picked)]
+    st.dataframe(compare_runs(chosen, store.trials_frame(RunFilter(run_ids=tuple(picked)))), key="compare")
+
+st.subheader("Download")
+scope = RunFilter(run_ids=tuple(picked)) if picked else selection
+st.caption(f"The {'compared' if picked else 'filtered'} runs ({len(picked) if picked else len(runs)}): one row per "
+           "run, or one row per trial with its run's columns, as `python -m kvlab export` writes them.")
+buttons = st.columns(4)
+for column, (table, suffix) in zip(buttons, [("runs", ".csv"), ("runs", ".parquet"), ("trials", ".csv"),
+                                             ("trials", ".parquet")]):
+    column.download_button(
+        f"{table.capitalize()} ({suffix[1:].upper()})", data=lambda t=table, s=suffix: export_bytes(store, t, s, scope),
+        file_name=f"kvlab-{table}{suffix}", mime=MIME_TYPES[suffix], on_click="ignore", icon=":material/download:",
+        key=f"download-{table}{suffix}",
+    )
