@@ -149,6 +149,16 @@ class BudgetedCache:
                 target.recent_query_positions = source.recent_query_positions[-query_window:]
         return forked
 
+    def stop_observing(self) -> None:
+        """Drop accumulated scores and remembered queries and stop collecting them: after prefill mode's one
+        compression nothing is scored again, and decoding then runs at plain SDPA speed."""
+        self.track_scores = False
+        self.query_window = 0
+        for layer in self.layers:
+            layer.scores = None
+            layer.recent_queries = None
+            layer.recent_query_positions = None
+
     def kv_bytes(self) -> int:
         """Bytes of all K and V tensors held, read from the tensors themselves."""
         return sum(layer.nbytes() for layer in self.layers)

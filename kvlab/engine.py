@@ -335,6 +335,7 @@ class Generation:
                 yield event
         if self.spec.mode == "prefill" and self.budget_tokens is not None:
             self._evict()
+            self.cache.stop_observing()
             yield self._event("compress", step)
             step += 1
         if self.suffix_ids is not None:

@@ -116,10 +116,9 @@ metrics[4].metric("Cost per query", f"${evicted.cost_per_query:,.5f}",
 if not evicted.batch_fits:
     st.warning(f"A batch of {batch} does not fit: only {evicted.max_sequences} sequences fit beside the weights.")
 st.plotly_chart(cost_bars(full, evicted), key="cost-bars")
-st.dataframe(formatted_costs(table), hide_index=True, key="cost-table")
+st.table(formatted_costs(table).set_index("Quantity"))
 with st.expander("Formulas (N prompt tokens, M generated tokens)", expanded=True):
-    st.dataframe(pd.DataFrame(FORMULAS.items(), columns=["Quantity", "Formula"]), hide_index=True,
-                 key="cost-formulas")
+    st.table(pd.DataFrame(FORMULAS.items(), columns=["Quantity", "Formula"]).set_index("Quantity"))
     st.caption("Not modelled: paged-cache block rounding, activations beyond the reserve, the transient full-prompt "
                "peak of prefill-mode eviction, per-layer budgets, achieved (rather than datasheet) bandwidth. "
                "See docs/costs.md.")

@@ -8,7 +8,7 @@ from kvlab.claims import CLAIM_CONTEXT, side_by_side
 from kvlab.store import RunFilter
 from kvlab.ui.session import page_setup, run_store
 from kvlab.ui.store_figures import frontier_figure
-from kvlab.ui.tables import FRONTIER_AXES, METRICS, choices, frontier_points, model_name
+from kvlab.ui.tables import FRONTIER_AXES, METRICS, choices, frontier_points, short_model_name
 
 page_setup()
 st.title("Frontier")
@@ -33,7 +33,7 @@ for column, name in zip(st.columns(2), ("A", "B")):
     with column:
         st.subheader(f"Selection {name}")
         models = choices(runs, "model")
-        model = st.selectbox("Model", models, format_func=model_name, key=f"frontier-model-{name}")
+        model = st.selectbox("Model", models, format_func=short_model_name, key=f"frontier-model-{name}")
         task = st.selectbox("Task", choices(runs, "task", model=model), key=f"frontier-task-{name}")
         lengths = choices(runs, "context_length", model=model, task=task)
         length = st.selectbox("Context length (tokens)", lengths, key=f"frontier-length-{name}",
@@ -42,15 +42,17 @@ for column, name in zip(st.columns(2), ("A", "B")):
             models=(model,), tasks=(task,), context_lengths=() if length is None else (int(length),))), axis, metric)
         st.plotly_chart(frontier_figure(points, FRONTIER_AXES[axis], bytes_axis=axis != "keep"),
                         key=f"frontier-{name}")
-        st.dataframe(points.drop(columns=["line"]), hide_index=True, key=f"frontier-table-{name}",
+        st.dataframe(points[["label", "x", "accuracy", "trials", "front"]], hide_index=True,
+                     key=f"frontier-table-{name}",
                      column_config={"accuracy": st.column_config.NumberColumn("accuracy %", format="%.0f"),
-                                    "x": st.column_config.NumberColumn(FRONTIER_AXES[axis], format="%.4g")})
+                                    "x": st.column_config.NumberColumn(FRONTIER_AXES[axis], format="%.4g"),
+                                    "front": st.column_config.CheckboxColumn("Pareto")})
         selections[name] = model
 
 st.subheader("The published needle claim, next to kvlab's measurement")
 st.caption("An article claims that on a 4,096-token needle test H2O keeps 100 % accuracy up to 90 % pruning while "
            "StreamingLLM falls to 14 % and random eviction to 5 %. Its rows are shown only beside kvlab's own "
-           f"measurement of the same grid on {model_name(selections['A'])} (selection A's model), with the fewest "
+           f"measurement of the same grid on {short_model_name(selections['A'])} (selection A's model), with the fewest "
            "trials behind any cell of each row.")
 lengths = choices(runs, "context_length", model=selections["A"], task="needle")
 if not lengths:

@@ -92,25 +92,24 @@ with run_column:
 notice = st.empty()
 status = st.empty()
 output = st.empty()
+# The small charts come first on the page: a browser draws a redraw's charts in page order, and the 3D view is the
+# slowest of them to draw.
+memory_slot, sink_slot, heads_slot = (column.empty() for column in st.columns(3))
 landscape_column, side_column = st.columns([3, 2])
 landscape_slot = landscape_column.empty()
-memory_slot = side_column.empty()
-sink_slot = side_column.empty()
-entropy_column, heads_column = st.columns([3, 2])
-entropy_slot = entropy_column.empty()
-heads_slot = heads_column.empty()
-cache_slot = st.empty()
+cache_slot = side_column.empty()
+entropy_slot = side_column.empty()
 
 
 def draw(trace: LiveTrace | None, tag: str) -> None:
-    """Every chart of the run in its slot (empty ones before the first run), the 3D view last because a browser
-    takes longest to draw it; ``tag`` keeps each redraw's elements distinct."""
+    """Every chart of the run in its slot (empty ones before the first run); ``tag`` keeps each redraw's elements
+    distinct."""
     memory_slot.plotly_chart(figures.memory_figure(trace), key=f"memory-{tag}")
     sink_slot.plotly_chart(figures.sink_figure(trace), key=f"sinks-{tag}")
-    entropy_slot.plotly_chart(figures.entropy_over_time(trace), key=f"entropy-{tag}")
     heads_slot.plotly_chart(figures.head_entropy(trace), key=f"heads-{tag}")
-    cache_slot.plotly_chart(figures.cache_map(trace), key=f"cache-{tag}")
     landscape_slot.plotly_chart(figures.attention_landscape(trace, layer), key=f"landscape-{tag}")
+    cache_slot.plotly_chart(figures.cache_map(trace), key=f"cache-{tag}")
+    entropy_slot.plotly_chart(figures.entropy_over_time(trace), key=f"entropy-{tag}")
 
 
 if run and loaded is not None and task is not None:
@@ -120,15 +119,12 @@ if run and loaded is not None and task is not None:
         settings = LiveSettings(policy, params, budget if evicts else None, mode, chunk, max_new, query_aware)
         live = LiveRun(loaded, prompt, settings)
         with device_turn(f"live run of {policy} on {prompt.context_tokens:,} tokens", notice) as ticket:
-            import time as _t; _t0 = _t.perf_counter()
             for index, event in enumerate(live.events()):
-                print("event", index, round(_t.perf_counter() - _t0, 3), flush=True)
                 ticket.progress = event.seen_tokens / live.trace.span
                 if live.trace.redraw_due(REDRAW_EVERY_DECODED):
                     status.caption(live.trace.status())
                     output.code(loaded.tokenizer.decode(live.trace.token_ids) or "…", language=None)
                     draw(live.trace, str(index))
-                    print("drawn", index, round(_t.perf_counter() - _t0, 3), flush=True)
         outcome = live.outcome()
         store = run_store()
         run_id = None if store is None else store_live_run(store, loaded, prompt, settings, outcome, user_name())
@@ -151,16 +147,18 @@ else:
         status.warning(f"Found inside the output, but not as its first line: {prompt.answer!r}.")
     else:
         status.error(f"Not found: the expected answer was {prompt.answer!r}.")
-    metrics = st.columns(6)
-    metrics[0].metric("Prompt tokens", f"{prompt.context_tokens:,}")
-    metrics[1].metric("KV held (measured)", f"{outcome.kv_bytes / 2**20:,.2f} MiB")
-    metrics[2].metric("Full cache (computed)", f"{outcome.kv_bytes_full / 2**20:,.2f} MiB")
-    metrics[3].metric("Peak KV (measured)", f"{outcome.peak_kv_bytes / 2**20:,.2f} MiB")
+    measured = st.columns(4)
+    measured[0].metric("Prompt tokens", f"{prompt.context_tokens:,}")
+    measured[1].metric("KV held (measured)", f"{outcome.kv_bytes / 2**20:,.2f} MiB")
+    measured[2].metric("Full cache (computed)", f"{outcome.kv_bytes_full / 2**20:,.2f} MiB")
+    measured[3].metric("Peak KV (measured)", f"{outcome.peak_kv_bytes / 2**20:,.2f} MiB")
+    kept = st.columns(4)
+    kept[0].metric("Tokens kept per layer", f"{outcome.kept_tokens:,}", help="Mean over layers, per KV head.")
     needle = result.trace.needle_held()
-    metrics[4].metric("Needle tokens held", "—" if needle is None else f"{needle:.0%}",
-                      help="Share of the fact sentence's tokens still in the cache, mean over layers.")
-    metrics[5].metric("Model time", f"{outcome.prefill_seconds:.2f} s + {outcome.decode_seconds:.2f} s",
-                      help="Prefill + decode, time in the model only (drawing excluded).")
+    kept[1].metric("Needle tokens held", "—" if needle is None else f"{needle:.0%}",
+                   help="Share of the fact sentence's tokens still in the cache (any KV head), mean over layers.")
+    kept[2].metric("Prefill (model)", f"{outcome.prefill_seconds:.2f} s", help="Time in the model; drawing excluded.")
+    kept[3].metric("Decode (model)", f"{outcome.decode_seconds:.2f} s", help="Time in the model; drawing excluded.")
     stored = "not stored" if result.run_id is None else f"stored as run {result.run_id}"
     st.caption(f"Question: {prompt.question or '(none)'} · {stored}. KV bytes are read from the K/V tensors the "
                f"cache holds; the full-cache figure is computed for the same dtype and shapes. Tokens kept per "

@@ -12,7 +12,7 @@ from kvlab.store import RunFilter
 from kvlab.sweep import SweepGrid, SweepRunner
 from kvlab.ui.session import current_model, device_turn, model_name, page_setup, run_store, user_name
 from kvlab.ui.store_figures import needle_heatmaps
-from kvlab.ui.tables import at_budget, needle_grid
+from kvlab.ui.tables import at_budget, needle_grid, short_model_name
 
 CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -73,5 +73,5 @@ elif store is not None:
     else:
         cells = needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(chosen["run_id"]))), chosen)
         st.plotly_chart(needle_heatmaps(cells), key="needle-heatmaps")
-        st.caption(f"{int(chosen['trials'].sum())} stored trials of {len(chosen)} runs on {model_name()}; depths "
+        st.caption(f"{int(chosen['trials'].sum())} stored trials of {len(chosen)} runs on {short_model_name(model_name())}; depths "
                    "are where the needle really sits, rounded to tenths.")

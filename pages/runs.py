@@ -7,7 +7,7 @@ import streamlit as st
 from kvlab.store import RunFilter
 from kvlab.ui.downloads import MIME_TYPES, export_bytes
 from kvlab.ui.session import page_setup, run_store
-from kvlab.ui.tables import choices, compare_runs, model_name, runs_table
+from kvlab.ui.tables import choices, compare_runs, runs_table, short_model_name
 
 page_setup()
 st.title("Runs")
@@ -21,7 +21,7 @@ if everything.empty:
     st.stop()
 
 filters = st.columns(4)
-models = filters[0].multiselect("Model", choices(everything, "model"), format_func=model_name)
+models = filters[0].multiselect("Model", choices(everything, "model"), format_func=short_model_name)
 policies = filters[1].multiselect("Policy", choices(everything, "policy"))
 modes = filters[2].multiselect("Mode", choices(everything, "mode"))
 tasks = filters[3].multiselect("Task", choices(everything, "task"))
@@ -38,7 +38,7 @@ ids = runs["run_id"].tolist()
 picked = st.multiselect("Runs to compare", ids, default=ids[-2:], format_func=lambda i: f"run {i}")
 if picked:
     chosen = runs[runs["run_id"].isin(picked)]
-    st.dataframe(compare_runs(chosen, store.trials_frame(RunFilter(run_ids=tuple(picked)))), key="compare")
+    st.table(compare_runs(chosen, store.trials_frame(RunFilter(run_ids=tuple(picked)))))
 
 st.subheader("Download")
 scope = RunFilter(run_ids=tuple(picked)) if picked else selection
@@ -48,7 +48,7 @@ buttons = st.columns(4)
 for column, (table, suffix) in zip(buttons, [("runs", ".csv"), ("runs", ".parquet"), ("trials", ".csv"),
                                              ("trials", ".parquet")]):
     column.download_button(
-        f"{table.capitalize()} ({suffix[1:].upper()})", data=lambda t=table, s=suffix: export_bytes(store, t, s, scope),
+        f"{table.capitalize()} ({'CSV' if suffix == '.csv' else 'Parquet'})", data=lambda t=table, s=suffix: export_bytes(store, t, s, scope),
         file_name=f"kvlab-{table}{suffix}", mime=MIME_TYPES[suffix], on_click="ignore", icon=":material/download:",
         key=f"download-{table}{suffix}",
     )

@@ -46,3 +46,25 @@ def test_retrieves_a_needle_at_1k_with_the_full_cache(shipped):
         text = tokenizer.decode(out[0, context.shape[1] + question.shape[1]:], skip_special_tokens=True)
         hits += score(text, item.answer).exact
     assert hits == 2
+
+
+def test_kvlab_finds_the_needle_with_the_full_cache_and_loses_it_when_the_middle_is_evicted():
+    from kvlab.budget import Budget
+    from kvlab.engine import RunSpec, generate
+    from kvlab.models import load_model
+    from kvlab.policies import make_policy
+    from kvlab.tasks.items import stop_token_ids
+
+    loaded = load_model()
+    tokenizer = loaded.tokenizer
+    rng = random.Random(7)
+    item = build_needle(tokenizer, load_haystacks(tokenizer)[1], 1024, 0.5, make_fact(TRAIN_TEMPLATES[2], rng),
+                        rng=rng)
+    ids = torch.tensor([item.context_ids + item.question_ids])
+    stops = stop_token_ids(tokenizer, (tokenizer.eos_token_id,))
+    full = generate(loaded, ids, RunSpec(make_policy("full"), max_new_tokens=16, stop_token_ids=stops))
+    assert score(full.texts[0], item.answer).exact
+    window = generate(loaded, ids, RunSpec(make_policy("streaming"), Budget(tokens=128), mode="streaming", chunk=128,
+                                           max_new_tokens=16, stop_token_ids=stops))
+    assert not score(window.texts[0], item.answer).contains
+    assert window.peak_kv_bytes < full.peak_kv_bytes / 3

@@ -259,3 +259,17 @@ def test_pyramid_hands_what_lower_layers_cannot_hold_to_the_upper_layers():
     assert budgets == sorted(budgets, reverse=True)
     assert budgets[-1] > 32 + (3687 - 32) // 20
     assert pyramid.layer_budgets(4096, 10, capacity=4096) == [4096] * 10
+
+
+@pytest.mark.parametrize("policy", ["h2o", "snapkv"])
+def test_prefill_mode_stops_observing_after_its_one_compression(llama, policy):
+    _, loaded = llama
+    params = {"window": 4} if policy == "snapkv" else {}
+    generation = Generation(loaded, RunSpec(make_policy(policy, **params), Budget(tokens=12), max_new_tokens=4),
+                            prompt(length=40))
+    kinds = []
+    for event in generation.events():
+        kinds.append(event.kind)
+        if event.kind != "prefill":
+            assert all(layer.scores is None and layer.recent_queries is None for layer in generation.cache.layers)
+    assert kinds.count("compress") == 1

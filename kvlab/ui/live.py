@@ -156,7 +156,9 @@ class ObservedStep:
 
     ``pooled`` is the attention share per key bin (mean over the pass's queries and the layer's query heads),
     ``held`` the number of distinct key positions per bin that some KV head of the layer held during the pass
-    (zero: evicted or not yet read), ``entropy`` (nats) and ``sink_mass`` per layer and query head.
+    (zero: evicted or not yet read), ``sinks_held`` how many of the first ``n_sink`` positions each layer held,
+    ``entropy`` (nats) and ``sink_mass`` (attention share on the first ``n_sink`` positions) per layer and query
+    head.
     """
 
     kind: str
@@ -165,6 +167,7 @@ class ObservedStep:
     end_position: int
     pooled: np.ndarray
     held: np.ndarray
+    sinks_held: np.ndarray
     entropy: np.ndarray
     sink_mass: np.ndarray
 
@@ -229,23 +232,27 @@ class LiveTrace:
         first[-1] = self.span
         return first
 
-    def held_per_bin(self, survivors: list[np.ndarray], new: np.ndarray) -> np.ndarray:
-        """Distinct positions per layer and bin among ``survivors`` (any KV head) and the ``new`` positions."""
+    def held_during(self, survivors: list[np.ndarray], new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct positions per layer and bin among ``survivors`` (any KV head) and the ``new`` positions, and
+        how many of the first ``n_sink`` positions each layer holds."""
         held = np.zeros((self.num_layers, self.n_bins), dtype=np.int32)
+        sinks = np.zeros(self.num_layers, dtype=np.int32)
         for layer in range(self.num_layers):
             kept = survivors[layer].ravel() if layer < len(survivors) else np.zeros(0, dtype=np.int64)
             positions = np.unique(np.concatenate([kept.astype(np.int64), new]))
             held[layer] = np.bincount(self.bin_of(positions), minlength=self.n_bins)
-        return held
+            sinks[layer] = int((positions < self.n_sink).sum())
+        return held, sinks
 
     def add(self, event: Event) -> None:
         """Record one event. A pass's statistics belong to the keys held during it: the survivors of the previous
         event plus the positions the pass read."""
         new = np.arange(self.seen_tokens, event.seen_tokens, dtype=np.int64)
         if event.stats is not None:
+            held, sinks = self.held_during(self.survivors, new)
             self.observed.append(ObservedStep(
                 kind=event.kind, step=event.step, first_position=self.seen_tokens, end_position=event.seen_tokens,
-                pooled=event.stats["pooled"][:, 0, :].float().numpy(), held=self.held_per_bin(self.survivors, new),
+                pooled=event.stats["pooled"][:, 0, :].float().numpy(), held=held, sinks_held=sinks,
                 entropy=event.stats["entropy"][:, 0, :].float().numpy(),
                 sink_mass=event.stats["sink_mass"][:, 0, :].float().numpy(),
             ))
@@ -396,8 +403,11 @@ def store_live_run(store: Store, loaded: LoadedModel, prompt: LivePrompt, settin
 
 
 def warm_up(loaded: LoadedModel) -> None:
-    """Run the model once, observed and evicting, on a few tokens. The first forward pass of a process pays for
-    one-time kernel setup (up to seconds on a CPU); paying it at load time keeps a live run's first chart prompt."""
+    """Pay the one-time costs of a first run at load time, so that a live run's first chart comes promptly: the
+    first observed, evicting forward pass of a process (kernel setup, up to seconds on a CPU), tokenising the
+    haystacks, and finding the tokenizer's line-break tokens."""
+    _haystacks(loaded.tokenizer)
+    stop_token_ids(loaded.tokenizer)
     ids = torch.arange(48, dtype=torch.long).remainder(max(len(loaded.tokenizer), 1)).unsqueeze(0)
     spec = RunSpec(make_policy("h2o"), Budget(tokens=16), mode="streaming", chunk=16, max_new_tokens=2,
                    stats=StatsRequest(4, 16))

@@ -18,6 +18,7 @@ from kvlab.ui.live import LiveTrace, ObservedStep
 MAX_ROWS = 64
 MAX_COLUMNS = 256
 MAX_PILLARS = 5
+WEIGHT_FLOOR = 1e-6
 PILLAR_RATIO = 3.0
 
 EVICTED_COLOUR = "#f2c4c4"
@@ -52,8 +53,8 @@ class QueryRows:
     """Observed passes pooled into at most a fixed number of rows, for one layer or the mean of the layers.
 
     ``share`` is the attention share per key bin (rows x bins), ``held`` the positions held per bin, ``sink`` the
-    attention share on the first tokens per row, ``first`` the first query position of each row and ``label`` what
-    each row stands for (with a short ``tick``).
+    mean attention weight of a held sink token per row (NaN where none was held), ``first`` the first query
+    position of each row and ``label`` what each row stands for (with a short ``tick``).
     """
 
     share: np.ndarray
@@ -62,6 +63,13 @@ class QueryRows:
     first: np.ndarray
     label: list[str]
     tick: list[str]
+
+    @property
+    def weight(self) -> np.ndarray:
+        """Mean attention weight of one held key in each bin (a bin's share over the keys it held); NaN where the
+        bin held nothing, so what was evicted or not yet read is absent rather than zero."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self.held > 0, self.share / self.held, np.nan)
 
 
 def _groups(kinds: list[str], max_rows: int) -> list[list[int]]:
@@ -99,21 +107,27 @@ def _row_label(steps: list[ObservedStep], decoded_before: int) -> tuple[str, str
 def query_rows(trace: LiveTrace, layer: int | None = None, max_rows: int = MAX_ROWS) -> QueryRows:
     """The observed passes of ``trace`` for one layer (or the mean over layers), pooled to ``max_rows`` rows.
 
-    A pooled row's share is the query-weighted mean of its passes; a bin counts as held if any pass held it.
+    A pooled row's share and sink weight are the query-weighted means of its passes; a bin's held keys are the
+    most any of its passes held. The mean over layers averages shares and held keys over layers.
     """
     steps = trace.observed
     groups = _groups([step.kind for step in steps], max_rows)
     share, held, sink, first, label, tick = [], [], [], [], [], []
     decoded = 0
+
     def pick(values: np.ndarray) -> np.ndarray:
         return values.mean(axis=0) if layer is None else values[layer]
+
+    def sink_weight(step: ObservedStep) -> float:
+        held_sinks = float(pick(step.sinks_held.astype(float)))
+        return float(pick(step.sink_mass.mean(axis=1))) / held_sinks if held_sinks else np.nan
 
     for group in groups:
         members = [steps[i] for i in group]
         weights = np.asarray([s.end_position - s.first_position for s in members], dtype=float)
         share.append(np.average([pick(s.pooled) for s in members], axis=0, weights=weights))
         held.append(np.max([pick(s.held) for s in members], axis=0))
-        sink.append(np.average([pick(s.sink_mass).mean() for s in members], weights=weights))
+        sink.append(np.average([sink_weight(s) for s in members], weights=weights))
         first.append(members[0].first_position)
         words, short = _row_label(members, decoded)
         label.append(words)
@@ -156,42 +170,48 @@ def layer_name(layer: int | None) -> str:
 
 
 def attention_landscape(trace: LiveTrace | None, layer: int | None = None, max_rows: int = MAX_ROWS) -> go.Figure:
-    """The 3D view: queries (prefill passes, then decoded tokens) x key positions x attention share.
+    """The 3D view: queries (prefill passes, then decoded tokens) x key positions x attention weight.
 
-    Bins the cache did not hold during a row's pass are holes. Marked: the attention share on the first
-    ``n_sink`` tokens (measured exactly, not read off the bin), heavy-hitter pillars (:func:`heavy_hitter_bins`)
-    and the needle's position on the floor.
+    The height is the mean attention weight of one held key in each bin of positions, on a logarithmic axis (the
+    weights span orders of magnitude: a sink or a heavy hitter receives hundreds of times an average key) that
+    starts at ``WEIGHT_FLOOR``; smaller weights are drawn on the floor. Bins the cache did not hold during a row's
+    pass are holes. Marked: the weight of the first ``n_sink`` tokens (measured
+    exactly, not read off their bin), heavy-hitter pillars (:func:`heavy_hitter_bins`) and the needle on the floor.
     """
-    title = f"Attention over key positions ({layer_name(layer)})"
+    title = f"Attention weight per key over the run ({layer_name(layer)})"
     if trace is None or not trace.observed:
         return _placeholder(title, IDLE if trace is None else WAITING)
     rows = query_rows(trace, layer, max_rows)
     edges = trace.bin_edges()
     centres = (edges[:-1] + edges[1:] - 1) / 2
-    surface = np.where(rows.held > 0, rows.share, np.nan)
+    weight = rows.weight
+    surface = np.where(np.isnan(weight), np.nan, np.maximum(weight, WEIGHT_FLOOR))
+    colour = np.log10(surface)
+    low = np.log10(WEIGHT_FLOOR)
+    high = max(np.ceil(np.nanmax(colour)) if np.isfinite(colour).any() else 0.0, low + 1)
+    powers = np.arange(low, high + 1)
     y = np.arange(len(rows.label))
     figure = go.Figure(go.Surface(
-        x=centres, y=y, z=surface, colorscale="Viridis", cmin=0.0,
+        x=centres, y=y, z=surface, surfacecolor=colour, colorscale="Viridis", cmin=low, cmax=high,
         customdata=np.repeat(np.asarray(rows.label, dtype=object)[:, None], trace.n_bins, axis=1),
-        hovertemplate="keys around %{x:.0f}<br>%{customdata}<br>share %{z:.4f}<extra></extra>",
-        colorbar=dict(title="share", len=0.6), name="attention share", connectgaps=False,
+        hovertemplate="keys around %{x:.0f}<br>%{customdata}<br>weight per key %{z:.2e}<extra></extra>",
+        colorbar=dict(title="weight", len=0.6, tickvals=powers, ticktext=[f"1e{int(p)}" for p in powers]),
+        name="attention weight per held key", connectgaps=False,
     ))
-    sink_held = rows.held[:, sink_bins(trace)].max(axis=1) > 0
     figure.add_trace(go.Scatter3d(
-        x=np.full(len(y), (min(trace.n_sink, trace.span) - 1) / 2), y=y, z=np.where(sink_held, rows.sink, np.nan),
+        x=np.full(len(y), (min(trace.n_sink, trace.span) - 1) / 2), y=y, z=rows.sink,
         mode="lines+markers", line=dict(color=SINK_COLOUR, width=6), marker=dict(size=3, color=SINK_COLOUR),
-        name=f"sink: share on the first {trace.n_sink} tokens",
+        name=f"sink: first {trace.n_sink} tokens",
     ))
     for pillar in heavy_hitter_bins(trace, rows):
         figure.add_trace(go.Scatter3d(
             x=np.full(len(y), centres[pillar]), y=y, z=surface[:, pillar], mode="lines",
-            line=dict(color=PILLAR_COLOUR, width=7),
-            name=f"heavy hitter, keys {edges[pillar]}–{edges[pillar + 1] - 1}",
+            line=dict(color=PILLAR_COLOUR, width=7), name=f"heavy hitter, keys {edges[pillar]}–{edges[pillar + 1] - 1}",
         ))
     if trace.needle is not None:
         start, end = trace.needle
         figure.add_trace(go.Scatter3d(
-            x=np.full(len(y), (start + end - 1) / 2), y=y, z=np.zeros(len(y)), mode="lines",
+            x=np.full(len(y), (start + end - 1) / 2), y=y, z=np.full(len(y), 10 ** low), mode="lines",
             line=dict(color=NEEDLE_COLOUR, width=5, dash="dash"), name=f"needle, tokens {start}–{end - 1}",
         ))
     tick_step = max(1, len(y) // 8)
@@ -202,8 +222,8 @@ def attention_landscape(trace: LiveTrace | None, layer: int | None = None, max_r
             xaxis=dict(title="key position (token)", range=[0, trace.span]),
             yaxis=dict(title="query (from token / +decoded)", tickvals=y[::tick_step].tolist(),
                        ticktext=[rows.tick[i] for i in y[::tick_step]]),
-            zaxis=dict(title="attention share"),
-            camera=dict(eye=dict(x=1.5, y=-1.6, z=0.9)),
+            zaxis=dict(title="weight per key (log)", type="log", range=[low, high], exponentformat="power"),
+            camera=dict(eye=dict(x=1.45, y=-1.65, z=0.85)),
         ),
     )
     return figure
@@ -220,9 +240,9 @@ def sink_figure(trace: LiveTrace | None) -> go.Figure:
     figure = go.Figure(go.Bar(x=layers, y=latest.mean(axis=1), name="mean over heads", marker_color=SINK_COLOUR))
     figure.add_trace(go.Scatter(x=layers, y=latest.max(axis=1), mode="markers", name="strongest head",
                                 marker=dict(symbol="diamond", size=9, color="#333333")))
-    figure.update_layout(title=title, height=300, margin=dict(t=40, b=40),
-                         xaxis=dict(title="layer", dtick=1), yaxis=dict(title="attention share", range=[0, 1]),
-                         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
+    figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
+                         xaxis=dict(title="layer", dtick=1), yaxis=dict(title="attention share", rangemode="tozero"),
+                         legend=dict(orientation="h", y=-0.3, x=0))
     return figure
 
 
@@ -232,11 +252,13 @@ def entropy_over_time(trace: LiveTrace | None, max_columns: int = MAX_ROWS) -> g
     if trace is None or not trace.observed:
         return _placeholder(title, IDLE if trace is None else WAITING)
     groups = _groups([step.kind for step in trace.observed], max_columns)
-    columns, labels, decoded = [], [], 0
+    columns, labels, ticks, decoded = [], [], [], 0
     for group in groups:
         members = [trace.observed[i] for i in group]
         columns.append(np.mean([step.entropy.mean(axis=1) for step in members], axis=0))
-        labels.append(_row_label(members, decoded)[0])
+        words, short = _row_label(members, decoded)
+        labels.append(words)
+        ticks.append(short)
         decoded += len(members) if members[0].kind == "decode" else 0
     matrix = np.stack(columns, axis=1)
     figure = go.Figure(go.Heatmap(
@@ -244,10 +266,10 @@ def entropy_over_time(trace: LiveTrace | None, max_columns: int = MAX_ROWS) -> g
         colorbar=dict(title="nats"), customdata=np.tile(np.asarray(labels, dtype=object), (matrix.shape[0], 1)),
         hovertemplate="layer %{y}<br>%{customdata}<br>entropy %{z:.2f} nats<extra></extra>",
     ))
-    step = max(1, len(labels) // 6)
+    step = max(1, len(labels) // 8)
     figure.update_layout(title=title, height=300, margin=dict(t=40, b=40),
-                         xaxis=dict(title="pass (prefill chunks, then decoded tokens)",
-                                    tickvals=list(range(0, len(labels), step)), ticktext=labels[::step]),
+                         xaxis=dict(title="pass (from token / +decoded)",
+                                    tickvals=list(range(0, len(labels), step)), ticktext=ticks[::step]),
                          yaxis=dict(title="layer", dtick=1))
     return figure
 
@@ -260,7 +282,7 @@ def head_entropy(trace: LiveTrace | None) -> go.Figure:
     latest = trace.observed[-1].entropy
     figure = go.Figure(go.Heatmap(z=latest, colorscale="Cividis", colorbar=dict(title="nats"),
                                   hovertemplate="layer %{y}, head %{x}<br>%{z:.2f} nats<extra></extra>"))
-    figure.update_layout(title=title, height=300, margin=dict(t=40, b=40),
+    figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
                          xaxis=dict(title="query head", dtick=1), yaxis=dict(title="layer", dtick=1))
     return figure
 
@@ -320,8 +342,8 @@ def memory_figure(trace: LiveTrace | None) -> go.Figure:
                                 name="held (measured from tensors)", line=dict(color=HELD_COLOUR),
                                 marker=dict(size=4), customdata=[p.kind for p in trace.memory],
                                 hovertemplate="after %{customdata}, %{x} tokens<br>%{y:.2f} " + unit + "<extra></extra>"))
-    figure.update_layout(title=title, height=300, margin=dict(t=40, b=40),
+    figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
                          xaxis=dict(title="tokens read", rangemode="tozero"),
                          yaxis=dict(title=f"KV bytes ({unit})", rangemode="tozero"),
-                         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
+                         legend=dict(orientation="h", y=-0.3, x=0))
     return figure

@@ -79,6 +79,11 @@ def frontier_figure(points: pd.DataFrame, x_title: str, bytes_axis: bool) -> go.
     return figure
 
 
+def _short(value: float) -> str:
+    """A bar label: whole numbers with separators from 100 up, three significant digits below."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def cost_bars(full: CostEstimate, evicted: CostEstimate) -> go.Figure:
     """Full cache against the evicted one on four outputs that decide a deployment."""
     panels = (
@@ -91,7 +96,7 @@ def cost_bars(full: CostEstimate, evicted: CostEstimate) -> go.Figure:
     names = ("full cache", f"evicted (keep {evicted.keep_fraction:.0%})")
     for index, (_, *values) in enumerate(panels, start=1):
         figure.add_trace(go.Bar(x=list(names), y=values, marker_color=["#888888", "#1f4e9c"],
-                                text=[f"{v:,.3g}" for v in values], textposition="auto", showlegend=False),
+                                text=[_short(v) for v in values], textposition="auto", showlegend=False),
                          row=1, col=index)
     figure.update_layout(height=300, margin=dict(t=50, b=30))
     return figure

@@ -44,7 +44,7 @@ def run_label(policy: str, mode: str, keep: object = None, budget_tokens: object
     return f"{policy} · {mode} · {budget_label(keep, budget_tokens)}"
 
 
-def model_name(path_or_id: str) -> str:
+def short_model_name(path_or_id: str) -> str:
     """A hub id as it is, a local directory by its last component."""
     return Path(path_or_id).name if path_or_id.startswith(("/", ".", "~")) else path_or_id
 
@@ -132,7 +132,7 @@ def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     """``Store.list_runs`` for display: newest first, budgets as words, accuracies in percent."""
     table = runs.copy()
     table["budget"] = [budget_label(k, b) for k, b in zip(table["keep"], table["budget_tokens"])]
-    table["model"] = table["model"].map(model_name)
+    table["model"] = table["model"].map(short_model_name)
     for column in ("accuracy", "exact_accuracy"):
         table[column] = (100 * table[column].astype(float)).round(1)
     return table[list(RUN_COLUMNS)].rename(columns=RUN_COLUMNS).iloc[::-1].reset_index(drop=True)
@@ -149,7 +149,7 @@ def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     for run in runs.itertuples(index=False):
         mean = means.loc[run.run_id] if run.run_id in means.index else None
         columns[f"run {run.run_id}"] = {
-            "model": model_name(run.model), "task": run.task, "policy": run.policy,
+            "model": short_model_name(run.model), "task": run.task, "policy": run.policy,
             "parameters": ", ".join(f"{k}={v}" for k, v in json.loads(run.policy_params or "{}").items()) or "—",
             "mode": run.mode, "budget": budget_label(run.keep, run.budget_tokens), "chunk": _text(run.chunk),
             "context length": _text(run.context_length), "trials": str(int(run.trials)),
@@ -187,7 +187,7 @@ def stored_keep_fractions(runs: pd.DataFrame) -> dict[str, float]:
         else:
             continue
         label = f"run {run.run_id}: {run_label(run.policy, run.mode, run.keep, run.budget_tokens)}"
-        options[f"{label}, {model_name(run.model)}, {run.task} ({fraction:.1%})"] = fraction
+        options[f"{label}, {short_model_name(run.model)}, {run.task} ({fraction:.1%})"] = fraction
     return options
 
 

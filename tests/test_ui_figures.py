@@ -1,0 +1,171 @@
+"""The live run's figure builders, on a synthetic run whose sinks, heavy hitter and evictions are known exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvlab.engine import Event
+from kvlab.ui import live_figures as figures
+from kvlab.ui.live import LiveTrace
+
+LAYERS, HEADS, KV_HEADS = 2, 4, 2
+PROMPT, CHUNK, BINS = 256, 16, 32  # 8 positions per bin
+SINKS = (0, 1)
+HITTER = 84  # bin 10, read in the pass of tokens 80-95
+RECENT = 16
+
+
+def held_after(seen: int) -> list[int]:
+    """What the synthetic cache keeps after reading ``seen`` tokens: two sinks, the heavy hitter, the recent window."""
+    kept = set(SINKS) | set(range(max(0, seen - RECENT), seen))
+    if seen > HITTER:
+        kept.add(HITTER)
+    return sorted(kept)
+
+
+def pass_attention(before: list[int], first: int, end: int) -> np.ndarray:
+    """Per-bin share of one pass: 0.3 on the sinks, 0.4 on the heavy hitter once it is cached, the rest on the keys
+    the pass reads."""
+    share = np.zeros(BINS)
+    share[0] += 0.3
+    rest = 0.7
+    if HITTER in before:
+        share[HITTER * BINS // PROMPT] += 0.4
+        rest = 0.3
+    for position in range(first, end):
+        share[position * BINS // PROMPT] += rest / (end - first)
+    return share
+
+
+def event(kind: str, step: int, first: int, end: int, before: list[int], with_stats: bool = True) -> Event:
+    kept = held_after(end)
+    positions = [torch.tensor(kept).expand(1, KV_HEADS, len(kept)).clone() for _ in range(LAYERS)]
+    stats = None
+    if with_stats:
+        share = torch.tensor(pass_attention(before, first, end), dtype=torch.float32)
+        stats = {
+            "pooled": share.expand(LAYERS, 1, BINS).clone(),
+            "entropy": torch.arange(LAYERS * HEADS, dtype=torch.float32).reshape(LAYERS, 1, HEADS),
+            "sink_mass": torch.full((LAYERS, 1, HEADS), 0.3),
+        }
+    return Event(kind=kind, step=step, seen_tokens=end, kept_per_layer=[len(kept)] * LAYERS,
+                 kv_bytes=len(kept) * 1024, kv_bytes_full=end * 1024, token_ids=[7] if kind == "decode" else None,
+                 stats=stats, positions=positions)
+
+
+@pytest.fixture
+def trace() -> LiveTrace:
+    trace = LiveTrace(LAYERS, PROMPT, 0, BINS, len(SINKS), needle=(40, 48))
+    for step, first in enumerate(range(0, PROMPT, CHUNK)):
+        trace.add(event("prefill", step, first, first + CHUNK, held_after(first)))
+    return trace
+
+
+def marks(figure) -> list:
+    """The lines drawn over the 3D surface."""
+    return [trace for trace in figure.data if trace.type == "scatter3d"]
+
+
+def test_evicted_and_unread_positions_are_holes_not_zeros(trace):
+    z = np.asarray(figures.attention_landscape(trace, layer=0).data[0].z, dtype=float)
+    row = 10  # the pass over tokens 160-175: holds sinks, the heavy hitter, tokens 144-159 and its own 160-175
+    held_bins = {0, HITTER * BINS // PROMPT, 18, 19, 20, 21}
+    assert set(np.flatnonzero(np.isfinite(z[row]))) == held_bins
+    assert np.isnan(z[row, 5])  # tokens 40-47 were read and evicted
+    assert np.isnan(z[row, 30])  # tokens 240-247 are not read yet
+
+
+def test_the_heavy_hitter_is_marked_where_the_data_puts_it(trace):
+    rows = figures.query_rows(trace, layer=1)
+    assert figures.heavy_hitter_bins(trace, rows) == [HITTER * BINS // PROMPT]
+    pillar = next(m for m in marks(figures.attention_landscape(trace, layer=1)) if m.name.startswith("heavy hitter"))
+    assert set(np.asarray(pillar.x)) == {83.5}  # the centre of tokens 80-87
+    assert "keys 80–87" in pillar.name
+
+
+def test_the_sink_mark_sits_on_the_first_tokens_at_their_measured_weight(trace):
+    sink = next(m for m in marks(figures.attention_landscape(trace)) if m.name.startswith("sink"))
+    assert set(np.asarray(sink.x)) == {0.5}  # between tokens 0 and 1
+    np.testing.assert_allclose(np.asarray(sink.z, dtype=float), 0.3 / len(SINKS), rtol=1e-6)
+
+
+def test_without_a_heavy_hitter_no_pillar_is_marked():
+    trace = LiveTrace(LAYERS, PROMPT, 0, BINS, len(SINKS))
+    for step, first in enumerate(range(0, PROMPT, CHUNK)):
+        before = held_after(first)
+        pass_event = event("prefill", step, first, first + CHUNK, [p for p in before if p != HITTER])
+        trace.add(pass_event)
+    assert figures.heavy_hitter_bins(trace, figures.query_rows(trace)) == []
+
+
+def test_point_counts_stay_bounded_on_long_runs():
+    long_prompt, bins = 100_000, 128
+    trace = LiveTrace(1, long_prompt, 400, bins, 4)
+    kept = torch.arange(64).reshape(1, 1, 64)
+    for step in range(900):
+        first, end = (step * 128, step * 128 + 128) if step < 500 else (long_prompt + step - 500, long_prompt + step - 499)
+        trace.add(Event(
+            kind="prefill" if step < 500 else "decode", step=step, seen_tokens=end, kept_per_layer=[64],
+            kv_bytes=1, kv_bytes_full=2, token_ids=[1] if step >= 500 else None, positions=[kept],
+            stats={"pooled": torch.full((1, 1, bins), 1 / bins), "entropy": torch.ones(1, 1, 2),
+                   "sink_mass": torch.zeros(1, 1, 2)},
+        ))
+    surface = figures.attention_landscape(trace).data[0]
+    assert np.asarray(surface.z).shape == (figures.MAX_ROWS, bins)
+    assert np.asarray(figures.cache_map(trace).data[0].z).shape[1] == figures.MAX_COLUMNS
+    assert np.asarray(figures.entropy_over_time(trace).data[0].z).shape[1] <= figures.MAX_ROWS
+    rows = figures.query_rows(trace)
+    assert rows.label[0].startswith("prefill") and rows.label[-1].startswith("decoded tokens")
+
+
+def test_pooling_never_mixes_prefill_and_decode_passes():
+    groups = figures._groups(["prefill"] * 10 + ["decode"] * 90, max_rows=20)
+    assert len(groups) == 20
+    assert all(len({index < 10 for index in group}) == 1 for group in groups)
+    assert sum(len(group) for group in groups) == 100
+
+
+def test_cache_map_shows_share_held_and_leaves_unread_positions_blank(trace):
+    matrix, edges = figures.survival(trace, max_columns=32)
+    assert matrix.shape == (LAYERS, 32)
+    layer = matrix[0]
+    assert layer[0] == pytest.approx(2 / 8)  # sinks 0 and 1 of tokens 0-7
+    assert layer[HITTER // 8] == pytest.approx(1 / 8)
+    assert layer[5] == 0.0  # read, then evicted
+    assert np.all(layer[-2:] == 1.0)  # the recent window
+    assert edges[0] == 0 and edges[-1] == PROMPT
+    half_read = LiveTrace(1, PROMPT, 0, BINS, 2)
+    half_read.add(event("prefill", 0, 0, 128, []))
+    assert np.isnan(figures.survival(half_read, 32)[0][0, 16:]).all()
+
+
+def test_memory_figure_labels_measured_and_computed_bytes(trace):
+    figure = figures.memory_figure(trace)
+    names = [series.name for series in figure.data]
+    assert "held (measured from tensors)" in names and "full cache (computed)" in names
+    assert figure.layout.yaxis.title.text == "KV bytes (KiB)"
+    assert list(figure.data[1].y)[-1] == pytest.approx(len(held_after(PROMPT)))
+
+
+def test_sink_and_entropy_figures_read_the_latest_pass(trace):
+    sinks = figures.sink_figure(trace)
+    np.testing.assert_allclose(sinks.data[0].y, [0.3, 0.3])
+    heads = figures.head_entropy(trace)
+    np.testing.assert_allclose(np.asarray(heads.data[0].z), np.arange(LAYERS * HEADS).reshape(LAYERS, HEADS))
+    over_time = np.asarray(figures.entropy_over_time(trace).data[0].z)
+    assert over_time.shape == (LAYERS, PROMPT // CHUNK)
+
+
+def test_every_figure_has_a_placeholder_before_the_first_pass():
+    empty = LiveTrace(LAYERS, PROMPT, 0, BINS, 2)
+    for build in (figures.attention_landscape, figures.sink_figure, figures.entropy_over_time, figures.head_entropy,
+                  figures.cache_map, figures.memory_figure):
+        assert build(None).layout.annotations[0].text == figures.IDLE
+        assert build(empty).layout.annotations[0].text == figures.WAITING
+
+
+def test_byte_units():
+    assert figures.byte_unit(512) == (1.0, "bytes")
+    assert figures.byte_unit(3 << 20) == (float(1 << 20), "MiB")

@@ -1,0 +1,192 @@
+"""Table shapers, store figures, widget inputs and downloads, on a store filled with known trials (no model)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvlab.costs import GPU_PRESETS, MODEL_PRESETS, Scenario, compare, cost_table
+from kvlab.errors import KvlabError
+from kvlab.provenance import Provenance
+from kvlab.store import RunConfig, RunFilter, Store, Trial, open_store
+from kvlab.ui import inputs, tables
+from kvlab.ui.downloads import export_bytes
+from kvlab.ui.store_figures import cost_bars, frontier_figure, needle_heatmaps
+
+PROVENANCE = Provenance("0.1.0", "abc", {"python": "3"})
+MODEL = "/models/kvlab-tiny-llama"
+
+
+def add_run(store: Store, policy: str, keep: float | None, outcomes: dict[float, list[bool]], *, context: int = 512,
+            budget_tokens: int | None = None, chunk: int | None = None, kv_bytes: int = 1000) -> int:
+    run_id = store.begin_run(RunConfig(model=MODEL, policy=policy, mode="prefill", task="needle", keep=keep,
+                                       budget_tokens=budget_tokens, chunk=chunk, context_length=context),
+                             provenance=PROVENANCE)
+    trials = [Trial(trial_key=f"{depth}/{i}", task_id="t", context_tokens=context, correct=ok, exact=ok, depth=depth,
+                    kept_tokens=int(context * (keep or 1)), kv_bytes=kv_bytes, peak_kv_bytes=2 * kv_bytes,
+                    prefill_s=0.5, decode_s=0.1)
+              for depth, oks in outcomes.items() for i, ok in enumerate(oks)]
+    store.add_trials(run_id, trials)
+    store.finish_run(run_id)
+    return run_id
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    store = open_store(tmp_path / "runs.duckdb")
+    add_run(store, "full", None, {0.003: [True], 0.497: [True], 0.991: [True]}, kv_bytes=8000)
+    add_run(store, "h2o", 0.1, {0.003: [False, True], 0.497: [False], 0.991: [True]}, kv_bytes=900)
+    add_run(store, "h2o", 0.1, {0.52: [True]}, chunk=256, kv_bytes=900)  # same label, pooled with the run above
+    add_run(store, "h2o", 0.3, {0.497: [True]}, kv_bytes=2500)
+    add_run(store, "streaming", 0.1, {0.497: [False]}, kv_bytes=900)
+    add_run(store, "streaming", None, {0.497: [True]}, budget_tokens=128, kv_bytes=1100)
+    yield store
+    store.close()
+
+
+def test_budget_and_run_labels():
+    assert tables.budget_label(0.1, None) == "keep 10%"
+    assert tables.budget_label(0.125, None) == "keep 12.5%"
+    assert tables.budget_label(float("nan"), 256) == "256 tokens"
+    assert tables.budget_label(None, pd.NA) == "full cache"
+    assert tables.run_label("h2o", "prefill", 0.1) == "h2o · prefill · keep 10%"
+    assert tables.run_label("full", "prefill") == "full cache"
+    assert tables.short_model_name(MODEL) == "kvlab-tiny-llama"
+    assert tables.short_model_name("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+
+
+def test_needle_grid_rounds_depths_and_pools_runs_of_one_label(store):
+    runs = tables.at_budget(store.list_runs(), 0.1)
+    assert set(runs["policy"]) == {"full", "h2o", "streaming"} and len(runs) == 4
+    cells = tables.needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(runs["run_id"]))), runs)
+    h2o = cells[cells["label"] == "h2o · prefill · keep 10%"].set_index("depth")
+    assert list(h2o.index) == [0.0, 0.5, 1.0]
+    assert h2o.loc[0.0, "accuracy"] == 50 and h2o.loc[0.0, "trials"] == 2
+    assert h2o.loc[0.5, "accuracy"] == 50 and h2o.loc[0.5, "trials"] == 2  # 0.497 and 0.52 from two runs
+    assert set(cells["context_length"]) == {512}
+
+
+def test_needle_heatmaps_draw_one_panel_per_label(store):
+    runs = tables.at_budget(store.list_runs(), 0.1)
+    cells = tables.needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(runs["run_id"]))), runs)
+    figure = needle_heatmaps(cells)
+    assert [heatmap.type for heatmap in figure.data] == ["heatmap"] * 3
+    assert {a.text for a in figure.layout.annotations} == set(cells["label"])
+    h2o = figure.data[1]
+    assert np.asarray(h2o.z).shape == (1, 3) and (h2o.zmin, h2o.zmax) == (0, 100)
+    assert list(h2o.x) == ["0%", "50%", "100%"]
+    assert "n=2" in h2o.text[0][0]
+    empty = needle_heatmaps(cells.iloc[0:0])
+    assert "No stored needle trials" in empty.layout.annotations[0].text
+
+
+def test_pareto_front():
+    cost = np.array([1.0, 2.0, 3.0, 2.0, 4.0])
+    accuracy = np.array([10.0, 50.0, 40.0, 50.0, 90.0])
+    assert tables.pareto_front(cost, accuracy).tolist() == [True, True, False, True, True]
+
+
+def test_frontier_points_on_the_kept_fraction_and_byte_axes(store):
+    frontier = store.accuracy_frontier()
+    by_keep = tables.frontier_points(frontier, "keep")
+    assert "streaming · prefill · 128 tokens" not in set(by_keep["label"])  # a token budget has no single fraction
+    full = by_keep[by_keep["label"] == "full cache"].iloc[0]
+    assert full["x"] == 1.0 and full["accuracy"] == 100
+    assert set(by_keep[by_keep["front"]]["label"]) == {"h2o · prefill · keep 10%", "h2o · prefill · keep 30%"}
+    assert set(by_keep["line"]) == {"full cache", "h2o · prefill", "streaming · prefill"}
+    by_bytes = tables.frontier_points(frontier, "kv_bytes")
+    assert "streaming · prefill · 128 tokens" in set(by_bytes["label"])
+    cheapest = by_bytes.sort_values("x").iloc[0]
+    assert cheapest["x"] == 900
+    front = set(by_bytes[by_bytes["front"]]["label"])
+    assert front == {"h2o · prefill · keep 10%", "streaming · prefill · 128 tokens"}
+    figure = frontier_figure(by_bytes, "KV bytes", bytes_axis=True)
+    assert figure.layout.xaxis.type == "log" and figure.layout.xaxis.title.text == "KV bytes (MiB)"
+    assert figure.data[-1].name == "Pareto front" and len(figure.data[-1].x) == len(front)
+    assert len(figure.data) == 1 + len(set(by_bytes["line"]))
+    assert tables.frontier_points(frontier.iloc[0:0]).empty
+
+
+def test_runs_table_and_comparison(store):
+    runs = store.list_runs()
+    table = tables.runs_table(runs)
+    assert list(table["run"]) == sorted(runs["run_id"], reverse=True)
+    assert table.loc[table["run"] == 2, "accuracy %"].item() == 50.0
+    assert table.loc[table["run"] == 6, "budget"].item() == "128 tokens"
+    picked = runs[runs["run_id"].isin([1, 2])]
+    compared = tables.compare_runs(picked, store.trials_frame(RunFilter(run_ids=(1, 2))))
+    assert list(compared.columns) == ["run 1", "run 2"]
+    assert compared.loc["budget", "run 2"] == "keep 10%"
+    assert compared.loc["mean KV bytes at end (measured)", "run 1"] == "8,000"
+    assert compared.loc["trials", "run 2"] == "4"
+    assert all(isinstance(value, str) for value in compared.to_numpy().ravel())
+
+
+def test_stored_keep_fractions_and_choices(store):
+    options = tables.stored_keep_fractions(store.list_runs())
+    assert sorted(set(options.values())) == [0.1, 0.25, 0.3]  # 128 of 512 tokens is 25 %
+    assert not any("full cache" in label for label in options)
+    runs = store.list_runs()
+    assert tables.choices(runs, "policy") == ["full", "h2o", "streaming"]
+    assert tables.choices(runs, "keep", policy="h2o") == [0.1, 0.3]
+
+
+def test_cost_table_is_written_out_for_reading():
+    scenario = Scenario(prompt_tokens=7_168, output_tokens=1_024, batch=8, keep_fraction=0.25)
+    model, gpu = MODEL_PRESETS["Llama-3-8B"], GPU_PRESETS["H100 SXM 80GB"]
+    shown = tables.formatted_costs(cost_table(model, gpu, scenario)).set_index("Quantity")
+    assert shown.loc["Sequences that fit beside the weights", "Full cache"] == "57"
+    assert shown.loc["Sequences that fit beside the weights", "Evicted (keep 25%)"] == "228"
+    assert shown.loc["KV per token, all layers", "Full cache"] == "131,072"
+    assert shown.loc["Batch fits in memory", "Full cache"] == "yes"
+    assert shown.loc["Cost per query", "Full cache"].startswith("$0.000998")
+    figure = cost_bars(*compare(model, gpu, scenario))
+    assert len(figure.data) == 4 and list(figure.data[1].y) == [57, 228]
+
+
+def test_uploads_that_are_not_text_are_refused():
+    assert inputs.read_upload("notes.txt", "\ufeffhello".encode()) == "hello"
+    with pytest.raises(KvlabError, match="binary"):
+        inputs.read_upload("model.bin", b"\x00\x01\x02")
+    with pytest.raises(KvlabError, match="not UTF-8"):
+        inputs.read_upload("latin.txt", "café".encode("latin-1"))
+    with pytest.raises(KvlabError, match="empty"):
+        inputs.read_upload("blank.txt", b"  \n")
+
+
+def test_pasted_configs():
+    config = '{"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, ' \
+             '"num_key_value_heads": 8, "hidden_size": 4096}'
+    spec = inputs.model_spec_from_json(config, 8.03)
+    assert spec.arch.num_kv_heads == 8 and spec.params == pytest.approx(8.03e9)
+    with pytest.raises(KvlabError, match="not valid JSON .* line 1"):
+        inputs.model_spec_from_json("{num_hidden_layers: 32}", 8)
+    with pytest.raises(KvlabError, match="JSON object"):
+        inputs.model_spec_from_json("[1, 2]", 8)
+    with pytest.raises(KvlabError, match="parameter count"):
+        inputs.model_spec_from_json(config, 0)
+    with pytest.raises(KvlabError, match="decoder-only transformer"):
+        inputs.model_spec_from_json('{"hidden_size": 4096}', 8)
+
+
+def test_policy_fields_and_summaries():
+    fields = {field.name: field for field in inputs.policy_fields("snapkv")}
+    assert fields["pooling"].choices == ("max", "avg") and fields["window"].kind is int
+    assert inputs.policy_fields("h2o")[0].kind is float and inputs.policy_fields("full") == []
+    assert inputs.policy_summary("h2o").startswith("H2O (Zhang et al.")
+    assert "`sinks`" in inputs.policy_summary("streaming")
+
+
+def test_gpu_fields_become_a_gpu():
+    gpu = inputs.gpu_spec("edited", 80, 3350, 989, 2.5)
+    assert gpu.memory_bytes == 80 << 30 and gpu.bandwidth_bytes_per_s == 3.35e12 and gpu.price_per_hour == 2.5
+
+
+def test_downloads_are_what_the_exporters_write(store):
+    trials = pd.read_csv(io.BytesIO(export_bytes(store, "trials", ".csv", RunFilter(run_ids=(2,)))))
+    assert len(trials) == 4 and {"run_id", "policy", "keep", "correct", "kv_bytes", "git_commit"} <= set(trials.columns)
+    runs = pd.read_parquet(io.BytesIO(export_bytes(store, "runs", ".parquet")))
+    assert sorted(runs["run_id"]) == [1, 2, 3, 4, 5, 6]
