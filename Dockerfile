@@ -1,0 +1,35 @@
+# kvlab dashboard for a team: build with `docker build -t kvlab .` (GPU, through the CUDA libraries that the torch
+# wheel brings) or `docker build --build-arg KVLAB_TORCH_INDEX=https://download.pytorch.org/whl/cpu -t kvlab:cpu .`
+# (CPU only). It installs through scripts/install.sh, the script CI runs, so the image holds what CI tested.
+ARG PYTHON_VERSION=3.11
+FROM python:${PYTHON_VERSION}-slim-bookworm
+
+ARG KVLAB_TORCH_INDEX=""
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    KVLAB_VENV=/opt/kvlab/venv \
+    KVLAB_DB=/data/runs.duckdb \
+    HF_HOME=/cache/huggingface \
+    KVLAB_DEFAULT_MODEL=/app/data/models/kvlab-tiny-llama \
+    KVLAB_ALLOWED_MODELS="" \
+    HF_HUB_OFFLINE=0 \
+    STREAMLIT_SERVER_ADDRESS=0.0.0.0 \
+    STREAMLIT_CLIENT_SHOW_ERROR_DETAILS=false
+
+RUN groupadd --system --gid 10001 kvlab \
+    && useradd --system --uid 10001 --gid kvlab --create-home --home-dir /home/kvlab kvlab \
+    && mkdir -p /app /data /cache/huggingface /opt/kvlab \
+    && chown -R kvlab:kvlab /data /cache /opt/kvlab
+
+WORKDIR /app
+COPY --chown=kvlab:kvlab requirements.txt /app/requirements.txt
+COPY --chown=kvlab:kvlab scripts/install.sh /app/scripts/install.sh
+USER 10001:10001
+RUN KVLAB_TORCH_INDEX="${KVLAB_TORCH_INDEX}" bash /app/scripts/install.sh
+COPY --chown=kvlab:kvlab . /app
+
+VOLUME ["/data", "/cache/huggingface"]
+EXPOSE 8501
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["/opt/kvlab/venv/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4)"]
+CMD ["/opt/kvlab/venv/bin/python", "-m", "streamlit", "run", "app.py", "--server.port=8501"]
