@@ -4,8 +4,9 @@ plus the full cache, on the shipped model. Writes the trials database, a JSON su
 
 Usage (the grid of the claim; ~7,100 trials):
     python bench/needle_claim.py --trials 100 --out-dir bench/results/needle_claim
-Reduced grid on a CPU, also measuring what sharing the prefill saves:
-    python bench/needle_claim.py --context 2048 --trials 20 --measure-sharing --out-dir bench/results/needle_cpu
+Reduced grid on a CPU, also measuring what sharing the prefill saves (on fewer trials):
+    python bench/needle_claim.py --context 2048 --trials 20 --batch-size 10 --measure-sharing --sharing-trials 5 \
+        --out-dir bench/results/needle_cpu
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def main() -> None:
     parser.add_argument("--policies", default=POLICIES)
     parser.add_argument("--measure-sharing", action="store_true",
                         help="also time the prefill-mode cells with and without one shared prefill, side by side")
+    parser.add_argument("--sharing-trials", type=int, default=None,
+                        help="trials per cell for the sharing measurement (default: --trials)")
     parser.add_argument("--out-dir", default="bench/results/needle_claim")
     args = parser.parse_args()
     out = Path(args.out_dir)
@@ -70,11 +73,13 @@ def main() -> None:
     if args.measure_sharing:
         evicting = tuple(p for p in grid.policies if p.evicts())
         for share in (True, False):
-            shared_grid = dataclasses.replace(grid, modes=("prefill",), policies=evicting, share_prefill=share)
+            shared_grid = dataclasses.replace(grid, modes=("prefill",), policies=evicting, share_prefill=share,
+                                              trials=args.sharing_trials or args.trials)
             seconds_share, ran_share = timed_sweep(loaded, out / f"sharing-{share}.duckdb", shared_grid)
             report[f"prefill_cells_seconds_{'shared' if share else 'separate'}"] = seconds_share
             print(f"prefill-mode cells, shared prefill {share}: {ran_share} trials in {seconds_share:.1f} s", flush=True)
             (out / f"sharing-{share}.duckdb").unlink()
+        report["sharing_trials_per_cell"] = args.sharing_trials or args.trials
         report["sharing_speedup"] = report["prefill_cells_seconds_separate"] / report["prefill_cells_seconds_shared"]
     with open_store(out / "trials.duckdb") as store:
         trials = store.trials_frame()

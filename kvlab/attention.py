@@ -193,22 +193,24 @@ def _blocked_attention(
     keys_t = keys.transpose(-1, -2).unsqueeze(2)
     values_g = values.unsqueeze(2)
     block = max(1, SCORE_BLOCK_ELEMENTS // max(1, batch * q_heads * n_keys))
+    past = n_keys - n_queries
     outputs = []
     for start in range(0, n_queries, block):
         stop = min(start + block, n_queries)
-        logits = torch.matmul(grouped[:, :, :, start:stop], keys_t).float() * layer.scaling
+        visible = past + stop  # the block's queries are new slots: later slots are in their future
+        logits = torch.matmul(grouped[:, :, :, start:stop], keys_t[..., :visible]).float() * layer.scaling
         if layer.softcap is not None:
             logits = torch.tanh(logits / layer.softcap) * layer.softcap
         if mask is not None:
-            block_mask = mask[..., start:stop, :]
+            block_mask = mask[..., start:stop, :visible]
             block_mask = block_mask.unsqueeze(2) if block_mask.dim() == 4 else block_mask
             logits = logits.masked_fill(~block_mask, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
-        outputs.append(torch.matmul(probs.to(values.dtype), values_g))
+        outputs.append(torch.matmul(probs.to(values.dtype), values_g[:, :, :, :visible]))
         if layer.scores is not None:
-            layer.scores += probs.sum(dim=(2, 3))
+            layer.scores[..., :visible] += probs.sum(dim=(2, 3))
         if context.stats is not None:
-            context.stats.add(layer_idx, probs, layer.positions)
+            context.stats.add(layer_idx, probs, layer.positions[..., :visible])
     return torch.cat(outputs, dim=3).reshape(batch, q_heads, n_queries, head_dim)
 
 

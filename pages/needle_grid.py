@@ -10,13 +10,12 @@ from kvlab.policies import POLICIES, make_policy
 from kvlab.provenance import weights_identity
 from kvlab.store import RunFilter
 from kvlab.sweep import SweepGrid, SweepRunner
-from kvlab.ui.session import current_model, device_turn, model_name, page_setup, run_store, user_name
+from kvlab.ui.session import current_model, device_turn, model_name, run_store, user_name
 from kvlab.ui.store_figures import needle_heatmaps
 from kvlab.ui.tables import at_budget, needle_grid, short_model_name
 
 CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
-page_setup()
 st.title("Needle grid")
 st.caption("Each cell is the share of needle questions answered (the answer appears in the output) at one context "
            "length and depth. The grid shows what the store already holds for these settings; Run fills in the "

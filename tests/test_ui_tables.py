@@ -132,6 +132,7 @@ def test_stored_keep_fractions_and_choices(store):
     runs = store.list_runs()
     assert tables.choices(runs, "policy") == ["full", "h2o", "streaming"]
     assert tables.choices(runs, "keep", policy="h2o") == [0.1, 0.3]
+    assert tables.most_runs(runs, "policy") == ["h2o", "streaming", "full"]
 
 
 def test_cost_table_is_written_out_for_reading():

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
-from streamlit.runtime.pages_manager import PagesManager
 
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel, default_model, load_model
@@ -21,19 +20,6 @@ from kvlab.ui.live import warm_up
 
 MODEL_KEY = "kvlab_model_name"
 LOADED_KEY = "kvlab_loaded_model"
-
-
-def page_setup() -> None:
-    """Make sure a page runs inside ``app.py``'s navigation; call it first in every page.
-
-    Because the pages live in a directory named ``pages/``, Streamlit starts in its legacy multipage mode and only
-    leaves it once ``app.py`` has called ``st.navigation``. If the very first request a server gets opens a page by
-    its URL, Streamlit runs that page file on its own, without the sidebar and with its legacy navigation. Leaving
-    that mode and running again puts ``app.py`` in charge, on the same page.
-    """
-    if PagesManager.uses_pages_directory:
-        PagesManager.uses_pages_directory = False
-        st.rerun()
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)

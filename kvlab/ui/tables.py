@@ -76,12 +76,22 @@ def at_budget(runs: pd.DataFrame, keep: float) -> pd.DataFrame:
     return runs[(runs["policy"] == "full") | (runs["keep"].astype(float).sub(keep).abs() < 1e-9)]
 
 
+def _matching(runs: pd.DataFrame, equal: dict[str, object]) -> pd.DataFrame:
+    for name, value in equal.items():
+        runs = runs[runs[name] == value]
+    return runs
+
+
 def choices(runs: pd.DataFrame, column: str, **equal: object) -> list:
     """The distinct non-missing values of ``column`` among the runs whose other columns equal ``equal``, sorted."""
-    rows = runs
-    for name, value in equal.items():
-        rows = rows[rows[name] == value]
-    return sorted(rows[column].dropna().unique().tolist())
+    return sorted(_matching(runs, equal)[column].dropna().unique().tolist())
+
+
+def most_runs(runs: pd.DataFrame, column: str, **equal: object) -> list:
+    """The same values as :func:`choices`, those with the most runs first (ties: larger values first), so that a
+    page can open on the best-measured selection."""
+    counts = _matching(runs, equal)[column].dropna().value_counts()
+    return sorted(counts.index.tolist(), key=lambda value: (-counts[value], -value if isinstance(value, (int, float)) else 0))
 
 
 def pareto_front(cost: np.ndarray, accuracy: np.ndarray) -> np.ndarray:

@@ -6,11 +6,10 @@ import streamlit as st
 
 from kvlab.claims import CLAIM_CONTEXT, side_by_side
 from kvlab.store import RunFilter
-from kvlab.ui.session import page_setup, run_store
+from kvlab.ui.session import run_store
 from kvlab.ui.store_figures import frontier_figure
-from kvlab.ui.tables import FRONTIER_AXES, METRICS, choices, frontier_points, short_model_name
+from kvlab.ui.tables import FRONTIER_AXES, METRICS, choices, frontier_points, most_runs, short_model_name
 
-page_setup()
 st.title("Frontier")
 st.caption("Accuracy against memory for every policy and mode in the store. Circled points are on the Pareto front: "
            "no other point is at least as accurate with less memory. KV bytes are measured from the cache tensors "
@@ -36,8 +35,10 @@ for column, name in zip(st.columns(2), ("A", "B")):
         model = st.selectbox("Model", models, format_func=short_model_name, key=f"frontier-model-{name}")
         task = st.selectbox("Task", choices(runs, "task", model=model), key=f"frontier-task-{name}")
         lengths = choices(runs, "context_length", model=model, task=task)
+        ranked = most_runs(runs, "context_length", model=model, task=task)
+        preferred = ranked[min(len(ranked) - 1, 1 if name == "B" else 0)] if ranked else None
         length = st.selectbox("Context length (tokens)", lengths, key=f"frontier-length-{name}",
-                              index=min(len(lengths) - 1, 1 if name == "B" else 0) if lengths else None)
+                              index=lengths.index(preferred) if lengths else None)
         points = frontier_points(store.accuracy_frontier(RunFilter(
             models=(model,), tasks=(task,), context_lengths=() if length is None else (int(length),))), axis, metric)
         st.plotly_chart(frontier_figure(points, FRONTIER_AXES[axis], bytes_axis=axis != "keep"),

@@ -6,10 +6,9 @@ import streamlit as st
 
 from kvlab.store import RunFilter
 from kvlab.ui.downloads import MIME_TYPES, export_bytes
-from kvlab.ui.session import page_setup, run_store
+from kvlab.ui.session import run_store
 from kvlab.ui.tables import choices, compare_runs, runs_table, short_model_name
 
-page_setup()
 st.title("Runs")
 store = run_store()
 if store is None:

@@ -1,0 +1,231 @@
+"""Every dashboard page, driven headless through Streamlit's AppTest with the shipped model on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from kvlab.engine import Generation
+from kvlab.models import default_model
+from kvlab.store import open_store
+from test_ui_tables import add_run
+
+PAGES = {
+    "pages/live_run.py": "Live run",
+    "pages/needle_grid.py": "Needle grid",
+    "pages/accuracy_frontier.py": "Frontier",
+    "pages/cost_calculator.py": "Cost calculator",
+    "pages/stored_runs.py": "Runs",
+}
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    path = tmp_path / "runs.duckdb"
+    monkeypatch.setenv("KVLAB_DB", str(path))
+    yield path
+    open_store(path).close()
+
+
+@pytest.fixture
+def seeded(db):
+    store = open_store(db)
+    add_run(store, "full", None, {0.0: [True], 0.5: [True], 1.0: [True]}, context=4096, kv_bytes=8000)
+    for keep, ok in ((0.1, [True, False]), (0.3, [True, True])):
+        add_run(store, "h2o", keep, {0.0: ok, 1.0: ok}, context=4096, kv_bytes=int(8000 * keep))
+        add_run(store, "streaming", keep, {0.0: [False], 1.0: ok}, context=4096, kv_bytes=int(8000 * keep))
+    add_run(store, "h2o", 0.1, {0.5: [True]}, context=1024, kv_bytes=200)
+    return db
+
+
+def open_page(page: str) -> AppTest:
+    app = AppTest.from_file("../app.py", default_timeout=120)
+    app.run()
+    app.switch_page(page)
+    app.run()
+    assert not app.exception, app.exception
+    assert app.title[0].value == PAGES[page]
+    return app
+
+
+def widget(elements, label: str):
+    """The widget of a kind (``app.number_input``, ``app.button``…) with this label."""
+    return next(element for element in elements if element.label == label)
+
+
+def charts(app: AppTest) -> dict[str, dict]:
+    """Plotly figures on the page by title."""
+    figures = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
+    return {figure["layout"].get("title", {}).get("text", ""): figure for figure in figures}
+
+
+def click(app: AppTest, label: str) -> AppTest:
+    widget(app.button, label).click()
+    app.run()
+    assert not app.exception, app.exception
+    return app
+
+
+def test_every_page_renders_on_an_empty_database(db):
+    app = AppTest.from_file("../app.py", default_timeout=120)
+    app.run()
+    assert not app.exception
+    assert "Running on **cpu**" in app.sidebar.caption[0].value
+    assert app.sidebar.text_input[0].value == default_model()
+    for page, title in PAGES.items():
+        app.switch_page(page)
+        app.run()
+        assert not app.exception, (page, app.exception)
+        assert app.title[0].value == title
+    app.switch_page("pages/accuracy_frontier.py")
+    assert "no runs with trials yet" in app.run().info[0].value
+    app.switch_page("pages/stored_runs.py")
+    assert "No runs are stored" in app.run().info[0].value
+    app.switch_page("pages/needle_grid.py")
+    assert "No stored needle trials" in app.run().info[0].value
+
+
+def test_a_short_live_run_completes_and_is_stored(db):
+    app = open_page("pages/live_run.py")
+    assert charts(app)["KV cache bytes"]["layout"]["annotations"][0]["text"] == "Press Run to start."
+    widget(app.number_input, "Context length (tokens)").set_value(256)
+    widget(app.number_input, "Chunk (tokens per forward pass)").set_value(64)
+    widget(app.number_input, "Tokens to generate (at most)").set_value(6)
+    click(app, "Run")
+    assert "stored as run 1" in app.main.caption[-1].value
+    labels = {metric.label: metric.value for metric in app.metric}
+    assert labels["Prompt tokens"] == "256" and labels["KV held (measured)"].endswith("MiB")
+    titles = set(charts(app))
+    assert {"KV cache bytes", "Cache map: surviving positions per layer", "Entropy per layer over the run",
+            "Attention weight per key over the run (mean over layers)"} <= titles
+    runs = open_store(db).list_runs()
+    assert len(runs) == 1 and runs.loc[0, "trials"] == 1 and runs.loc[0, "context_length"] == 256
+
+    widget(app.selectbox, "3D view").set_value(2)
+    app.run()
+    assert not app.exception
+    assert "Attention weight per key over the run (layer 2)" in charts(app)
+    assert "stored as run 1" in app.main.caption[-1].value
+    assert open_store(db).list_runs().loc[0, "trials"] == 1  # redrawn, not run again
+
+
+def test_pasted_and_uploaded_text(db):
+    app = open_page("pages/live_run.py")
+    widget(app.radio, "Task").set_value("Your text")
+    app.run()
+    app.file_uploader[0].set_value(("weights.txt", b"\x00\x01binary", "text/plain"))
+    app.run()
+    assert "is binary, not text" in app.error[0].value
+    assert widget(app.button, "Run").disabled
+    app.file_uploader[0].set_value(None)
+    widget(app.text_area, "…or paste a text").set_value("The locker code of Ada is 4471. " * 8)
+    widget(app.text_input, "Question").set_value("What is the locker code of Ada?")
+    widget(app.text_input, "Expected answer").set_value("4471")
+    widget(app.number_input, "Tokens to generate (at most)").set_value(4)
+    app.run()
+    click(app, "Run")
+    assert "stored as run 1" in app.main.caption[-1].value
+    runs = open_store(db).list_runs()
+    assert list(runs["task"]) == ["text"]
+
+
+def test_out_of_memory_is_a_sentence_and_the_next_run_works(db, monkeypatch):
+    app = open_page("pages/live_run.py")
+    widget(app.number_input, "Context length (tokens)").set_value(128)
+    widget(app.number_input, "Tokens to generate (at most)").set_value(2)
+    app.run()
+    real_forward = Generation._forward
+
+    def exhausted(self, ids):
+        raise torch.OutOfMemoryError("CUDA out of memory.")
+
+    monkeypatch.setattr(Generation, "_forward", exhausted)
+    click(app, "Run")
+    assert "The GPU ran out of memory" in app.error[0].value
+    monkeypatch.setattr(Generation, "_forward", real_forward)
+    click(app, "Run")
+    assert "stored as run 1" in app.main.caption[-1].value
+    assert not any("memory" in error.value for error in app.error)
+
+
+def test_an_unknown_model_is_a_sentence_and_the_app_keeps_working(db):
+    app = open_page("pages/live_run.py")
+    app.sidebar.text_input[0].set_value("/no/such/model")
+    app.run()
+    assert not app.exception
+    assert "No model directory at '/no/such/model'" in app.sidebar.error[0].value
+    assert widget(app.button, "Run").disabled
+    app.switch_page("pages/cost_calculator.py")
+    app.run()
+    assert not app.exception and app.metric
+    app.sidebar.text_input[0].set_value(default_model())
+    app.run()
+    assert not app.sidebar.error
+
+
+def test_the_needle_grid_runs_shows_stored_cells_and_resumes(db):
+    app = open_page("pages/needle_grid.py")
+    widget(app.multiselect, "Policies").set_value(["full", "h2o"])
+    widget(app.multiselect, "Context lengths (tokens)").set_value([256])
+    widget(app.slider, "Depths from 0 to 1").set_value(2)
+    app.run()
+    click(app, "Run grid")
+    assert app.success[0].value == "Ran 4 trials; 0 were already stored."
+    heatmaps = [chart for chart in app.get("plotly_chart")]
+    assert len(heatmaps) == 1
+    panels = [trace["type"] for trace in json.loads(heatmaps[0].proto.spec)["data"]]
+    assert panels == ["heatmap", "heatmap"]
+    click(app, "Run grid")
+    assert app.success[0].value == "Ran 0 trials; 4 were already stored."
+    click(app, "Stop")
+    assert "Stopped" in app.info[0].value
+
+
+def test_the_frontier_from_stored_runs(seeded):
+    app = open_page("pages/accuracy_frontier.py")
+    figures = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
+    assert len(figures) == 2
+    names = {trace["name"] for trace in figures[0]["data"]}
+    assert {"full cache", "h2o · prefill", "streaming · prefill", "Pareto front"} <= names
+    assert figures[0]["layout"]["xaxis"]["title"]["text"] == "kept fraction of the context"
+    widget(app.radio, "Memory axis").set_value("kv_bytes")
+    app.run()
+    figures = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
+    assert figures[0]["layout"]["xaxis"]["type"] == "log"
+    assert "measured" in figures[0]["layout"]["xaxis"]["title"]["text"]
+    assert len(app.dataframe) == 3  # the two selections' points and the claim table
+
+
+def test_the_cost_calculator(seeded):
+    app = open_page("pages/cost_calculator.py")
+    fits = widget(app.metric, "Sequences that fit")
+    assert fits.value == "228"
+    gpu = [box for box in app.selectbox if box.label == "Preset"][1]  # the first preset is the model's
+    gpu.set_value("A100 40GB SXM")
+    app.run()
+    assert widget(app.metric, "Sequences that fit").value != "228"
+    widget(app.radio, "From").set_value("pasted config.json")
+    app.run()
+    widget(app.text_area, "config.json").set_value("{not json")
+    app.run()
+    assert "not valid JSON" in app.error[0].value
+    widget(app.radio, "From").set_value("loaded model")
+    app.run()
+    assert any("kvlab-tiny-llama" in caption.value for caption in app.caption)
+    widget(app.radio, "Kept fraction").set_value("from a stored run")
+    app.run()
+    assert widget(app.selectbox, "Stored run").options
+
+
+def test_the_runs_page_filters_compares_and_offers_downloads(seeded):
+    app = open_page("pages/stored_runs.py")
+    assert "6 of 6 runs" in app.main.caption[0].value
+    widget(app.multiselect, "Policy").set_value(["h2o"])
+    app.run()
+    assert "3 of 6 runs" in app.main.caption[0].value
+    assert widget(app.multiselect, "Runs to compare").value == [4, 6]
+    assert {button.label for button in app.get("download_button")} == {
+        "Runs (CSV)", "Runs (Parquet)", "Trials (CSV)", "Trials (Parquet)"}
