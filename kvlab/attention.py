@@ -42,6 +42,10 @@ class StatsRequest:
     n_bins: int = 64
     span: int = 1
 
+    def bin_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """The bin of each original position (the dashboard draws bins with this same formula)."""
+        return (positions.long() * self.n_bins // max(self.span, 1)).clamp_(0, self.n_bins - 1)
+
 
 @dataclass
 class StatsAccumulator:
@@ -65,7 +69,7 @@ class StatsAccumulator:
         entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1).sum(-1)
         positions = key_positions.unsqueeze(2).unsqueeze(3)
         sink = (probs * (positions < self.request.n_sink)).sum(-1).sum(-1)
-        bins = (key_positions.long() * self.request.n_bins // max(self.request.span, 1)).clamp_(0, self.request.n_bins - 1)
+        bins = self.request.bin_of(key_positions)
         per_key = probs.sum(dim=(2, 3))
         pooled = torch.zeros(batch, kv_heads, self.request.n_bins, device=probs.device, dtype=torch.float32)
         pooled.scatter_add_(2, bins.expand(batch, kv_heads, n_keys), per_key.float())

@@ -18,6 +18,7 @@ builds masks from those positions.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -181,7 +182,7 @@ def prefill_once(loaded: LoadedModel, input_ids: torch.Tensor, policies: list[Po
     )
     started = time.perf_counter()
     logits = None
-    with torch.inference_mode():
+    with torch.inference_mode(), _out_of_memory_as_error(reader.cache):
         for _, logits in reader._read(reader.input_ids, 0):
             pass
     _synchronize(loaded.device)
@@ -322,8 +323,9 @@ class Generation:
             yield self._event("prefill", first_step + index, stats=stats, logits=logits), logits
 
     def events(self) -> Iterator[Event]:
-        """Run the generation, yielding an event per prefill chunk, compression and decoded token."""
-        with torch.inference_mode():
+        """Run the generation, yielding an event per prefill chunk, compression and decoded token. A GPU that runs
+        out of memory becomes one sentence, and the memory is handed back for the next run."""
+        with torch.inference_mode(), _out_of_memory_as_error(self.cache):
             yield from self._run()
 
     def _run(self) -> Iterator[Event]:
@@ -382,16 +384,10 @@ def generate(
     generation = Generation(loaded, spec, input_ids, suffix_ids, prefilled)
     per_sequence: list[list[int]] = [[] for _ in range(generation.batch_size)]
     started = time.perf_counter()
-    try:
-        for event in generation.events():
-            if event.kind == "decode":
-                for sequence, token in zip(per_sequence, event.token_ids or []):
-                    sequence.append(token)
-    except torch.OutOfMemoryError:
-        raise KvlabError(
-            f"The GPU ran out of memory after {generation.cache.seen_tokens} tokens; lower the context, batch or "
-            "budget, or use streaming mode."
-        ) from None
+    for event in generation.events():
+        if event.kind == "decode":
+            for sequence, token in zip(per_sequence, event.token_ids or []):
+                sequence.append(token)
     _synchronize(device)
     finished = time.perf_counter()
     prefill_done = generation.prefill_finished_at or finished
@@ -415,6 +411,20 @@ def generate(
         device=str(device),
         dtype=str(loaded.dtype).replace("torch.", ""),
     )
+
+
+@contextlib.contextmanager
+def _out_of_memory_as_error(cache: BudgetedCache) -> Iterator[None]:
+    """Turn a GPU out-of-memory error into one sentence, after releasing the allocator's cached blocks."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        raise KvlabError(
+            f"The GPU ran out of memory after {cache.seen_tokens} tokens; lower the context, batch or budget, or "
+            "use streaming mode."
+        ) from None
 
 
 def _synchronize(device: torch.device) -> None:

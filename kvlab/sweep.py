@@ -41,8 +41,8 @@ class Cell:
 
     @property
     def label(self) -> str:
-        keep = "full" if self.keep is None else f"keep {self.keep:g}"
-        return f"{self.policy.name} {keep} {self.mode}"
+        keep = "" if self.keep is None else f" keep {self.keep:g}"
+        return f"{self.policy.name}{keep} {self.mode}"
 
 
 @dataclass(frozen=True)

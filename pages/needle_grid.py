@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import numpy as np
 import streamlit as st
 
 from kvlab.errors import KvlabError
-from kvlab.policies import POLICIES, make_policy
-from kvlab.provenance import weights_identity
+from kvlab.policies import POLICIES
 from kvlab.store import RunFilter
-from kvlab.sweep import SweepGrid, SweepRunner
-from kvlab.ui.session import current_model, device_turn, model_name, run_store, user_name
+from kvlab.ui.grid import needle_grid_spec, run_needle_grid
+from kvlab.ui.session import current_model, device_turn, model_name, page_setup, run_store, user_name
 from kvlab.ui.store_figures import needle_heatmaps
 from kvlab.ui.tables import at_budget, needle_grid, short_model_name
 
 CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
+page_setup()
 st.title("Needle grid")
 st.caption("Each cell is the share of needle questions answered (the answer appears in the output) at one context "
            "length and depth. The grid shows what the store already holds for these settings; Run fills in the "
@@ -37,9 +36,9 @@ with contexts_column:
 with actions:
     batch = int(st.number_input("Batch size", min_value=1, max_value=64, value=8,
                                 help="Prompts of one length read together in one forward pass."))
-    run = st.button("Run grid", type="primary", disabled=loaded is None or store is None or not policies or not contexts,
-                    icon=":material/play_arrow:")
-    stop = st.button("Stop", icon=":material/stop:")
+    runnable = loaded is not None and store is not None and bool(policies) and bool(contexts)
+    run = st.button("Run grid", type="primary", disabled=not runnable, icon=":material/play_arrow:")
+    stop = st.button("Stop grid", icon=":material/stop:")
 
 notice = st.empty()
 if stop:
@@ -47,16 +46,13 @@ if stop:
 if run and loaded is not None and store is not None:
     bar = st.progress(0.0, text="Starting…")
     try:
-        grid = SweepGrid(tuple(make_policy(name) for name in policies), keeps=(keep,), contexts=tuple(contexts),
-                         depths=tuple(np.linspace(0.0, 1.0, depths).round(4)), trials=trials, modes=(mode,),
-                         batch_size=batch)
+        grid = needle_grid_spec(policies, keep, mode, contexts, depths, trials, batch)
         with device_turn(f"needle grid of {len(grid.cells()) * len(contexts)} runs", notice) as ticket:
             def report(done: int, total: int, label: str) -> None:
                 ticket.progress = done / max(total, 1)
                 bar.progress(ticket.progress, text=f"{done} of {total} trials · {label}")
 
-            summary = SweepRunner(loaded, store, grid, weights_hash=weights_identity(loaded.name, loaded.model.config),
-                                  started_by=user_name(), progress=report).run()
+            summary = run_needle_grid(loaded, store, grid, report, user_name())
         notice.success(f"Ran {summary.ran} trials; {summary.skipped} were already stored.")
     except KvlabError as error:
         notice.error(str(error))
@@ -72,5 +68,5 @@ elif store is not None:
     else:
         cells = needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(chosen["run_id"]))), chosen)
         st.plotly_chart(needle_heatmaps(cells), key="needle-heatmaps")
-        st.caption(f"{int(chosen['trials'].sum())} stored trials of {len(chosen)} runs on {short_model_name(model_name())}; depths "
-                   "are where the needle really sits, rounded to tenths.")
+        st.caption(f"{int(chosen['trials'].sum())} stored trials of {len(chosen)} runs on "
+                   f"{short_model_name(model_name())}; depths are where the needle really sits, rounded to tenths.")

@@ -34,7 +34,8 @@ WIDTH = 1400
 FIRST_CHART_LIMIT_S = 2.0
 PAGE_SWITCH_LIMIT_S = 1.0
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs chromium at {CHROMIUM} (apt-get install chromium)")
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
+                                reason=f"needs chromium at {CHROMIUM} (apt-get install chromium)")
 
 # Marks, in the page's clock, when the live run's first chart with data (the KV bytes legend) and the run's verdict
 # appear, counted from the last click.
@@ -93,7 +94,7 @@ def server(database) -> Iterator[str]:
                         break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"streamlit did not start: {process.stderr.read().decode()[-2000:]}")
+                    raise RuntimeError(f"streamlit did not start: {process.stderr.read().decode()[-2000:]}") from None
                 time.sleep(0.2)
         yield base
     finally:

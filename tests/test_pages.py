@@ -7,18 +7,18 @@ import json
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
+from test_ui_tables import add_run
 
 from kvlab.engine import Generation
 from kvlab.models import default_model
 from kvlab.store import open_store
-from test_ui_tables import add_run
 
 PAGES = {
-    "pages/live_run.py": "Live run",
+    "pages/live.py": "Live run",
     "pages/needle_grid.py": "Needle grid",
-    "pages/accuracy_frontier.py": "Frontier",
-    "pages/cost_calculator.py": "Cost calculator",
-    "pages/stored_runs.py": "Runs",
+    "pages/frontier.py": "Frontier",
+    "pages/costs.py": "Cost calculator",
+    "pages/runs.py": "Runs",
 }
 
 
@@ -80,16 +80,17 @@ def test_every_page_renders_on_an_empty_database(db):
         app.run()
         assert not app.exception, (page, app.exception)
         assert app.title[0].value == title
-    app.switch_page("pages/accuracy_frontier.py")
+        assert "Running on **cpu**" in app.sidebar.caption[0].value  # drawn by app.py, whichever page ran first
+    app.switch_page("pages/frontier.py")
     assert "no runs with trials yet" in app.run().info[0].value
-    app.switch_page("pages/stored_runs.py")
+    app.switch_page("pages/runs.py")
     assert "No runs are stored" in app.run().info[0].value
     app.switch_page("pages/needle_grid.py")
     assert "No stored needle trials" in app.run().info[0].value
 
 
 def test_a_short_live_run_completes_and_is_stored(db):
-    app = open_page("pages/live_run.py")
+    app = open_page("pages/live.py")
     assert charts(app)["KV cache bytes"]["layout"]["annotations"][0]["text"] == "Press Run to start."
     widget(app.number_input, "Context length (tokens)").set_value(256)
     widget(app.number_input, "Chunk (tokens per forward pass)").set_value(64)
@@ -113,7 +114,7 @@ def test_a_short_live_run_completes_and_is_stored(db):
 
 
 def test_pasted_and_uploaded_text(db):
-    app = open_page("pages/live_run.py")
+    app = open_page("pages/live.py")
     widget(app.radio, "Task").set_value("Your text")
     app.run()
     app.file_uploader[0].set_value(("weights.txt", b"\x00\x01binary", "text/plain"))
@@ -133,7 +134,7 @@ def test_pasted_and_uploaded_text(db):
 
 
 def test_out_of_memory_is_a_sentence_and_the_next_run_works(db, monkeypatch):
-    app = open_page("pages/live_run.py")
+    app = open_page("pages/live.py")
     widget(app.number_input, "Context length (tokens)").set_value(128)
     widget(app.number_input, "Tokens to generate (at most)").set_value(2)
     app.run()
@@ -152,13 +153,13 @@ def test_out_of_memory_is_a_sentence_and_the_next_run_works(db, monkeypatch):
 
 
 def test_an_unknown_model_is_a_sentence_and_the_app_keeps_working(db):
-    app = open_page("pages/live_run.py")
+    app = open_page("pages/live.py")
     app.sidebar.text_input[0].set_value("/no/such/model")
     app.run()
     assert not app.exception
     assert "No model directory at '/no/such/model'" in app.sidebar.error[0].value
     assert widget(app.button, "Run").disabled
-    app.switch_page("pages/cost_calculator.py")
+    app.switch_page("pages/costs.py")
     app.run()
     assert not app.exception and app.metric
     app.sidebar.text_input[0].set_value(default_model())
@@ -180,12 +181,27 @@ def test_the_needle_grid_runs_shows_stored_cells_and_resumes(db):
     assert panels == ["heatmap", "heatmap"]
     click(app, "Run grid")
     assert app.success[0].value == "Ran 0 trials; 4 were already stored."
-    click(app, "Stop")
+    click(app, "Stop grid")
     assert "Stopped" in app.info[0].value
 
 
+def test_out_of_memory_in_a_needle_grid_is_a_sentence(db, monkeypatch):
+    app = open_page("pages/needle_grid.py")
+    widget(app.multiselect, "Policies").set_value(["h2o"])
+    widget(app.multiselect, "Context lengths (tokens)").set_value([256])
+    app.run()
+
+    def exhausted(self, ids):
+        raise torch.OutOfMemoryError("CUDA out of memory.")
+
+    monkeypatch.setattr(Generation, "_forward", exhausted)
+    click(app, "Run grid")
+    assert "ran out of memory" in app.error[0].value and "run it again to resume" in app.error[0].value
+    assert set(open_store(db).list_runs()["status"]) == {"interrupted"}
+
+
 def test_the_frontier_from_stored_runs(seeded):
-    app = open_page("pages/accuracy_frontier.py")
+    app = open_page("pages/frontier.py")
     figures = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
     assert len(figures) == 2
     names = {trace["name"] for trace in figures[0]["data"]}
@@ -200,7 +216,7 @@ def test_the_frontier_from_stored_runs(seeded):
 
 
 def test_the_cost_calculator(seeded):
-    app = open_page("pages/cost_calculator.py")
+    app = open_page("pages/costs.py")
     fits = widget(app.metric, "Sequences that fit")
     assert fits.value == "228"
     gpu = [box for box in app.selectbox if box.label == "Preset"][1]  # the first preset is the model's
@@ -221,7 +237,7 @@ def test_the_cost_calculator(seeded):
 
 
 def test_the_runs_page_filters_compares_and_offers_downloads(seeded):
-    app = open_page("pages/stored_runs.py")
+    app = open_page("pages/runs.py")
     assert "6 of 6 runs" in app.main.caption[0].value
     widget(app.multiselect, "Policy").set_value(["h2o"])
     app.run()

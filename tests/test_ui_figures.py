@@ -105,10 +105,12 @@ def test_point_counts_stay_bounded_on_long_runs():
     trace = LiveTrace(1, long_prompt, 400, bins, 4)
     kept = torch.arange(64).reshape(1, 1, 64)
     for step in range(900):
-        first, end = (step * 128, step * 128 + 128) if step < 500 else (long_prompt + step - 500, long_prompt + step - 499)
+        decoding = step >= 500
+        first = long_prompt + step - 500 if decoding else step * 128
+        end = first + (1 if decoding else 128)
         trace.add(Event(
-            kind="prefill" if step < 500 else "decode", step=step, seen_tokens=end, kept_per_layer=[64],
-            kv_bytes=1, kv_bytes_full=2, token_ids=[1] if step >= 500 else None, positions=[kept],
+            kind="decode" if decoding else "prefill", step=step, seen_tokens=end, kept_per_layer=[64],
+            kv_bytes=1, kv_bytes_full=2, token_ids=[1] if decoding else None, positions=[kept],
             stats={"pooled": torch.full((1, 1, bins), 1 / bins), "entropy": torch.ones(1, 1, 2),
                    "sink_mass": torch.zeros(1, 1, 2)},
         ))
@@ -160,10 +162,14 @@ def test_sink_and_entropy_figures_read_the_latest_pass(trace):
 
 def test_every_figure_has_a_placeholder_before_the_first_pass():
     empty = LiveTrace(LAYERS, PROMPT, 0, BINS, 2)
-    for build in (figures.attention_landscape, figures.sink_figure, figures.entropy_over_time, figures.head_entropy,
-                  figures.cache_map, figures.memory_figure):
+    for build in (figures.sink_figure, figures.entropy_over_time, figures.head_entropy, figures.cache_map,
+                  figures.memory_figure):
         assert build(None).layout.annotations[0].text == figures.IDLE
         assert build(empty).layout.annotations[0].text == figures.WAITING
+    assert figures.attention_landscape(None).layout.annotations[0].text == figures.IDLE
+    empty.add(event("prefill", 0, 0, CHUNK, []))
+    assert figures.sink_figure(empty).data  # one pass is enough for the 2D charts
+    assert figures.attention_landscape(empty).layout.annotations[0].text == figures.WAITING_FOR_ROWS
 
 
 def test_byte_units():

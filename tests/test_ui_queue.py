@@ -52,9 +52,8 @@ def test_a_session_that_stops_while_waiting_gives_its_place_up():
         raise KeyboardInterrupt  # what a stopped Streamlit script raises is not an Exception either
 
     with queue.turn("holder"):
-        with pytest.raises(KeyboardInterrupt):
-            with queue.turn("impatient", on_wait=stop):
-                pass
+        with pytest.raises(KeyboardInterrupt), queue.turn("impatient", on_wait=stop):
+            pass
         assert queue.waiting() == 1
     assert queue.waiting() == 0
     with queue.turn("next"):

@@ -7,6 +7,8 @@ The pages in ``pages/`` hold layout and widgets only. Everything they show is co
   runs, to plotly figures with bounded point counts;
 * :mod:`kvlab.ui.tables`: pure functions from stored runs to the tables the pages show;
 * :mod:`kvlab.ui.inputs`: widget values turned into kvlab objects, with every mistake one sentence;
+* :mod:`kvlab.ui.grid`: the needle grid the page asks for, run into the store;
+* :mod:`kvlab.ui.downloads`: stored runs and trials as CSV or Parquet bytes;
 * :mod:`kvlab.ui.device_queue`: the process-wide queue that lets one session at a time use the device;
 * :mod:`kvlab.ui.session`: the Streamlit side shared by all pages (model picker, store, waiting for the device).
 """

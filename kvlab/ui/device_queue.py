@@ -39,7 +39,8 @@ class Waiting:
 
     def sentence(self) -> str:
         runs = "1 run is" if self.ahead == 1 else f"{self.ahead} runs are"
-        elapsed = "" if self.running.started_at is None else f", running for {time.monotonic() - self.running.started_at:.0f} s"
+        started = self.running.started_at
+        elapsed = "" if started is None else f", running for {time.monotonic() - started:.0f} s"
         return (f"Waiting for the device: {runs} ahead of yours. Now running: {self.running.label} "
                 f"({self.running.progress:.0%} done{elapsed}).")
 

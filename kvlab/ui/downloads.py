@@ -1,23 +1,22 @@
 """Stored runs and trials as file contents for the dashboard's download buttons.
 
-The bytes are written by the store's own exporters (:func:`kvlab.store.export_runs`, :func:`~kvlab.store.export_trials`),
-so a download is exactly what ``python -m kvlab export`` writes for the same runs.
+The bytes are written by the store's own exporters (:func:`kvlab.store.export_runs` and
+:func:`~kvlab.store.export_trials`), so a download is exactly what ``python -m kvlab export`` writes for the same runs.
 """
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Literal
 
 from kvlab.store import RunFilter, Store, export_runs, export_trials
 
 MIME_TYPES = {".csv": "text/csv", ".parquet": "application/vnd.apache.parquet"}
 
 
-def export_bytes(store: Store, table: Literal["runs", "trials"], suffix: Literal[".csv", ".parquet"],
-                 filters: RunFilter = RunFilter()) -> bytes:
-    """The ``runs`` or ``trials`` export of the matching runs, in the format the suffix names."""
+def export_bytes(store: Store, table: str, suffix: str, filters: RunFilter = RunFilter()) -> bytes:
+    """The ``runs`` or ``trials`` export of the matching runs, in the format the suffix (``.csv`` or ``.parquet``)
+    names."""
     exporter = export_trials if table == "trials" else export_runs
     with tempfile.TemporaryDirectory() as directory:
         out = Path(directory) / f"{table}{suffix}"

@@ -7,7 +7,9 @@ import dataclasses
 import json
 import typing
 from dataclasses import dataclass
+from typing import Any
 
+from kvlab.arch import arch_from_config
 from kvlab.costs import GpuSpec, ModelSpec
 from kvlab.costs.gpus import GIB
 from kvlab.errors import KvlabError
@@ -31,7 +33,7 @@ class ParamField:
 
     name: str
     kind: type
-    default: object
+    default: Any
     choices: tuple[str, ...] = ()
 
 
@@ -74,9 +76,8 @@ def model_spec_from_json(text: str, params_billions: float, name: str = "pasted 
         raise KvlabError("The pasted config must be a JSON object, like a model's config.json.")
     if params_billions <= 0:
         raise KvlabError("Give the model's parameter count; a config.json does not state it.")
-    spec = ModelSpec(name, config, params_billions * 1e9)
-    spec.arch  # read the architecture now, so a config without layers or heads is refused here
-    return spec
+    arch_from_config(config)  # refuses, in one sentence, a config without layers, heads or hidden size
+    return ModelSpec(name, config, params_billions * 1e9)
 
 
 def model_spec_from_loaded(loaded: LoadedModel) -> ModelSpec:

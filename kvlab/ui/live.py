@@ -17,14 +17,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from kvlab.attention import StatsRequest
 from kvlab.budget import Budget
-from kvlab.engine import Event, Generation, RunSpec
+from kvlab.engine import Event, Generation, Mode, RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel
 from kvlab.policies import make_policy
@@ -162,7 +162,6 @@ class ObservedStep:
     """
 
     kind: str
-    step: int
     first_position: int
     end_position: int
     pooled: np.ndarray
@@ -177,7 +176,6 @@ class MemoryPoint:
     """Bytes after one event: ``kv_bytes`` measured from the K/V tensors held, ``kv_bytes_full`` computed."""
 
     kind: str
-    step: int
     seen_tokens: int
     kv_bytes: int
     kv_bytes_full: int
@@ -223,8 +221,9 @@ class LiveTrace:
         return last is None or last.kind != "decode" or len(self.token_ids) % every == 1
 
     def bin_of(self, positions: np.ndarray) -> np.ndarray:
-        """The bin of each position, as the engine's statistics compute it."""
-        return np.clip(positions.astype(np.int64) * self.n_bins // max(self.span, 1), 0, self.n_bins - 1)
+        """The bin of each position, by the formula the engine's statistics use."""
+        request = StatsRequest(n_bins=self.n_bins, span=self.span)
+        return request.bin_of(torch.as_tensor(positions)).numpy()
 
     def bin_edges(self) -> np.ndarray:
         """The first position of each bin, and ``span`` at the end (``n_bins + 1`` values)."""
@@ -234,15 +233,14 @@ class LiveTrace:
 
     def held_during(self, survivors: list[np.ndarray], new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Distinct positions per layer and bin among ``survivors`` (any KV head) and the ``new`` positions, and
-        how many of the first ``n_sink`` positions each layer holds."""
-        held = np.zeros((self.num_layers, self.n_bins), dtype=np.int32)
-        sinks = np.zeros(self.num_layers, dtype=np.int32)
-        for layer in range(self.num_layers):
-            kept = survivors[layer].ravel() if layer < len(survivors) else np.zeros(0, dtype=np.int64)
-            positions = np.unique(np.concatenate([kept.astype(np.int64), new]))
-            held[layer] = np.bincount(self.bin_of(positions), minlength=self.n_bins)
-            sinks[layer] = int((positions < self.n_sink).sum())
-        return held, sinks
+        how many of the first ``n_sink`` positions each layer holds. Linear in the span, whatever the heads."""
+        held = np.zeros((self.num_layers, self.span), dtype=bool)
+        for layer, positions in enumerate(survivors):
+            held[layer, positions.ravel()] = True
+        held[:, new] = True
+        running = np.concatenate([np.zeros((self.num_layers, 1), dtype=np.int64), held.cumsum(axis=1)], axis=1)
+        edges = self.bin_edges()
+        return running[:, edges[1:]] - running[:, edges[:-1]], running[:, min(self.n_sink, self.span)]
 
     def add(self, event: Event) -> None:
         """Record one event. A pass's statistics belong to the keys held during it: the survivors of the previous
@@ -251,13 +249,12 @@ class LiveTrace:
         if event.stats is not None:
             held, sinks = self.held_during(self.survivors, new)
             self.observed.append(ObservedStep(
-                kind=event.kind, step=event.step, first_position=self.seen_tokens, end_position=event.seen_tokens,
+                kind=event.kind, first_position=self.seen_tokens, end_position=event.seen_tokens,
                 pooled=event.stats["pooled"][:, 0, :].float().numpy(), held=held, sinks_held=sinks,
                 entropy=event.stats["entropy"][:, 0, :].float().numpy(),
                 sink_mass=event.stats["sink_mass"][:, 0, :].float().numpy(),
             ))
-        self.memory.append(MemoryPoint(event.kind, event.step, event.seen_tokens, event.kv_bytes,
-                                       event.kv_bytes_full))
+        self.memory.append(MemoryPoint(event.kind, event.seen_tokens, event.kv_bytes, event.kv_bytes_full))
         self.survivors = [positions[0].numpy() for positions in event.survivors()]
         self.seen_tokens = event.seen_tokens
         if event.kind == "decode" and event.token_ids:
@@ -302,7 +299,7 @@ class LiveRun:
         eos = getattr(loaded.model.generation_config, "eos_token_id", None)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
         stops = stop_token_ids(loaded.tokenizer, eos_ids) if asks else None
-        self.spec = RunSpec(policy, budget, mode=settings.mode, chunk=settings.chunk,  # type: ignore[arg-type]
+        self.spec = RunSpec(policy, budget, mode=cast(Mode, settings.mode), chunk=settings.chunk,  # RunSpec checks it
                             max_new_tokens=settings.max_new_tokens, stop_token_ids=stops,
                             stats=StatsRequest(settings.n_sink, settings.n_bins))
         together = settings.query_aware or not prompt.question_ids
@@ -326,13 +323,6 @@ class LiveRun:
                 event = next(events)
             except StopIteration:
                 return
-            except torch.OutOfMemoryError:
-                events.close()
-                torch.cuda.empty_cache()
-                raise KvlabError(
-                    f"The GPU ran out of memory after {self.generation.cache.seen_tokens} tokens; lower the context "
-                    "or the budget, or use streaming mode."
-                ) from None
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - started

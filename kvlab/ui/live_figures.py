@@ -27,6 +27,10 @@ SINK_COLOUR = "#e45756"
 PILLAR_COLOUR = "#f58518"
 NEEDLE_COLOUR = "#54a24b"
 
+IDLE = "Press Run to start."
+WAITING = "Waiting for the first pass…"
+WAITING_FOR_ROWS = "Waiting for a second pass: a surface needs two rows of queries."
+
 
 def byte_unit(largest: float) -> tuple[float, str]:
     """The divisor and name of the binary unit that shows ``largest`` bytes as a number of sensible size."""
@@ -34,10 +38,6 @@ def byte_unit(largest: float) -> tuple[float, str]:
         if largest >= divisor:
             return float(divisor), name
     return 1.0, "bytes"
-
-
-IDLE = "Press Run to start."
-WAITING = "Waiting for the first pass…"
 
 
 def _placeholder(title: str, message: str) -> go.Figure:
@@ -165,7 +165,13 @@ def heavy_hitter_bins(trace: LiveTrace, rows: QueryRows, max_pillars: int = MAX_
     return sorted(strongest)
 
 
+def _count_axis(title: str, count: int) -> dict:
+    """An axis of layers or heads: every one ticked while that stays readable."""
+    return dict(title=title, dtick=1 if count <= 32 else None)
+
+
 def layer_name(layer: int | None) -> str:
+    """How the 3D view's layer choice reads: a layer by number, or the mean over layers (``None``)."""
     return "mean over layers" if layer is None else f"layer {layer}"
 
 
@@ -175,12 +181,12 @@ def attention_landscape(trace: LiveTrace | None, layer: int | None = None, max_r
     The height is the mean attention weight of one held key in each bin of positions, on a logarithmic axis (the
     weights span orders of magnitude: a sink or a heavy hitter receives hundreds of times an average key) that
     starts at ``WEIGHT_FLOOR``; smaller weights are drawn on the floor. Bins the cache did not hold during a row's
-    pass are holes. Marked: the weight of the first ``n_sink`` tokens (measured
-    exactly, not read off their bin), heavy-hitter pillars (:func:`heavy_hitter_bins`) and the needle on the floor.
+    pass are holes. Marked: the weight of the first ``n_sink`` tokens (measured exactly, not read off their bin),
+    heavy-hitter pillars (:func:`heavy_hitter_bins`) and the needle on the floor.
     """
     title = f"Attention weight per key over the run ({layer_name(layer)})"
-    if trace is None or not trace.observed:
-        return _placeholder(title, IDLE if trace is None else WAITING)
+    if trace is None or len(trace.observed) < 2:
+        return _placeholder(title, IDLE if trace is None else WAITING_FOR_ROWS)
     rows = query_rows(trace, layer, max_rows)
     edges = trace.bin_edges()
     centres = (edges[:-1] + edges[1:] - 1) / 2
@@ -199,7 +205,7 @@ def attention_landscape(trace: LiveTrace | None, layer: int | None = None, max_r
         name="attention weight per held key", connectgaps=False,
     ))
     figure.add_trace(go.Scatter3d(
-        x=np.full(len(y), (min(trace.n_sink, trace.span) - 1) / 2), y=y, z=rows.sink,
+        x=np.full(len(y), (min(trace.n_sink, trace.span) - 1) / 2), y=y, z=np.maximum(rows.sink, WEIGHT_FLOOR),
         mode="lines+markers", line=dict(color=SINK_COLOUR, width=6), marker=dict(size=3, color=SINK_COLOUR),
         name=f"sink: first {trace.n_sink} tokens",
     ))
@@ -222,7 +228,7 @@ def attention_landscape(trace: LiveTrace | None, layer: int | None = None, max_r
             xaxis=dict(title="key position (token)", range=[0, trace.span]),
             yaxis=dict(title="query (from token / +decoded)", tickvals=y[::tick_step].tolist(),
                        ticktext=[rows.tick[i] for i in y[::tick_step]]),
-            zaxis=dict(title="weight per key (log)", type="log", range=[low, high], exponentformat="power"),
+            zaxis=dict(title="weight/key", type="log", range=[low, high], exponentformat="power"),
             camera=dict(eye=dict(x=1.45, y=-1.65, z=0.85)),
         ),
     )
@@ -241,7 +247,8 @@ def sink_figure(trace: LiveTrace | None) -> go.Figure:
     figure.add_trace(go.Scatter(x=layers, y=latest.max(axis=1), mode="markers", name="strongest head",
                                 marker=dict(symbol="diamond", size=9, color="#333333")))
     figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
-                         xaxis=dict(title="layer", dtick=1), yaxis=dict(title="attention share", rangemode="tozero"),
+                         xaxis=_count_axis("layer", len(layers)),
+                         yaxis=dict(title="attention share", rangemode="tozero"),
                          legend=dict(orientation="h", y=-0.3, x=0))
     return figure
 
@@ -270,7 +277,7 @@ def entropy_over_time(trace: LiveTrace | None, max_columns: int = MAX_ROWS) -> g
     figure.update_layout(title=title, height=300, margin=dict(t=40, b=40),
                          xaxis=dict(title="pass (from token / +decoded)",
                                     tickvals=list(range(0, len(labels), step)), ticktext=ticks[::step]),
-                         yaxis=dict(title="layer", dtick=1))
+                         yaxis=_count_axis("layer", trace.num_layers))
     return figure
 
 
@@ -283,7 +290,7 @@ def head_entropy(trace: LiveTrace | None) -> go.Figure:
     figure = go.Figure(go.Heatmap(z=latest, colorscale="Cividis", colorbar=dict(title="nats"),
                                   hovertemplate="layer %{y}, head %{x}<br>%{z:.2f} nats<extra></extra>"))
     figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
-                         xaxis=dict(title="query head", dtick=1), yaxis=dict(title="layer", dtick=1))
+                         xaxis=_count_axis("query head", latest.shape[1]), yaxis=_count_axis("layer", latest.shape[0]))
     return figure
 
 
@@ -323,7 +330,7 @@ def cache_map(trace: LiveTrace | None, max_columns: int = MAX_COLUMNS) -> go.Fig
                          annotation_text="needle", annotation_position="top left")
     figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
                          xaxis=dict(title="original position (token)", range=[0, trace.span]),
-                         yaxis=dict(title="layer", dtick=1))
+                         yaxis=_count_axis("layer", trace.num_layers))
     return figure
 
 
@@ -338,10 +345,10 @@ def memory_figure(trace: LiveTrace | None) -> go.Figure:
     figure = go.Figure()
     figure.add_trace(go.Scatter(x=seen, y=[p.kv_bytes_full / divisor for p in trace.memory], mode="lines",
                                 name="full cache (computed)", line=dict(dash="dash", color="#888888")))
+    hover = f"after %{{customdata}}, %{{x}} tokens<br>%{{y:.2f}} {unit}<extra></extra>"
     figure.add_trace(go.Scatter(x=seen, y=[p.kv_bytes / divisor for p in trace.memory], mode="lines+markers",
                                 name="held (measured from tensors)", line=dict(color=HELD_COLOUR),
-                                marker=dict(size=4), customdata=[p.kind for p in trace.memory],
-                                hovertemplate="after %{customdata}, %{x} tokens<br>%{y:.2f} " + unit + "<extra></extra>"))
+                                marker=dict(size=4), customdata=[p.kind for p in trace.memory], hovertemplate=hover))
     figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
                          xaxis=dict(title="tokens read", rangemode="tozero"),
                          yaxis=dict(title=f"KV bytes ({unit})", rangemode="tozero"),

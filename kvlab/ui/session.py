@@ -7,10 +7,13 @@ pages read it with :func:`current_model`. Models are loaded once per server proc
 from __future__ import annotations
 
 import contextlib
+import runpy
 from collections.abc import Iterator
+from pathlib import Path
 
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
+from streamlit.runtime.pages_manager import PagesManager
 
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel, default_model, load_model
@@ -18,8 +21,23 @@ from kvlab.store import Store, default_db_path, open_store
 from kvlab.ui.device_queue import DEVICE_QUEUE, Ticket, Waiting
 from kvlab.ui.live import warm_up
 
+APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
 MODEL_KEY = "kvlab_model_name"
 LOADED_KEY = "kvlab_loaded_model"
+
+
+def page_setup() -> None:
+    """Make sure a page runs inside ``app.py``'s navigation and sidebar; every page calls it first.
+
+    Because the page files live in a directory named ``pages/``, Streamlit starts a server in its legacy multipage
+    mode, which it leaves only once ``app.py`` has declared the pages. When the very first request a server gets
+    opens a page by its URL, Streamlit runs that page file on its own. Then ``app.py`` is run here, in the same
+    script run (so a click that started it is not lost), and it draws the sidebar and runs the page; this run of
+    the page file ends when that is done.
+    """
+    if PagesManager.uses_pages_directory:
+        runpy.run_path(str(APP_SCRIPT), run_name="__main__")
+        st.stop()
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import pandas as pd
-
-FrontierAxis = Literal["keep", "kv_bytes", "peak_kv_bytes"]
-Metric = Literal["accuracy", "exact_accuracy"]
 
 FRONTIER_AXES: dict[str, str] = {
     "keep": "kept fraction of the context",
@@ -91,7 +87,8 @@ def most_runs(runs: pd.DataFrame, column: str, **equal: object) -> list:
     """The same values as :func:`choices`, those with the most runs first (ties: larger values first), so that a
     page can open on the best-measured selection."""
     counts = _matching(runs, equal)[column].dropna().value_counts()
-    return sorted(counts.index.tolist(), key=lambda value: (-counts[value], -value if isinstance(value, (int, float)) else 0))
+    return sorted(counts.index.tolist(),
+                  key=lambda value: (-counts[value], -value if isinstance(value, (int, float)) else 0))
 
 
 def pareto_front(cost: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
@@ -105,10 +102,10 @@ def pareto_front(cost: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
     return front
 
 
-def frontier_points(frontier: pd.DataFrame, axis: FrontierAxis = "keep", metric: Metric = "accuracy") -> pd.DataFrame:
+def frontier_points(frontier: pd.DataFrame, axis: str = "keep", metric: str = "accuracy") -> pd.DataFrame:
     """Points of an accuracy-against-memory chart from ``Store.accuracy_frontier``: one row per (policy, mode,
-    budget) with ``x`` on the chosen axis, ``accuracy`` in percent, ``trials``, the ``line`` it belongs to (policy
-    and mode) and whether it is on the Pareto ``front``.
+    budget) with ``x`` on the chosen axis (a key of :data:`FRONTIER_AXES`), ``accuracy`` (a key of :data:`METRICS`)
+    in percent, ``trials``, the ``line`` it belongs to (policy and mode) and whether it is on the Pareto ``front``.
 
     On the kept-fraction axis the full cache sits at 1 and runs with a token budget are left out (their fraction
     differs per context length); on the byte axes every run has a measured value.

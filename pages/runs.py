@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import streamlit as st
 
 from kvlab.store import RunFilter
 from kvlab.ui.downloads import MIME_TYPES, export_bytes
-from kvlab.ui.session import run_store
+from kvlab.ui.session import page_setup, run_store
 from kvlab.ui.tables import choices, compare_runs, runs_table, short_model_name
 
+page_setup()
 st.title("Runs")
 store = run_store()
 if store is None:
@@ -47,7 +50,8 @@ buttons = st.columns(4)
 for column, (table, suffix) in zip(buttons, [("runs", ".csv"), ("runs", ".parquet"), ("trials", ".csv"),
                                              ("trials", ".parquet")]):
     column.download_button(
-        f"{table.capitalize()} ({'CSV' if suffix == '.csv' else 'Parquet'})", data=lambda t=table, s=suffix: export_bytes(store, t, s, scope),
+        f"{table.capitalize()} ({'CSV' if suffix == '.csv' else 'Parquet'})",
+        data=partial(export_bytes, store, table, suffix, scope),
         file_name=f"kvlab-{table}{suffix}", mime=MIME_TYPES[suffix], on_click="ignore", icon=":material/download:",
         key=f"download-{table}{suffix}",
     )

@@ -1,4 +1,4 @@
-"""Cost calculator: the KV cache of a model in bytes, sequences per GPU, decode speed and dollars, full against evicted."""
+"""Cost calculator: a model's KV cache in bytes, sequences per GPU, decode speed and dollars, full against evicted."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from kvlab.costs import FORMULAS, GPU_PRESETS, MODEL_PRESETS, Scenario, compare,
 from kvlab.costs.gpus import GIB
 from kvlab.errors import KvlabError
 from kvlab.ui.inputs import KV_PRECISIONS, WEIGHT_PRECISIONS, gpu_spec, model_spec_from_json, model_spec_from_loaded
-from kvlab.ui.session import current_model, run_store
+from kvlab.ui.session import current_model, page_setup, run_store
 from kvlab.ui.store_figures import cost_bars
 from kvlab.ui.tables import formatted_costs, stored_keep_fractions
 
+page_setup()
 st.title("Cost calculator")
 st.caption("Everything on this page is computed from the model's architecture and the GPU's datasheet figures with "
            "the formulas listed below (kvlab.costs); nothing is measured. Memory and decode time are taken at the "

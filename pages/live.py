@@ -10,12 +10,22 @@ from kvlab.policies import POLICIES
 from kvlab.tasks.facts import TEMPLATES
 from kvlab.ui import live_figures as figures
 from kvlab.ui.inputs import policy_fields, policy_summary, read_upload
-from kvlab.ui.live import LiveResult, LiveRun, LiveSettings, LiveTrace, NeedleTask, TextTask, build_prompt, store_live_run
-from kvlab.ui.session import current_model, device_turn, run_store, user_name
+from kvlab.ui.live import (
+    LiveResult,
+    LiveRun,
+    LiveSettings,
+    LiveTrace,
+    NeedleTask,
+    TextTask,
+    build_prompt,
+    store_live_run,
+)
+from kvlab.ui.session import current_model, device_turn, page_setup, run_store, user_name
 
 RESULT_KEY = "live_result"
 REDRAW_EVERY_DECODED = 4
 
+page_setup()
 st.title("Live run")
 st.caption("The model reads the prompt chunk by chunk under the chosen policy and budget, then answers. Every chart "
            "is redrawn after each prefill chunk and every few generated tokens. Changing a setting while a run is "
@@ -106,7 +116,7 @@ def draw(trace: LiveTrace | None, tag: str) -> None:
     memory_slot.plotly_chart(figures.memory_figure(trace), key=f"memory-{tag}")
     sink_slot.plotly_chart(figures.sink_figure(trace), key=f"sinks-{tag}")
     heads_slot.plotly_chart(figures.head_entropy(trace), key=f"heads-{tag}")
-    if tag != "0": landscape_slot.plotly_chart(figures.attention_landscape(trace, layer), key=f"landscape-{tag}")
+    landscape_slot.plotly_chart(figures.attention_landscape(trace, layer), key=f"landscape-{tag}")
     cache_slot.plotly_chart(figures.cache_map(trace), key=f"cache-{tag}")
     entropy_slot.plotly_chart(figures.entropy_over_time(trace), key=f"entropy-{tag}")
 

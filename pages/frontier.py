@@ -6,18 +6,19 @@ import streamlit as st
 
 from kvlab.claims import CLAIM_CONTEXT, side_by_side
 from kvlab.store import RunFilter
-from kvlab.ui.session import run_store
+from kvlab.ui.session import page_setup, run_store
 from kvlab.ui.store_figures import frontier_figure
 from kvlab.ui.tables import FRONTIER_AXES, METRICS, choices, frontier_points, most_runs, short_model_name
 
+page_setup()
 st.title("Frontier")
 st.caption("Accuracy against memory for every policy and mode in the store. Circled points are on the Pareto front: "
            "no other point is at least as accurate with less memory. KV bytes are measured from the cache tensors "
            "of each trial (per sequence) and averaged.")
 store = run_store()
-runs = store.list_runs() if store is not None else None
-if runs is None:
+if store is None:
     st.stop()
+runs = store.list_runs()
 if runs.empty or not runs["trials"].any():
     st.info("The store has no runs with trials yet. Run a live run or a needle grid, or point KVLAB_DB at a "
             "database that has some.")
@@ -43,24 +44,27 @@ for column, name in zip(st.columns(2), ("A", "B")):
             models=(model,), tasks=(task,), context_lengths=() if length is None else (int(length),))), axis, metric)
         st.plotly_chart(frontier_figure(points, FRONTIER_AXES[axis], bytes_axis=axis != "keep"),
                         key=f"frontier-{name}")
-        st.dataframe(points[["label", "x", "accuracy", "trials", "front"]], hide_index=True,
-                     key=f"frontier-table-{name}",
-                     column_config={"accuracy": st.column_config.NumberColumn("accuracy %", format="%.0f"),
-                                    "x": st.column_config.NumberColumn(FRONTIER_AXES[axis], format="%.4g"),
-                                    "front": st.column_config.CheckboxColumn("Pareto")})
+        st.dataframe(points[["label", "x", "accuracy", "trials"]], hide_index=True, key=f"frontier-table-{name}",
+                     column_config={"label": st.column_config.TextColumn("run", width="medium"),
+                                    "x": st.column_config.NumberColumn(
+                                        FRONTIER_AXES[axis] + ("" if axis == "keep" else " (bytes)"), format="%.4g"),
+                                    "accuracy": st.column_config.NumberColumn("accuracy %", format="%.0f")})
         selections[name] = model
 
 st.subheader("The published needle claim, next to kvlab's measurement")
 st.caption("An article claims that on a 4,096-token needle test H2O keeps 100 % accuracy up to 90 % pruning while "
            "StreamingLLM falls to 14 % and random eviction to 5 %. Its rows are shown only beside kvlab's own "
-           f"measurement of the same grid on {short_model_name(selections['A'])} (selection A's model), with the fewest "
+           f"measurement of the same grid on {short_model_name(selections['A'])} (selection A's model), with the "
+           "fewest "
            "trials behind any cell of each row.")
 lengths = choices(runs, "context_length", model=selections["A"], task="needle")
 if not lengths:
     st.info("Selection A's model has no stored needle runs.")
 else:
+    preferred = CLAIM_CONTEXT if CLAIM_CONTEXT in lengths else most_runs(
+        runs, "context_length", model=selections["A"], task="needle")[0]
     length = st.selectbox("Context length of kvlab's rows", lengths, key="claim-length",
-                          index=lengths.index(CLAIM_CONTEXT) if CLAIM_CONTEXT in lengths else len(lengths) - 1)
+                          index=lengths.index(preferred))
     table = side_by_side(store.trials_frame(RunFilter(models=(selections["A"],), tasks=("needle",))), int(length))
     st.dataframe(table, key="claim-table",
                  column_config={c: st.column_config.NumberColumn(c, format="%.0f %%") for c in table.columns
