@@ -14,7 +14,7 @@ ENV PYTHONUNBUFFERED=1 \
     KVLAB_ALLOWED_MODELS="" \
     HF_HUB_OFFLINE=0 \
     STREAMLIT_SERVER_ADDRESS=0.0.0.0 \
-    STREAMLIT_CLIENT_SHOW_ERROR_DETAILS=false
+    STREAMLIT_CLIENT_SHOW_ERROR_DETAILS=none
 
 RUN groupadd --system --gid 10001 kvlab \
     && useradd --system --uid 10001 --gid kvlab --create-home --home-dir /home/kvlab kvlab \

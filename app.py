@@ -1,12 +1,16 @@
-"""kvlab dashboard: declares the pages and draws the model picker they share. Layout only; the work is in ``kvlab``."""
+"""kvlab dashboard: asks for a login when the server has one, declares the pages and draws the sidebar they share.
+Layout only; the work is in ``kvlab``."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.ui.session import model_sidebar
+from kvlab.ui.session import access_sidebar, logged_in, login_page, model_sidebar
 
 st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
+if not logged_in():
+    st.navigation([st.Page(login_page, title="Log in", icon=":material/login:")]).run()
+    st.stop()
 page = st.navigation([
     st.Page("pages/live.py", title="Live run", icon=":material/play_circle:"),
     st.Page("pages/needle_grid.py", title="Needle grid", icon=":material/grid_on:"),
@@ -15,4 +19,5 @@ page = st.navigation([
     st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:"),
 ])
 model_sidebar()
+access_sidebar()
 page.run()

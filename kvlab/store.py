@@ -40,6 +40,8 @@ from kvlab.provenance import Provenance, collect_provenance
 DB_ENV_VAR = "KVLAB_DB"
 
 EndStatus = Literal["finished", "interrupted"]
+#: Where a dashboard sweep stands: waiting for the device, running, or ended (``interrupted``: its process died).
+SweepStatus = Literal["queued", "running", "finished", "stopped", "failed", "interrupted"]
 Cursor = duckdb.DuckDBPyConnection
 T = TypeVar("T")
 
@@ -119,6 +121,20 @@ class RunFilter:
     modes: tuple[str, ...] = ()
     tasks: tuple[str, ...] = ()
     context_lengths: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """A stored sweep: its grid (``spec``, the JSON object it was started with), where it stands, why it failed
+    (``message``), who started it first, and when it was created and last changed (UTC)."""
+
+    sweep_id: int
+    spec: dict[str, Any]
+    status: SweepStatus
+    message: str | None
+    started_by: str | None
+    created_at: datetime
+    updated_at: datetime
 
 
 _FILTER_COLUMNS: dict[str, str] = {
@@ -279,8 +295,31 @@ def _v3_exact_match(cursor: Cursor) -> None:
     cursor.execute("ALTER TABLE trials ADD COLUMN exact BOOLEAN")
 
 
+def _v4_sweeps(cursor: Cursor) -> None:
+    """Sweeps started from the dashboard run in the server, not in a browser tab, and must outlive the server
+    process: each is kept with its grid as JSON (``spec``), unique by the hash of that JSON (``sweep_key``, so
+    starting the same grid again resumes the same sweep), its status and who started it. A sweep left queued or
+    running by a process that died reads as interrupted, as runs do."""
+    cursor.execute(
+        """
+        CREATE SEQUENCE sweep_id_seq START 1;
+        CREATE TABLE sweeps (
+            sweep_id BIGINT PRIMARY KEY DEFAULT nextval('sweep_id_seq'),
+            sweep_key VARCHAR NOT NULL UNIQUE,
+            spec VARCHAR NOT NULL,
+            status VARCHAR NOT NULL
+                CHECK (status IN ('queued', 'running', 'finished', 'stopped', 'failed', 'interrupted')),
+            message VARCHAR,
+            started_by VARCHAR,
+            created_at TIMESTAMP NOT NULL,
+            updated_at TIMESTAMP NOT NULL
+        );
+        """
+    )
+
+
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
-MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (_v1_initial, _v2_resumable_sweeps, _v3_exact_match)
+MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (_v1_initial, _v2_resumable_sweeps, _v3_exact_match, _v4_sweeps)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -363,8 +402,8 @@ def _connect(path: Path) -> duckdb.DuckDBPyConnection:
     """Open ``path`` for writing and bring its schema up to date.
 
     An existing file is first inspected read-only, so a file that will be refused is never opened for writing.
-    Runs still marked running are marked interrupted: DuckDB's file lock means no other process can be writing
-    them, and this process has only just opened the file.
+    Runs still marked running, and sweeps still queued or running, are marked interrupted: DuckDB's file lock means
+    no other process can be writing them, and this process has only just opened the file.
     """
     if path.exists():
         with contextlib.closing(_duckdb_connect(path, read_only=True)) as inspection:
@@ -375,6 +414,8 @@ def _connect(path: Path) -> duckdb.DuckDBPyConnection:
     try:
         _migrate(connection, _usable_version(path, connection))
         connection.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running'")
+        connection.execute("UPDATE sweeps SET status = 'interrupted', updated_at = ? "
+                           "WHERE status IN ('queued', 'running')", [_utcnow()])
     except BaseException:
         connection.close()
         raise
@@ -522,6 +563,48 @@ class Store:
         with self._cursor() as cursor:
             rows = cursor.execute("SELECT trial_key FROM trials WHERE run_id = ?", [run_id]).fetchall()
         return {key for (key,) in rows}
+
+    def begin_sweep(self, spec: Mapping[str, Any], *, started_by: str | None = None) -> int:
+        """Record a sweep of ``spec`` as queued, or queue the stored sweep with the same spec again (resuming it);
+        returns its sweep_id. A resumed sweep keeps who started it first."""
+        text = _to_json(spec)
+        key = hashlib.sha256(text.encode()).hexdigest()
+        now = _utcnow()
+
+        def find_or_insert(cursor: Cursor) -> int:
+            found = cursor.execute("SELECT sweep_id FROM sweeps WHERE sweep_key = ?", [key]).fetchone()
+            if found is not None:
+                cursor.execute("UPDATE sweeps SET status = 'queued', message = NULL, updated_at = ? WHERE sweep_id = ?",
+                               [now, found[0]])
+                return int(found[0])
+            row = {"sweep_key": key, "spec": text, "status": "queued", "started_by": started_by, "created_at": now,
+                   "updated_at": now}
+            return int(_scalar(cursor, _insert_sql("sweeps", row) + " RETURNING sweep_id", list(row.values())))
+
+        return self._write(find_or_insert)
+
+    def set_sweep_status(self, sweep_id: int, status: SweepStatus, message: str | None = None) -> None:
+        """Record where a sweep stands, with the sentence that says why when it failed."""
+        if status not in get_args(SweepStatus):
+            raise ValueError(f"unknown sweep status {status!r}")
+
+        def update(cursor: Cursor) -> None:
+            if cursor.execute("SELECT 1 FROM sweeps WHERE sweep_id = ?", [sweep_id]).fetchone() is None:
+                raise KvlabError(f"There is no sweep {sweep_id} in {self.path}.")
+            cursor.execute("UPDATE sweeps SET status = ?, message = ?, updated_at = ? WHERE sweep_id = ?",
+                           [status, message, _utcnow(), sweep_id])
+
+        self._write(update)
+
+    def sweeps(self) -> list[SweepRecord]:
+        """Every stored sweep, the most recently changed first."""
+        with self._cursor() as cursor:
+            rows = cursor.execute(
+                "SELECT sweep_id, spec, status, message, started_by, created_at, updated_at FROM sweeps "
+                "ORDER BY updated_at DESC, sweep_id DESC"
+            ).fetchall()
+        return [SweepRecord(int(sweep_id), json.loads(spec), status, message, started_by, created_at, updated_at)
+                for sweep_id, spec, status, message, started_by, created_at, updated_at in rows]
 
     def list_runs(self, filters: RunFilter = RunFilter()) -> pd.DataFrame:
         """Runs matching ``filters``, oldest first, with their number of trials and accuracy (NaN without trials)."""

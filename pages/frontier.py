@@ -66,6 +66,6 @@ else:
     length = st.selectbox("Context length of kvlab's rows", lengths, key="claim-length",
                           index=lengths.index(preferred))
     table = side_by_side(store.trials_frame(RunFilter(models=(selections["A"],), tasks=("needle",))), int(length))
-    st.dataframe(table, key="claim-table",
-                 column_config={c: st.column_config.NumberColumn(c, format="%.0f %%") for c in table.columns
-                                if c.endswith("pruned")})
+    pruned = [c for c in table.columns if c.endswith("pruned")]
+    st.dataframe(table.style.format("{:.0f} %", subset=pruned, na_rep="—")
+                 .format("{:.0f}", subset=["trials per cell"], na_rep="—"), key="claim-table")

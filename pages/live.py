@@ -20,7 +20,8 @@ from kvlab.ui.live import (
     build_prompt,
     store_live_run,
 )
-from kvlab.ui.session import current_model, device_turn, page_setup, run_store, user_name
+from kvlab.ui.device_queue import DEVICE_QUEUE
+from kvlab.ui.session import current_model, current_user, page_setup, run_store, waiting_notice
 
 RESULT_KEY = "live_result"
 REDRAW_EVERY_DECODED = 4
@@ -127,16 +128,16 @@ if run and loaded is not None and task is not None:
         prompt = build_prompt(loaded, task)
         settings = LiveSettings(policy, params, budget if evicts else None, mode, chunk, max_new, query_aware)
         live = LiveRun(loaded, prompt, settings)
-        with device_turn(f"live run of {policy} on {prompt.context_tokens:,} tokens", notice) as ticket:
-            for index, event in enumerate(live.events()):
-                ticket.progress = event.seen_tokens / live.trace.span
+        with live.on_device(DEVICE_QUEUE, waiting_notice(notice)) as events:
+            notice.empty()
+            for index, event in enumerate(events):
                 if live.trace.redraw_due(REDRAW_EVERY_DECODED):
                     status.caption(live.trace.status())
                     output.code(loaded.tokenizer.decode(live.trace.token_ids) or "…", language=None)
                     draw(live.trace, str(index))
         outcome = live.outcome()
         store = run_store()
-        run_id = None if store is None else store_live_run(store, loaded, prompt, settings, outcome, user_name())
+        run_id = None if store is None else store_live_run(store, loaded, prompt, settings, outcome, current_user())
         st.session_state[RESULT_KEY] = LiveResult(live.trace, outcome, prompt, run_id)
     except KvlabError as error:
         notice.error(str(error))

@@ -1,4 +1,5 @@
-"""Needle grid: the needle-in-a-haystack heatmap (context length x depth) for several policies at one budget."""
+"""Needle grid: the needle-in-a-haystack heatmap (context length x depth) for several policies at one budget, and the
+sweeps that fill it, which run on the server rather than in the tab that started them."""
 
 from __future__ import annotations
 
@@ -6,19 +7,23 @@ import streamlit as st
 
 from kvlab.errors import KvlabError
 from kvlab.policies import POLICIES
-from kvlab.store import RunFilter
-from kvlab.ui.grid import needle_grid_spec, run_needle_grid
-from kvlab.ui.session import current_model, device_turn, model_name, page_setup, run_store, user_name
+from kvlab.store import RunFilter, Store, SweepRecord
+from kvlab.ui.grid import NeedleGridRequest
+from kvlab.ui.session import allowed_model, current_model, current_user, model_name, page_setup, run_store
 from kvlab.ui.store_figures import needle_heatmaps
+from kvlab.ui.sweep_jobs import SWEEP_JOBS, SweepView, sweep_views
 from kvlab.ui.tables import at_budget, needle_grid, short_model_name
 
 CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+REFRESH_S = 1.0
+NOTICES = {"info": st.info, "success": st.success, "warning": st.warning, "error": st.error}
 
 page_setup()
 st.title("Needle grid")
 st.caption("Each cell is the share of needle questions answered (the answer appears in the output) at one context "
-           "length and depth. The grid shows what the store already holds for these settings; Run fills in the "
-           "trials that are missing, and a stopped grid resumes where it stopped.")
+           "length and depth. The grid shows what the store already holds for these settings; Run grid starts a "
+           "sweep on the server that fills in the missing trials. It goes on when this tab is closed, every session "
+           "sees it below, and a sweep that was stopped or cut short by a server restart resumes where it stopped.")
 loaded = current_model()
 store = run_store()
 
@@ -38,24 +43,71 @@ with actions:
                                 help="Prompts of one length read together in one forward pass."))
     runnable = loaded is not None and store is not None and bool(policies) and bool(contexts)
     run = st.button("Run grid", type="primary", disabled=not runnable, icon=":material/play_arrow:")
-    stop = st.button("Stop grid", icon=":material/stop:")
 
 notice = st.empty()
-if stop:
-    notice.info("Stopped. Finished trials are stored; press Run grid to resume where it stopped.")
 if run and loaded is not None and store is not None:
-    bar = st.progress(0.0, text="Starting…")
     try:
-        grid = needle_grid_spec(policies, keep, mode, contexts, depths, trials, batch)
-        with device_turn(f"needle grid of {len(grid.cells()) * len(contexts)} runs", notice) as ticket:
-            def report(done: int, total: int, label: str) -> None:
-                ticket.progress = done / max(total, 1)
-                bar.progress(ticket.progress, text=f"{done} of {total} trials · {label}")
-
-            summary = run_needle_grid(loaded, store, grid, report, user_name())
-        notice.success(f"Ran {summary.ran} trials; {summary.skipped} were already stored.")
+        request = NeedleGridRequest(loaded.name, tuple(policies), keep, mode, tuple(contexts), depths, trials, batch)
+        job = SWEEP_JOBS.start(request, loaded, store, current_user())
+        notice.info(f"Sweep {job.sweep_id} runs on the server: it goes on if this tab is closed, and its progress "
+                    "is shown below.", icon=":material/cloud_sync:")
     except KvlabError as error:
         notice.error(str(error))
+
+
+def resume(record: SweepRecord, sweep_store: Store) -> None:
+    """Start a stored sweep again on its own model (if this server still allows it), by whoever resumes it."""
+    request = NeedleGridRequest.from_spec(record.spec)
+    with st.spinner(f"Loading {request.model}…"):
+        SWEEP_JOBS.start(request, allowed_model(request.model), sweep_store, current_user())
+
+
+def draw_sweep(view: SweepView, record: SweepRecord, sweep_store: Store) -> None:
+    """One sweep: what it is, where it stands, and its Stop or Resume button."""
+    with st.container(border=True):
+        text, button = st.columns([6, 1], vertical_alignment="center")
+        text.markdown(view.title)
+        with text:
+            if view.level == "progress":
+                st.progress(view.fraction, text=view.sentence)
+            else:
+                NOTICES[view.level](view.sentence)
+        if view.can_stop:
+            button.button("Stop", key=f"stop-sweep-{view.sweep_id}", icon=":material/stop:",
+                          on_click=SWEEP_JOBS.jobs(sweep_store.path)[view.sweep_id].stop)
+        if view.can_resume and button.button("Resume", key=f"resume-sweep-{view.sweep_id}",
+                                              icon=":material/resume:"):
+            try:
+                resume(record, sweep_store)
+            except KvlabError as error:
+                text.error(str(error))
+            else:
+                st.rerun()
+
+
+def sweeps_panel(sweep_store: Store) -> None:
+    """The server's sweeps, redrawn every second while one waits or runs; the whole page is redrawn (heatmap
+    included) when the last of them ends."""
+    active = any(job.active for job in SWEEP_JOBS.jobs(sweep_store.path).values())
+
+    @st.fragment(run_every=REFRESH_S if active else None)
+    def panel() -> None:
+        records = sweep_store.sweeps()
+        jobs = SWEEP_JOBS.jobs(sweep_store.path)
+        if active and not any(job.active for job in jobs.values()):
+            st.rerun()
+        views = sweep_views(records, jobs)
+        if views:
+            st.subheader("Sweeps")
+        by_id = {record.sweep_id: record for record in records}
+        for view in views:
+            draw_sweep(view, by_id[view.sweep_id], sweep_store)
+
+    panel()
+
+
+if store is not None:
+    sweeps_panel(store)
 
 if not policies or not contexts:
     st.info("Choose at least one policy and one context length.")

@@ -2,40 +2,28 @@
 chromium. It opens every page, runs a live run and a needle grid to completion, downloads a CSV, checks that a bad
 upload is one sentence, measures how soon the first chart of a 2k-token live run appears and how long page switches
 take, and saves a screenshot of every page to ``docs/screenshots/``.
-
-The server runs torch with one thread: the browser and the server share this machine's cores, and two torch threads
-spinning against a browser drawing WebGL slow both down several times over.
 """
 
 from __future__ import annotations
 
 import io
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from browser import REPO, Server, idle, launch, needs_chromium
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
-REPO = Path(__file__).resolve().parents[1]
 SCREENSHOTS = REPO / "docs" / "screenshots"
-CHROMIUM = Path(os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 WIDTH = 1400
 FIRST_CHART_LIMIT_S = 2.0
 PAGE_SWITCH_LIMIT_S = 1.0
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
-                                reason=f"needs chromium at {CHROMIUM} (apt-get install chromium)")
+pytestmark = needs_chromium
 
 # Marks, in the page's clock, when the live run's first chart with data (the KV bytes legend) and the run's verdict
 # appear, counted from the last click.
@@ -51,12 +39,6 @@ OBSERVE = """() => {
     if (m.landscape === undefined && document.querySelector('.gl-container canvas')) m.landscape = now;
   }).observe(document.body, {subtree: true, childList: true, characterData: true});
 }"""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -77,35 +59,14 @@ def database(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(database) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "KVLAB_DB": str(database), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
-         "--server.address", "127.0.0.1"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/_stcore/health", timeout=1) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"streamlit did not start: {process.stderr.read().decode()[-2000:]}") from None
-                time.sleep(0.2)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(10)
+    with Server({"KVLAB_DB": str(database)}) as running:
+        yield running.url
 
 
 @pytest.fixture(scope="module")
 def page(server):
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         tab = browser.new_page(viewport={"width": WIDTH, "height": 1000}, accept_downloads=True)
         tab.set_default_timeout(90_000)
         tab.goto(server)
@@ -113,12 +74,6 @@ def page(server):
         tab.evaluate(OBSERVE)
         yield tab
         browser.close()
-
-
-def idle(tab) -> None:
-    """Wait until the script run is over (Streamlit's running indicator is gone) and the page has settled."""
-    tab.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')")
-    tab.wait_for_timeout(300)
 
 
 def screenshot(tab, name: str) -> None:

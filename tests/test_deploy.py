@@ -1,10 +1,15 @@
-"""The container image: linted, installed by the same script CI runs, non-root, healthy, persistent, configurable."""
+"""The container image and the server config: linted, installed by the same script CI runs, non-root, healthy,
+persistent, configurable, and hardened."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -12,6 +17,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = (REPO / "Dockerfile").read_text(encoding="utf-8")
+
+
+CONFIG = tomllib.loads((REPO / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
 
 
 def instructions(name: str) -> list[str]:
@@ -56,6 +64,46 @@ def test_state_lives_in_volumes_and_configuration_in_the_environment():
         assert name in env
 
 
+def image_env() -> dict[str, str]:
+    """The environment the image sets (every ``ENV`` instruction's ``NAME=value`` pairs)."""
+    return dict(pair.split("=", 1) for env in instructions("ENV") for pair in shlex.split(env))
+
+
+def streamlit_options(env: dict[str, str], *names: str) -> dict[str, object]:
+    """The values ``streamlit`` resolves for ``names`` (``section.option``) when started in the repository with
+    ``env``: config.toml, overridden by the environment, as ``streamlit run`` reads them."""
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("STREAMLIT_")}
+    shown = subprocess.run([sys.executable, "-m", "streamlit", "config", "show"], cwd=REPO, env={**clean, **env},
+                           capture_output=True, text=True, check=True).stdout
+    resolved = tomllib.loads(shown[shown.index("\n[") + 1:])  # TOML after a free-text preamble
+    return {name: resolved[name.split(".")[0]].get(name.split(".")[1]) for name in names}
+
+
+def test_the_server_config_is_hardened():
+    from streamlit import config
+
+    known = set(config._config_options_template)
+    assert {f"{section}.{name}" for section, options in CONFIG.items() for name in options} <= known
+    server = CONFIG["server"]
+    assert server["headless"] is True and server["enableXsrfProtection"] is True and server["enableCORS"] is True
+    assert server["address"] == "localhost"
+    assert 0 < server["maxUploadSize"] <= 50
+    assert CONFIG["browser"]["gatherUsageStats"] is False
+    assert ".streamlit/secrets.toml" in (REPO / ".dockerignore").read_text().splitlines()
+    assert ".streamlit/secrets.toml" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def test_the_image_listens_on_every_interface_and_shows_browsers_no_error_details():
+    names = ("server.address", "client.showErrorDetails", "server.enableXsrfProtection", "server.maxUploadSize",
+             "browser.gatherUsageStats", "server.headless")
+    local = streamlit_options({}, *names)
+    assert local == {"server.address": "localhost", "client.showErrorDetails": "full",
+                     "server.enableXsrfProtection": True, "server.maxUploadSize": CONFIG["server"]["maxUploadSize"],
+                     "browser.gatherUsageStats": False, "server.headless": True}
+    deployed = streamlit_options({k: v for k, v in image_env().items() if k.startswith("STREAMLIT_")}, *names)
+    assert deployed == {**local, "server.address": "0.0.0.0", "client.showErrorDetails": "none"}
+
+
 def test_compose_reserves_one_gpu_and_keeps_its_volumes():
     compose = yaml.safe_load((REPO / "compose.yaml").read_text(encoding="utf-8"))
     service = compose["services"]["kvlab"]
@@ -63,3 +111,4 @@ def test_compose_reserves_one_gpu_and_keeps_its_volumes():
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert {"kvlab-data:/data", "kvlab-hf-cache:/cache/huggingface"} <= set(service["volumes"])
     assert set(compose["volumes"]) == {"kvlab-data", "kvlab-hf-cache"}
+    assert service["ports"] == ["127.0.0.1:8501:8501"]  # this host only until a login is configured

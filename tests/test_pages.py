@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +15,11 @@ from test_ui_tables import add_run
 from kvlab.engine import Generation
 from kvlab.models import default_model
 from kvlab.store import open_store
+from kvlab.ui import session
+from kvlab.ui.device_queue import DEVICE_QUEUE
+from kvlab.ui.sweep_jobs import SWEEP_JOBS
 
+REPO = Path(__file__).resolve().parents[1]
 PAGES = {
     "pages/live.py": "Live run",
     "pages/needle_grid.py": "Needle grid",
@@ -167,37 +174,82 @@ def test_an_unknown_model_is_a_sentence_and_the_app_keeps_working(db):
     assert not app.sidebar.error
 
 
-def test_the_needle_grid_runs_shows_stored_cells_and_resumes(db):
+def sweep_job(db, sweep_id: int = 1):
+    """The background job of a sweep the page started, once it has ended."""
+    job = SWEEP_JOBS.jobs(db.resolve())[sweep_id]
+    assert job.join(120)
+    return job
+
+
+def grid_page(db, policies: list[str], depths: int = 2, trials: int = 1, batch: int = 8) -> AppTest:
     app = open_page("pages/needle_grid.py")
-    widget(app.multiselect, "Policies").set_value(["full", "h2o"])
+    widget(app.multiselect, "Policies").set_value(policies)
     widget(app.multiselect, "Context lengths (tokens)").set_value([256])
-    widget(app.slider, "Depths from 0 to 1").set_value(2)
+    widget(app.slider, "Depths from 0 to 1").set_value(depths)
+    widget(app.number_input, "Trials per cell").set_value(trials)
+    widget(app.number_input, "Batch size").set_value(batch)
     app.run()
+    return app
+
+
+def test_the_needle_grid_runs_a_sweep_on_the_server_and_shows_its_cells(db):
+    app = grid_page(db, ["full", "h2o"])
     click(app, "Run grid")
+    assert app.info[0].value.startswith("Sweep 1 runs on the server: it goes on if this tab is closed")
+    sweep_job(db)
+    app.run()
     assert app.success[0].value == "Ran 4 trials; 0 were already stored."
+    assert app.main.markdown[0].value.startswith("Sweep 1: full, h2o · keep 0.1 · prefill · 256 tokens")
+    assert "started by test@example.com" in app.main.markdown[0].value
     heatmaps = [chart for chart in app.get("plotly_chart")]
     assert len(heatmaps) == 1
     panels = [trace["type"] for trace in json.loads(heatmaps[0].proto.spec)["data"]]
     assert panels == ["heatmap", "heatmap"]
-    click(app, "Run grid")
+    assert set(open_store(db).list_runs()["started_by"]) == {"test@example.com"}
+
+    click(app, "Run grid")  # the same grid again: the same sweep, nothing left to run
+    sweep_job(db)
+    app.run()
     assert app.success[0].value == "Ran 0 trials; 4 were already stored."
-    click(app, "Stop grid")
-    assert "Stopped" in app.info[0].value
+    assert len(open_store(db).sweeps()) == 1
+
+
+def test_a_waiting_sweep_shows_its_place_and_is_stopped_and_resumed_from_the_page(db):
+    app = grid_page(db, ["full", "h2o"])
+    with DEVICE_QUEUE.turn("live run of h2o on 2,048 tokens"):
+        click(app, "Run grid")
+        job = SWEEP_JOBS.jobs(db.resolve())[1]
+        deadline = time.monotonic() + 10
+        while job.waiting is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        app.run()
+        assert any(info.value.startswith("Waiting for the device: 1 run is ahead of yours. Now running: live run of "
+                                         "h2o on 2,048 tokens") for info in app.info)
+        click(app, "Stop")
+        sweep_job(db)
+    app.run()
+    assert app.warning[0].value.startswith("Stopped before it started")
+    assert open_store(db).list_runs().empty
+    click(app, "Resume")
+    assert sweep_job(db) is not job
+    app.run()
+    assert app.success[0].value == "Ran 4 trials; 0 were already stored."
 
 
 def test_out_of_memory_in_a_needle_grid_is_a_sentence(db, monkeypatch):
-    app = open_page("pages/needle_grid.py")
-    widget(app.multiselect, "Policies").set_value(["h2o"])
-    widget(app.multiselect, "Context lengths (tokens)").set_value([256])
-    app.run()
+    app = grid_page(db, ["h2o"])
 
     def exhausted(self, ids):
         raise torch.OutOfMemoryError("CUDA out of memory.")
 
     monkeypatch.setattr(Generation, "_forward", exhausted)
     click(app, "Run grid")
-    assert "ran out of memory" in app.error[0].value and "run it again to resume" in app.error[0].value
+    sweep_job(db)
+    app.run()
+    assert "ran out of memory" in app.error[0].value and "resume it to go on" in app.error[0].value
     assert set(open_store(db).list_runs()["status"]) == {"interrupted"}
+    assert widget(app.button, "Resume")
 
 
 def test_the_frontier_from_stored_runs(seeded):
@@ -245,3 +297,100 @@ def test_the_runs_page_filters_compares_and_offers_downloads(seeded):
     assert widget(app.multiselect, "Runs to compare").value == [4, 6]
     assert {button.label for button in app.get("download_button")} == {
         "Runs (CSV)", "Runs (Parquet)", "Trials (CSV)", "Trials (Parquet)"}
+
+
+# --- access -----------------------------------------------------------------------------------------------------------
+
+AUTH = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret": "a-cookie-secret-of-32-characters",
+        "client_id": "kvlab", "client_secret": "not-a-secret",
+        "server_metadata_url": "http://127.0.0.1:9/.well-known/openid-configuration"}
+WIDGET_KINDS = ("button", "checkbox", "toggle", "radio", "selectbox", "multiselect", "select_slider", "slider",
+                "text_input", "text_area", "number_input", "file_uploader")
+
+
+def test_with_a_login_configured_a_visitor_sees_only_the_login_and_runs_record_the_user(db):
+    app = AppTest.from_file("../app.py", default_timeout=120)
+    app.secrets["auth"] = AUTH
+    app.user = {"is_logged_in": False}
+    app.run()
+    assert not app.exception
+    assert [title.value for title in app.title] == ["kvlab"]
+    assert [button.label for button in app.button] == ["Log in"]
+    assert not app.sidebar.text_input and not app.get("plotly_chart") and not app.metric
+
+    app.user = {"is_logged_in": True, "email": "ann@example.com", "name": "Ann"}
+    app.run()
+    assert app.title[0].value == "Live run"
+    assert "Logged in as **ann@example.com**" in [caption.value for caption in app.sidebar.caption]
+    assert widget(app.sidebar.button, "Log out")
+    widget(app.number_input, "Context length (tokens)").set_value(128)
+    widget(app.number_input, "Tokens to generate (at most)").set_value(2)
+    click(app, "Run")
+    assert open_store(db).list_runs()["started_by"].tolist() == ["ann@example.com"]
+
+
+def test_without_a_login_the_sidebar_says_who_can_reach_the_server(db):
+    app = AppTest.from_file("../app.py", default_timeout=120)
+    app.run()
+    assert "No login configured: serving this machine only (localhost)." in [c.value for c in app.sidebar.caption]
+    assert not app.sidebar.warning
+    # the sidebar reads the address the server was started with, as `--server.address` or the environment sets it
+    from streamlit import config
+    config.set_option("server.address", "0.0.0.0")
+    try:
+        app.run()
+    finally:
+        config.set_option("server.address", "localhost")
+    assert "the server listens on 0.0.0.0: anyone who can reach its port" in app.sidebar.warning[0].value
+
+
+def test_a_model_outside_the_allow_list_is_refused_with_a_message(db, monkeypatch):
+    monkeypatch.setenv("KVLAB_ALLOWED_MODELS", f"{default_model()},Qwen/Qwen2.5-0.5B")
+    app = open_page("pages/live.py")
+    assert not app.sidebar.error
+    app.sidebar.text_input[0].set_value("meta-llama/Llama-3.2-1B")
+    app.run()
+    assert app.sidebar.error[0].value == (
+        f"'meta-llama/Llama-3.2-1B' is not a model this server may load; it allows {default_model()}, "
+        "Qwen/Qwen2.5-0.5B.")
+    assert widget(app.button, "Run").disabled
+
+    monkeypatch.setenv("KVLAB_ALLOWED_MODELS", "Qwen/Qwen2.5-0.5B")  # the default model is not allowed either
+    app = AppTest.from_file("../app.py", default_timeout=120)
+    app.session_state["kvlab_model_name"] = default_model()
+    app.run()
+    assert app.sidebar.error[0].value.endswith("is not a model this server may load; it allows Qwen/Qwen2.5-0.5B.")
+
+
+def test_nothing_in_the_browser_can_switch_trust_remote_code_on(db, tmp_path, monkeypatch):
+    remote = tmp_path / "ships-its-own-code"
+    remote.mkdir()
+    (remote / "config.json").write_text(json.dumps({"model_type": "mysterious", "auto_map": {
+        "AutoConfig": "configuration.MyConfig", "AutoModelForCausalLM": "modeling.MyModel"}}))
+    calls: list[dict] = []
+    real_load = session.load_model
+
+    def recording_load(name, **kwargs):
+        calls.append(kwargs)
+        return real_load(name, **kwargs)
+
+    monkeypatch.setattr(session, "load_model", recording_load)
+    app = AppTest.from_file("../app.py", default_timeout=120)
+    app.query_params = {"trust_remote_code": "true", "kvlab_model_name": str(remote)}
+    app.run()
+    assert app.sidebar.text_input[0].value == default_model()  # query parameters do not reach widgets
+    app.sidebar.text_input[0].set_value(str(remote))
+    app.run()
+    assert "needs its own Python code to load" in app.sidebar.error[0].value
+    assert calls and all(call == {"trust_remote_code": False} for call in calls)
+    for page in PAGES:
+        app.switch_page(page)
+        app.run()
+        for kind in WIDGET_KINDS:
+            for element in app.get(kind):
+                named = f"{getattr(element, 'label', '')} {getattr(element, 'key', '') or ''}".lower()
+                assert "remote" not in named and "trust" not in named, (page, named)
+    sources = [REPO / "app.py", *(REPO / "pages").glob("*.py"), *(REPO / "kvlab" / "ui").glob("*.py")]
+    settings = [value for source in sources
+                for value in re.findall(r"trust_remote_code\s*=\s*(\w+)", source.read_text(encoding="utf-8"))]
+    assert settings == ["False"]

@@ -150,6 +150,49 @@ def test_runs_left_running_by_a_dead_process_read_as_interrupted(db_path: Path) 
         reopened.close()
 
 
+SPEC = {"kind": "needle-grid", "policies": ["h2o", "full"], "contexts": [512], "keep": 0.1}
+
+
+def test_a_sweep_is_stored_with_its_spec_and_found_again_by_it(store: Store) -> None:
+    sweep_id = store.begin_sweep(SPEC, started_by="ann")
+    reordered = {"keep": 0.1, "contexts": [512], "policies": ["h2o", "full"], "kind": "needle-grid"}
+    assert store.begin_sweep(reordered, started_by="bob") == sweep_id
+    other = store.begin_sweep({**SPEC, "contexts": [1024]})
+    assert other != sweep_id
+
+    store.set_sweep_status(sweep_id, "failed", "The GPU ran out of memory.")
+    latest = store.sweeps()[0]
+    assert (latest.sweep_id, latest.spec, latest.status, latest.message, latest.started_by) == (
+        sweep_id, SPEC, "failed", "The GPU ran out of memory.", "ann")
+    assert latest.updated_at >= latest.created_at
+
+    assert store.begin_sweep(SPEC, started_by="bob") == sweep_id  # resumed: queued again, first starter kept
+    resumed = {record.sweep_id: record for record in store.sweeps()}[sweep_id]
+    assert (resumed.status, resumed.message, resumed.started_by) == ("queued", None, "ann")
+    assert len(store.sweeps()) == 2
+    with pytest.raises(ValueError, match="unknown sweep status"):
+        store.set_sweep_status(sweep_id, "paused")  # type: ignore[arg-type]
+    with pytest.raises(KvlabError, match="There is no sweep 99"):
+        store.set_sweep_status(99, "finished")
+
+
+def test_sweeps_left_queued_or_running_by_a_dead_process_read_as_interrupted(db_path: Path) -> None:
+    first = open_store(db_path)
+    queued = first.begin_sweep(SPEC)
+    running = first.begin_sweep({**SPEC, "contexts": [1024]})
+    first.set_sweep_status(running, "running")
+    stopped = first.begin_sweep({**SPEC, "contexts": [2048]})
+    first.set_sweep_status(stopped, "stopped")
+    first.close()
+
+    reopened = open_store(db_path)
+    try:
+        statuses = {record.sweep_id: record.status for record in reopened.sweeps()}
+        assert statuses == {queued: "interrupted", running: "interrupted", stopped: "stopped"}
+    finally:
+        reopened.close()
+
+
 def test_queries_filter_and_aggregate(store: Store) -> None:
     h2o = store.begin_run(CONFIG, provenance=PROVENANCE)
     snapkv = RunConfig(**{**CONFIG.__dict__, "policy": "snapkv", "context_length": None})
@@ -238,6 +281,28 @@ def test_migrating_a_v1_database_keeps_its_data(db_path: Path) -> None:
         new_run = migrated.begin_run(CONFIG, provenance=PROVENANCE)
         assert new_run == 3
         assert migrated.add_trials(1, [trial("v1:1"), trial("fresh")]) == 1
+    finally:
+        migrated.close()
+
+
+def test_migrating_a_v3_database_adds_sweeps_and_keeps_its_runs(db_path: Path) -> None:
+    with duckdb.connect(str(db_path)) as connection:
+        for migration in MIGRATIONS[:3]:
+            migration(connection)
+        connection.execute("INSERT INTO schema_version VALUES (3)")
+        connection.execute(
+            "INSERT INTO runs (run_key, status, model, policy, mode, policy_params, started_by, started_at) "
+            "VALUES ('k1', 'running', 'old-model', 'h2o', 'prefill', '{}', 'ann', '2025-01-01 10:00')")
+        connection.execute("INSERT INTO trials (run_id, trial_key, task_id, context_tokens, correct, exact) "
+                           "VALUES (1, 't0', 'n0', 512, TRUE, FALSE)")
+
+    migrated = open_store(db_path)
+    try:
+        assert migrated.schema_version() == SCHEMA_VERSION == 4
+        runs = migrated.list_runs()
+        assert runs[["run_id", "status", "started_by", "trials"]].values.tolist() == [[1, "interrupted", "ann", 1]]
+        assert migrated.sweeps() == []
+        assert migrated.begin_sweep(SPEC) == 1
     finally:
         migrated.close()
 

@@ -6,15 +6,17 @@ key positions the cache held during that pass, and, after every event, the physi
 trace is plain numpy, so the figure builders are pure functions of it and can be tested without a model.
 
 :class:`LiveRun` drives :class:`kvlab.engine.Generation` one event at a time and times the model alone (drawing
-between events is not counted), so the stored prefill and decode seconds are the model's, not the page's.
+between events is not counted), so the stored prefill and decode seconds are the model's, not the page's. It runs
+only while it holds the device (:meth:`LiveRun.on_device`), so that sessions sharing one GPU take turns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, cast
@@ -33,6 +35,7 @@ from kvlab.store import RunConfig, Store, Trial
 from kvlab.tasks.facts import TEMPLATES, make_fact
 from kvlab.tasks.items import prompt_ids, stop_token_ids
 from kvlab.tasks.needle import Haystack, build_needle, encode, fact_piece, load_haystacks, score
+from kvlab.ui.device_queue import DeviceQueue, Waiting
 
 
 @dataclass(frozen=True)
@@ -309,6 +312,24 @@ class LiveRun:
         self.generation = Generation(loaded, self.spec, torch.tensor([context]), suffix)
         self.trace = LiveTrace(loaded.arch.num_layers, prompt.context_tokens, settings.max_new_tokens,
                                settings.n_bins, settings.n_sink, needle=prompt.needle)
+
+    @property
+    def label(self) -> str:
+        """What the run is, for the sessions waiting behind it."""
+        return f"live run of {self.settings.policy} on {self.prompt.context_tokens:,} tokens"
+
+    @contextlib.contextmanager
+    def on_device(self, queue: DeviceQueue, on_wait: Callable[[Waiting], None] | None = None
+                  ) -> Iterator[Iterator[Event]]:
+        """Wait for the device in ``queue`` (``on_wait`` is told the place meanwhile), then hold it for the block,
+        which gets :meth:`events`; each event updates the progress that the sessions waiting behind it see."""
+        with queue.turn(self.label, on_wait) as ticket:
+            def events() -> Iterator[Event]:
+                for event in self.events():
+                    ticket.progress = event.seen_tokens / self.trace.span
+                    yield event
+
+            yield events()
 
     def events(self) -> Iterator[Event]:
         """Run the generation, yielding each event once the trace has it. A GPU that runs out of memory becomes

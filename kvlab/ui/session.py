@@ -1,15 +1,16 @@
-"""The Streamlit side every page shares: the model picker, the run store, and waiting for the device.
+"""The Streamlit side every page shares: the login, the model picker, the run store, and waiting for the device.
 
-``app.py`` draws the picker in the sidebar on every run and leaves the loaded model (or None) in the session state;
-pages read it with :func:`current_model`. Models are loaded once per server process and shared by every session.
+``app.py`` asks :func:`logged_in` first and shows only :func:`login_page` until it is true; then it draws the picker
+in the sidebar on every run and leaves the loaded model (or None) in the session state; pages read it with
+:func:`current_model`. Models are loaded once per server process and shared by every session.
 """
 
 from __future__ import annotations
 
-import contextlib
 import runpy
-from collections.abc import Iterator
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
@@ -18,7 +19,8 @@ from streamlit.runtime.pages_manager import PagesManager
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel, default_model, load_model
 from kvlab.store import Store, default_db_path, open_store
-from kvlab.ui.device_queue import DEVICE_QUEUE, Ticket, Waiting
+from kvlab.ui.access import allowed_models, check_model_allowed, exposure, initial_model, login_providers, user_label
+from kvlab.ui.device_queue import Waiting
 from kvlab.ui.live import warm_up
 
 APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
@@ -32,39 +34,98 @@ def page_setup() -> None:
     Because the page files live in a directory named ``pages/``, Streamlit starts a server in its legacy multipage
     mode, which it leaves only once ``app.py`` has declared the pages. When the very first request a server gets
     opens a page by its URL, Streamlit runs that page file on its own. Then ``app.py`` is run here, in the same
-    script run (so a click that started it is not lost), and it draws the sidebar and runs the page; this run of
-    the page file ends when that is done.
+    script run (so a click that started it is not lost, and the login is asked for), and it draws the sidebar and
+    runs the page; this run of the page file ends when that is done.
     """
     if PagesManager.uses_pages_directory:
         runpy.run_path(str(APP_SCRIPT), run_name="__main__")
         st.stop()
 
 
+def auth_settings() -> Mapping[str, Any]:
+    """The ``[auth]`` section of the server's secrets (empty when there is none): present means login required."""
+    if not st.secrets.load_if_toml_exists():
+        return {}
+    auth = st.secrets.get("auth")
+    return auth if isinstance(auth, Mapping) else {}
+
+
+def logged_in() -> bool:
+    """Whether this session may use the dashboard: always without an ``[auth]`` section, else once logged in."""
+    return not auth_settings() or bool(st.user.get("is_logged_in"))
+
+
+def login_page() -> None:
+    """All that a session which is not logged in sees: one button per configured OIDC provider."""
+    st.title("kvlab")
+    st.write("This kvlab server is for its team only: log in to use it.")
+    providers = login_providers(auth_settings())
+    if not providers:
+        st.error("The server's [auth] settings name no OIDC provider (client_id, client_secret and "
+                 "server_metadata_url), so nobody can log in; ask its operator.")
+    for provider in providers:
+        label = "Log in" if provider is None else f"Log in with {provider}"
+        if st.button(label, type="primary", icon=":material/login:", key=f"login-{provider or 'default'}"):
+            st.login(provider)
+
+
+def current_user() -> str | None:
+    """Who is logged in (their email), when the server has a login; stored with the runs they start."""
+    return user_label(st.user)
+
+
+def access_sidebar() -> None:
+    """Who the sidebar says can reach this server, and, when logged in, who is and how to log out."""
+    notice = exposure(st.get_option("server.address"), login=bool(auth_settings()))
+    if notice.level == "warning":
+        st.sidebar.warning(notice.sentence, icon=":material/public:")
+    else:
+        st.sidebar.caption(notice.sentence)
+    user = current_user()
+    if auth_settings() and user is not None:
+        name, logout = st.sidebar.columns([3, 1], vertical_alignment="center")
+        name.caption(f"Logged in as **{user}**")
+        if logout.button("Log out", key="logout"):
+            st.logout()
+
+
 @st.cache_resource(show_spinner=False, max_entries=3)
 def cached_model(name: str) -> LoadedModel:
     """Load a model once per server process, and run it once on a few tokens so that the one-time setup of its
-    kernels is not charged to the first live run."""
-    loaded = load_model(name)
+    kernels is not charged to the first live run.
+
+    Never with ``trust_remote_code``: a browser must not be able to make the server run code from the hub.
+    """
+    loaded = load_model(name, trust_remote_code=False)
     warm_up(loaded)
     return loaded
 
 
+def allowed_model(name: str) -> LoadedModel:
+    """The model ``name`` if this server may load it (``$KVLAB_ALLOWED_MODELS``), loaded once per process."""
+    check_model_allowed(name, allowed_models())
+    return cached_model(name.strip())
+
+
 def model_name() -> str:
-    """The model the user picked (the default model until they pick another)."""
-    return str(st.session_state.get(MODEL_KEY) or default_model()).strip()
+    """The model the user picked (the default model, or the first allowed one, until they pick another)."""
+    return str(st.session_state.get(MODEL_KEY) or initial_model(default_model(), allowed_models())).strip()
 
 
 def model_sidebar() -> LoadedModel | None:
     """The sidebar's model picker: a hub id or a local directory, loaded with a spinner the first time; a model
-    that cannot be loaded is one sentence in the sidebar, and the pages that need no model keep working."""
-    st.session_state.setdefault(MODEL_KEY, default_model())
+    that cannot be loaded, or that the server does not allow, is one sentence in the sidebar, and the pages that
+    need no model keep working."""
+    allowed = allowed_models()
+    st.session_state.setdefault(MODEL_KEY, initial_model(default_model(), allowed))
     sidebar = st.sidebar
+    only = f" This server loads only: {', '.join(allowed)}." if allowed else ""
     sidebar.text_input("Model", key=MODEL_KEY, help="A Hugging Face hub id (e.g. Qwen/Qwen2.5-0.5B) or a local "
-                       "model directory. It is loaded once and shared by every session of this server.")
+                       "model directory. It is loaded once and shared by every session of this server." + only)
     loaded: LoadedModel | None = None
     try:
         with sidebar, st.spinner(f"Loading {model_name()}…"):
-            loaded = cached_model(model_name())
+            loaded = allowed_model(model_name())
     except KvlabError as error:
         sidebar.error(str(error))
     else:
@@ -94,18 +155,9 @@ def run_store() -> Store | None:
         return None
 
 
-def user_name() -> str | None:
-    """Who is logged in, when the server has authentication configured; stored with the runs they start."""
-    email = st.user.get("email")
-    return email if isinstance(email, str) else None
-
-
-@contextlib.contextmanager
-def device_turn(label: str, notice: DeltaGenerator) -> Iterator[Ticket]:
-    """Hold the device for the block, showing in ``notice`` how many runs are ahead while waiting."""
+def waiting_notice(notice: DeltaGenerator) -> Callable[[Waiting], None]:
+    """What a run waiting for the device shows in ``notice``: how many runs are ahead and what is running."""
     def show(waiting: Waiting) -> None:
         notice.info(waiting.sentence(), icon=":material/hourglass_top:")
 
-    with DEVICE_QUEUE.turn(label, show) as ticket:
-        notice.empty()
-        yield ticket
+    return show

@@ -1,0 +1,103 @@
+"""Who may use a dashboard server, and which models it may load. Nothing here imports Streamlit.
+
+A server shared by a team either asks for an OIDC login (Streamlit's ``st.login``, configured by an ``[auth]``
+section in ``.streamlit/secrets.toml``), or serves only the machine it runs on unless its operator binds it wider;
+the page says which, so nobody serves a GPU to a network by accident. ``KVLAB_ALLOWED_MODELS`` limits what the
+model picker may load: a browser must not make the server download or run arbitrary models. Models are never
+loaded with ``trust_remote_code`` from the dashboard (see :func:`kvlab.ui.session.cached_model`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from kvlab.errors import KvlabError
+
+#: Environment variable with the comma-separated hub ids or model directories the server may load (empty: any).
+ALLOWED_MODELS_ENV = "KVLAB_ALLOWED_MODELS"
+#: The settings an OIDC provider needs besides the shared ``redirect_uri`` and ``cookie_secret``.
+PROVIDER_KEYS = ("client_id", "client_secret", "server_metadata_url")
+
+
+def allowed_models(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """The models this server may load, from ``$KVLAB_ALLOWED_MODELS``; empty when any model is allowed."""
+    return tuple(name.strip() for name in env.get(ALLOWED_MODELS_ENV, "").split(",") if name.strip())
+
+
+def _identity(name: str) -> str:
+    """A model name compared by what it loads: an existing directory by its resolved path (so ``./x``, ``x/`` and
+    ``/abs/x`` are one model, and ``..`` cannot step out of an allowed directory), a hub id as written."""
+    path = Path(name.strip()).expanduser()
+    return str(path.resolve()) if path.exists() else name.strip()
+
+
+def check_model_allowed(name: str, allowed: Sequence[str]) -> None:
+    """Refuse, in one sentence naming what is allowed, a model outside a non-empty allow-list."""
+    if allowed and _identity(name) not in {_identity(entry) for entry in allowed}:
+        raise KvlabError(f"{name.strip()!r} is not a model this server may load; it allows {', '.join(allowed)}.")
+
+
+def initial_model(default: str, allowed: Sequence[str]) -> str:
+    """The model the picker starts with: the default model, or the first allowed one when the default is not."""
+    try:
+        check_model_allowed(default, allowed)
+    except KvlabError:
+        return allowed[0]
+    return default
+
+
+def login_providers(auth: Mapping[str, Any]) -> list[str | None]:
+    """The OIDC providers an ``[auth]`` section configures: ``None`` for settings written in ``[auth]`` itself
+    (``st.login()``), else the names of its ``[auth.<name>]`` tables (``st.login(name)``)."""
+    providers: list[str | None] = [None] if all(key in auth for key in PROVIDER_KEYS) else []
+    providers += [name for name, value in auth.items()
+                  if isinstance(value, Mapping) and all(key in value for key in PROVIDER_KEYS)]
+    return providers
+
+
+def user_label(user: Mapping[str, Any]) -> str | None:
+    """Who a logged-in user is, as stored with the runs they start: their email, else another claim that names
+    them; None when nobody is logged in."""
+    for claim in ("email", "preferred_username", "name", "sub"):
+        value = user.get(claim)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
+
+
+def is_loopback(address: str | None) -> bool:
+    """Whether a server bound to ``address`` is reachable from this machine only (unset binds every interface)."""
+    if not address:
+        return False
+    if address.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """What the sidebar says about who can reach the server: ``level`` ``caption`` for a safe setup, ``warning``
+    for a server without login that listens beyond this machine."""
+
+    level: Literal["caption", "warning"]
+    sentence: str
+
+
+def exposure(address: str | None, login: bool) -> Exposure:
+    """Who can reach a server bound to ``address``, with or without a login."""
+    where = "this machine only" if is_loopback(address) else f"{address or 'every interface'}"
+    if login:
+        return Exposure("caption", f"Login required (OIDC); listening on {where}.")
+    if is_loopback(address):
+        return Exposure("caption", f"No login configured: serving this machine only ({address}).")
+    return Exposure("warning", f"No login configured, and the server listens on {where}: anyone who can reach its "
+                               "port can run models here. Configure an OIDC login, or publish the port on localhost "
+                               "only (docs/deployment.md).")
