@@ -1,5 +1,5 @@
-"""kvlab dashboard: asks for a login when the server has one, declares the pages and draws the sidebar they share.
-Layout only; the work is in ``kvlab``."""
+"""kvlab dashboard: declares the pages, asks for a login when the server has one, and draws the sidebar the pages
+share. Layout only; the work is in ``kvlab``."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ import streamlit as st
 from kvlab.ui.session import access_sidebar, logged_in, login_page, model_sidebar
 
 st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
-if not logged_in():
-    st.navigation([st.Page(login_page, title="Log in", icon=":material/login:")]).run()
-    st.stop()
+admitted = logged_in()
 page = st.navigation([
     st.Page("pages/live.py", title="Live run", icon=":material/play_circle:"),
     st.Page("pages/needle_grid.py", title="Needle grid", icon=":material/grid_on:"),
     st.Page("pages/frontier.py", title="Frontier", icon=":material/show_chart:"),
     st.Page("pages/costs.py", title="Cost calculator", icon=":material/payments:"),
     st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:"),
-])
+], position="sidebar" if admitted else "hidden")
+if not admitted:  # the pages are declared (so their addresses resolve) but none runs before the login
+    login_page()
+    st.stop()
 model_sidebar()
 access_sidebar()
 page.run()

@@ -9,6 +9,7 @@ from kvlab.errors import KvlabError
 from kvlab.policies import POLICIES
 from kvlab.tasks.facts import TEMPLATES
 from kvlab.ui import live_figures as figures
+from kvlab.ui.device_queue import DEVICE_QUEUE
 from kvlab.ui.inputs import policy_fields, policy_summary, read_upload
 from kvlab.ui.live import (
     LiveResult,
@@ -20,7 +21,6 @@ from kvlab.ui.live import (
     build_prompt,
     store_live_run,
 )
-from kvlab.ui.device_queue import DEVICE_QUEUE
 from kvlab.ui.session import current_model, current_user, page_setup, run_store, waiting_notice
 
 RESULT_KEY = "live_result"
@@ -130,7 +130,7 @@ if run and loaded is not None and task is not None:
         live = LiveRun(loaded, prompt, settings)
         with live.on_device(DEVICE_QUEUE, waiting_notice(notice)) as events:
             notice.empty()
-            for index, event in enumerate(events):
+            for index, _ in enumerate(events):
                 if live.trace.redraw_due(REDRAW_EVERY_DECODED):
                     status.caption(live.trace.status())
                     output.code(loaded.tokenizer.decode(live.trace.token_ids) or "…", language=None)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from streamlit import config
 from streamlit.testing.v1 import AppTest
 from test_ui_tables import add_run
 
@@ -318,6 +319,11 @@ def test_with_a_login_configured_a_visitor_sees_only_the_login_and_runs_record_t
     assert [button.label for button in app.button] == ["Log in"]
     assert not app.sidebar.text_input and not app.get("plotly_chart") and not app.metric
 
+    app.secrets["auth"] = {key: AUTH[key] for key in ("redirect_uri", "cookie_secret", "client_id")}
+    app.run()
+    assert not app.button and "name no OIDC provider" in app.error[0].value  # incomplete: nobody gets in
+
+    app.secrets["auth"] = AUTH
     app.user = {"is_logged_in": True, "email": "ann@example.com", "name": "Ann"}
     app.run()
     assert app.title[0].value == "Live run"
@@ -335,12 +341,12 @@ def test_without_a_login_the_sidebar_says_who_can_reach_the_server(db):
     assert "No login configured: serving this machine only (localhost)." in [c.value for c in app.sidebar.caption]
     assert not app.sidebar.warning
     # the sidebar reads the address the server was started with, as `--server.address` or the environment sets it
-    from streamlit import config
+    configured = config.get_option("server.address")
     config.set_option("server.address", "0.0.0.0")
     try:
         app.run()
     finally:
-        config.set_option("server.address", "localhost")
+        config.set_option("server.address", configured)
     assert "the server listens on 0.0.0.0: anyone who can reach its port" in app.sidebar.warning[0].value
 
 

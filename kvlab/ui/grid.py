@@ -21,7 +21,7 @@ from kvlab.provenance import weights_identity
 from kvlab.store import Store
 from kvlab.sweep import Progress, SweepGrid, SweepRunner, SweepSummary
 
-#: What a stored spec says it is, so that other kinds of sweeps can be told apart later.
+#: What a stored spec says it is: a spec without it (or with another) is not read as a needle grid.
 SPEC_KIND = "needle-grid"
 
 

@@ -76,13 +76,14 @@ def current_user() -> str | None:
 
 def access_sidebar() -> None:
     """Who the sidebar says can reach this server, and, when logged in, who is and how to log out."""
-    notice = exposure(st.get_option("server.address"), login=bool(auth_settings()))
+    login = bool(auth_settings())
+    notice = exposure(st.get_option("server.address"), login)
     if notice.level == "warning":
         st.sidebar.warning(notice.sentence, icon=":material/public:")
     else:
         st.sidebar.caption(notice.sentence)
     user = current_user()
-    if auth_settings() and user is not None:
+    if login and user is not None:
         name, logout = st.sidebar.columns([3, 1], vertical_alignment="center")
         name.caption(f"Logged in as **{user}**")
         if logout.button("Log out", key="logout"):
