@@ -150,6 +150,14 @@ class GenerationResult:
         }
 
 
+def eos_token_ids(loaded: LoadedModel) -> tuple[int, ...]:
+    """The model's end-of-sequence ids from its generation config (one id, a list, or none)."""
+    eos = getattr(loaded.model.generation_config, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
 def _supports(model: Any, argument: str) -> bool:
     import inspect
 
@@ -241,15 +249,9 @@ class Generation:
             self.peak_kv_bytes = prefilled.peak_kv_bytes
             self._start_logits = prefilled.logits
         self._logits_to_keep = _supports(loaded.model, "logits_to_keep")
-        self._stops = set(spec.stop_token_ids if spec.stop_token_ids is not None else self._eos_ids())
+        self._stops = set(spec.stop_token_ids if spec.stop_token_ids is not None else eos_token_ids(loaded))
         total = self.context_tokens + (0 if self.suffix_ids is None else self.suffix_ids.shape[1])
         self._span = total + spec.max_new_tokens
-
-    def _eos_ids(self) -> tuple[int, ...]:
-        eos = getattr(self.loaded.model.generation_config, "eos_token_id", None)
-        if eos is None:
-            return ()
-        return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
     @property
     def batch_size(self) -> int:

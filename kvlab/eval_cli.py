@@ -82,7 +82,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Answer every task of a JSONL file under one policy; print accuracy and per-item results."""
-    from kvlab.engine import RunSpec
+    from kvlab.engine import RunSpec, eos_token_ids
     from kvlab.evaluate import evaluate_items
     from kvlab.store import RunConfig, open_store
     from kvlab.tasks.items import load_jsonl, stop_token_ids
@@ -91,8 +91,7 @@ def run_eval(args: argparse.Namespace) -> int:
     store = open_store(args.db) if args.db else None
     loaded, identity = _load(args)
     items = load_jsonl(args.tasks, loaded.tokenizer)
-    eos = getattr(loaded.model.generation_config, "eos_token_id", None)
-    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+    eos_ids = eos_token_ids(loaded)
     chat = bool(getattr(loaded.tokenizer, "chat_template", None))
     stops = eos_ids if chat else stop_token_ids(loaded.tokenizer, eos_ids)
     spec = RunSpec(policy, budget, mode=args.mode, chunk=args.chunk, max_new_tokens=args.max_new_tokens,

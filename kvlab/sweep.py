@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvlab.budget import Budget, check_budget
-from kvlab.engine import MODES, GenerationResult, Prefilled, RunSpec, generate, prefill_once
+from kvlab.engine import MODES, eos_token_ids, GenerationResult, Prefilled, RunSpec, generate, prefill_once
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel
 from kvlab.policies import Policy, make_policy
@@ -187,8 +187,7 @@ class SweepRunner:
         self.started_by = started_by
         self.progress = progress or (lambda done, total, label: None)
         self.should_stop = should_stop or (lambda: False)
-        eos = getattr(loaded.model.generation_config, "eos_token_id", None)
-        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        eos_ids = eos_token_ids(loaded)
         self.stops = stop_token_ids(loaded.tokenizer, eos_ids)
         self.summary = SweepSummary()
         self._done = 0

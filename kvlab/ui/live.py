@@ -26,7 +26,7 @@ import torch
 
 from kvlab.attention import StatsRequest
 from kvlab.budget import Budget
-from kvlab.engine import Event, Generation, Mode, RunSpec
+from kvlab.engine import Event, eos_token_ids, Generation, Mode, RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel
 from kvlab.policies import make_policy
@@ -299,8 +299,7 @@ class LiveRun:
         policy = make_policy(settings.policy, **settings.params)
         budget = settings.budget if policy.evicts() else None
         asks = prompt.answer is not None or bool(prompt.question_ids)
-        eos = getattr(loaded.model.generation_config, "eos_token_id", None)
-        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        eos_ids = eos_token_ids(loaded)
         stops = stop_token_ids(loaded.tokenizer, eos_ids) if asks else None
         self.spec = RunSpec(policy, budget, mode=cast(Mode, settings.mode), chunk=settings.chunk,  # RunSpec checks it
                             max_new_tokens=settings.max_new_tokens, stop_token_ids=stops,
