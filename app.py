@@ -1,13 +1,15 @@
-"""kvlab dashboard: declares the pages, asks for a login when the server has one, and draws the sidebar the pages
-share. Layout only; the work is in ``kvlab``."""
+"""kvlab dashboard: declares the pages, answers only to its own host names, asks for a login when the server has
+one, and draws the sidebar the pages share. Layout only; the work is in ``kvlab``."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.ui.session import access_sidebar, logged_in, login_page, model_sidebar
+from kvlab.ui.session import access_sidebar, guarded, logged_in, login_page, model_sidebar, right_host
 
 st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
+if not right_host():
+    st.stop()
 admitted = logged_in()
 page = st.navigation([
     st.Page("pages/live.py", title="Live run", icon=":material/play_circle:"),
@@ -19,6 +21,6 @@ page = st.navigation([
 if not admitted:  # the pages are declared (so their addresses resolve) but none runs before the login
     login_page()
     st.stop()
-model_sidebar()
+guarded(model_sidebar, "the sidebar")
 access_sidebar()
-page.run()
+guarded(page.run, f"page {page.title}")

@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.claims import PRUNING, side_by_side  # noqa: E402
 from kvlab.models import load_model  # noqa: E402
-from kvlab.provenance import weights_identity  # noqa: E402
 from kvlab.store import open_store  # noqa: E402
 from kvlab.sweep import SweepGrid, SweepRunner, parse_policies  # noqa: E402
 
@@ -37,7 +36,7 @@ def timed_sweep(loaded, db: Path, grid: SweepGrid) -> tuple[float, int]:
     db.unlink(missing_ok=True)
     store = open_store(db)
     started = time.perf_counter()
-    summary = SweepRunner(loaded, store, grid, weights_hash=weights_identity(loaded.name, loaded.model.config)).run()
+    summary = SweepRunner(loaded, store, grid).run()
     seconds = time.perf_counter() - started
     store.close()
     return seconds, summary.ran

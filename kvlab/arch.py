@@ -28,7 +28,8 @@ class ArchFacts:
     ``sliding_layers`` lists the layers whose attention only looks back ``sliding_window`` tokens; a full cache keeps
     at most ``sliding_window - 1`` past tokens there. ``kv_lora_rank`` is set for multi-head latent attention
     (DeepSeek-V2/V3), whose cache holds one compressed latent plus a shared RoPE key per token instead of per-head
-    K and V.
+    K and V. ``max_positions`` is the longest sequence the model was made for (``max_position_embeddings``), when
+    its config states one.
     """
 
     model_type: str
@@ -41,6 +42,7 @@ class ArchFacts:
     sliding_layers: tuple[int, ...] = field(default_factory=tuple)
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    max_positions: int | None = None
 
     @property
     def uses_mla(self) -> bool:
@@ -135,4 +137,11 @@ def arch_from_config(config: Any) -> ArchFacts:
         sliding_layers=sliding,
         kv_lora_rank=_get(text, "kv_lora_rank"),
         qk_rope_head_dim=_get(text, "qk_rope_head_dim"),
+        max_positions=_positions(text),
     )
+
+
+def _positions(config: Any) -> int | None:
+    """The model's position limit, if its config states a positive whole number of them."""
+    value = _get(config, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -55,7 +55,8 @@ class Budget:
 
 
 def check_budget(policy: Policy, budget: Budget | None, context_tokens: int) -> int | None:
-    """The per-layer budget in tokens for this policy and context, or ``None`` for no eviction.
+    """The per-layer budget in tokens for this policy and context, or ``None`` for no eviction (the full cache, or
+    a kept fraction of 1: in streaming mode a budget of the prompt's length would still evict while decoding).
 
     Raises one sentence when the budget cannot be honoured, for example a budget below a policy's sinks plus window.
     """
@@ -65,6 +66,8 @@ def check_budget(policy: Policy, budget: Budget | None, context_tokens: int) -> 
         return None
     if budget is None:
         raise KvlabError(f"Policy {policy.name!r} evicts tokens, so it needs a budget (tokens or a kept fraction).")
+    if budget.keep == 1.0:
+        return None  # keeping all of the prompt is the full cache, in both modes: nothing is ever evicted
     tokens = budget.resolve(context_tokens)
     if tokens < policy.min_budget():
         of_context = f" (keep {budget.keep:g} of {context_tokens} tokens)" if budget.keep is not None else ""

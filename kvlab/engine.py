@@ -30,7 +30,7 @@ from kvlab.attention import ForwardContext, StatsAccumulator, StatsRequest, forw
 from kvlab.budget import Budget, check_budget
 from kvlab.cache import BudgetedCache
 from kvlab.errors import KvlabError
-from kvlab.models import LoadedModel
+from kvlab.models import LoadedModel, shown_name
 from kvlab.policies import LayerView, Policy, evict_layer
 
 Mode = Literal["prefill", "streaming"]
@@ -229,29 +229,30 @@ class Generation:
         self.input_ids = input_ids.to(loaded.device)
         self.suffix_ids = suffix_ids.to(loaded.device) if suffix_ids is not None and suffix_ids.shape[1] else None
         self.context_tokens = int(input_ids.shape[1])
+        suffix_tokens = 0 if self.suffix_ids is None else int(self.suffix_ids.shape[1])
+        loaded.limits.check(self.context_tokens + suffix_tokens, spec.max_new_tokens, shown_name(loaded.name))
         self.budget_tokens = check_budget(spec.policy, spec.budget, self.context_tokens)
+        self.evicting = self.budget_tokens is not None
         arch = loaded.arch
         self.layer_budgets = (
             spec.policy.layer_budgets(self.budget_tokens, arch.num_layers, capacity=self.context_tokens)
             if self.budget_tokens is not None
             else [NO_BUDGET] * arch.num_layers
         )
-        self.cache = BudgetedCache(
-            arch.num_layers, track_scores=spec.policy.needs_scores, query_window=spec.policy.query_window()
-        )
+        self.cache = BudgetedCache(arch.num_layers, track_scores=self.evicting and spec.policy.needs_scores,
+                                   query_window=spec.policy.query_window() if self.evicting else 0)
         self.generator = torch.Generator(device=loaded.device).manual_seed(spec.seed)
         self.peak_kv_bytes = 0
         self._start_logits: torch.Tensor | None = None
         self.prefill_finished_at: float | None = None
         if prefilled is not None:
-            self.cache = prefilled.cache.fork(track_scores=spec.policy.needs_scores,
-                                              query_window=spec.policy.query_window())
+            self.cache = prefilled.cache.fork(track_scores=self.cache.track_scores,
+                                              query_window=self.cache.query_window)
             self.peak_kv_bytes = prefilled.peak_kv_bytes
             self._start_logits = prefilled.logits
         self._logits_to_keep = _supports(loaded.model, "logits_to_keep")
         self._stops = set(spec.stop_token_ids if spec.stop_token_ids is not None else eos_token_ids(loaded))
-        total = self.context_tokens + (0 if self.suffix_ids is None else self.suffix_ids.shape[1])
-        self._span = total + spec.max_new_tokens
+        self._span = self.context_tokens + suffix_tokens + spec.max_new_tokens
 
     @property
     def batch_size(self) -> int:
@@ -296,7 +297,7 @@ class Generation:
 
     def _evict(self) -> None:
         """Cut every layer back to its budget."""
-        if not self.spec.policy.evicts() and not self.loaded.arch.sliding_layers:
+        if not self.evicting and not self.loaded.arch.sliding_layers:
             return
         for layer_idx, budget in enumerate(self.layer_budgets):
             view = LayerView(layer_idx, len(self.layer_budgets), self.cache.layers[layer_idx], budget,

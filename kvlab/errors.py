@@ -8,3 +8,9 @@ non-zero; the dashboard shows it on the page. Anything else is a bug and keeps i
 
 class KvlabError(Exception):
     """An error caused by the user's input or environment, described in one sentence."""
+
+
+class NotAModel(KvlabError):
+    """A model name that leads to no loadable causal language model: no such directory or hub model, no readable
+    config, or a config of another kind of model. The dashboard answers all of these with one sentence, so that
+    its model box cannot be used to learn which paths exist on the server."""

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.engine import RunSpec, generate
-from kvlab.models import LoadedModel
+from kvlab.models import LoadedModel, shown_name
+from kvlab.records import batch_trials
 from kvlab.store import Trial
-from kvlab.sweep import prompt_tensors, trials_of
+from kvlab.sweep import prompt_tensors
 from kvlab.tasks.items import TaskItem
 
 
@@ -29,13 +30,16 @@ class Evaluation:
 
 def evaluate_items(loaded: LoadedModel, items: Sequence[TaskItem], spec: RunSpec, *, query_aware: bool = True,
                    on_trial=None) -> Evaluation:
-    """Answer each item under ``spec`` (one at a time: user contexts have different lengths)."""
+    """Answer each item under ``spec`` (one at a time: user contexts have different lengths), once every item is
+    known to fit the model."""
+    for item in items:
+        loaded.limits.check(item.context_tokens, spec.max_new_tokens, shown_name(loaded.name))
     trials: list[Trial] = []
     for item in items:
         batch = [(item.task_id, item)]
         context, question = prompt_tensors(batch, query_aware, loaded.device)
         result = generate(loaded, context, spec, suffix_ids=question)
-        trial = trials_of(batch, result, result.prefill_seconds)[0]
+        trial = batch_trials(batch, result, result.prefill_seconds)[0]
         trials.append(trial)
         if on_trial is not None:
             on_trial(trial)

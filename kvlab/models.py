@@ -8,8 +8,13 @@ no network for a hub id) becomes one sentence in a :class:`~kvlab.errors.KvlabEr
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
+import json
+import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +23,15 @@ import torch
 
 from kvlab.arch import DTYPE_BYTES, ArchFacts, arch_from_config
 from kvlab.attention import ATTN_IMPLEMENTATION, register_attention
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, NotAModel
+from kvlab.limits import Limits, limits_for
+from kvlab.provenance import weights_identity
+
+_LOGGER = logging.getLogger(__name__)
+#: A hub id: an optional owner and a name, of the characters the hub allows.
+_HUB_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+_SHOWN_NAME_CHARS = 80
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_DIR = REPO_ROOT / "data" / "models" / "kvlab-tiny-llama"
@@ -55,14 +68,82 @@ class LoadedModel:
         """Bytes of one cached K or V element in the dtype the model runs in."""
         return DTYPE_BYTES[self.dtype]
 
+    @property
+    def dtype_name(self) -> str:
+        """The dtype the model runs in, as stored with its runs (``bfloat16``, ``float32``)."""
+        return str(self.dtype).replace("torch.", "")
+
+    @property
+    def device_kind(self) -> str:
+        """The kind of device the model runs on, as stored with its runs: ``cpu``, or ``cuda`` with the GPU's
+        name (timings and rounding differ between GPU models)."""
+        if self.device.type == "cuda":
+            return f"cuda ({torch.cuda.get_device_name(self.device)})"
+        return self.device.type
+
+    @property
+    def limits(self) -> Limits:
+        """How long prompts and generations may be on this model (its positions and the operator's limits)."""
+        return limits_for(self.arch)
+
+    @functools.cached_property
+    def weights_hash(self) -> str | None:
+        """The identity of the weights: the hash of a local model's safetensors files, else the hub commit, else
+        (a model built in memory) the hash of its parameters."""
+        identity = weights_identity(self.name, self.model.config)
+        return identity if identity is not None else parameters_hash(self.model)
+
+    @functools.cached_property
+    def tokenizer_hash(self) -> str | None:
+        """The identity of the tokenizer: its vocabulary, merges, normalisation, special tokens and chat template."""
+        return tokenizer_hash(self.tokenizer)
+
+
+def parameters_hash(model: Any) -> str:
+    """sha256 over every parameter and buffer of a model, by name, shape, dtype and bytes."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name} {tuple(tensor.shape)} {tensor.dtype}\n".encode())
+        digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def tokenizer_hash(tokenizer: Any) -> str | None:
+    """sha256 of what makes a tokenizer turn text into ids and ids into text; ``None`` without a tokenizer."""
+    if tokenizer is None:
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    core = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    extra = {"chat_template": getattr(tokenizer, "chat_template", None),
+             "special": {key: str(value) for key, value in sorted(tokenizer.special_tokens_map.items())},
+             "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    return hashlib.sha256((core + json.dumps(extra, sort_keys=True, default=str)).encode()).hexdigest()
+
+
+def shown_name(name: str) -> str:
+    """A model name as a sentence quotes it: shortened when it is long, so a pasted page cannot flood a message."""
+    short = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
+    return repr(short)
+
 
 def pick_device(device: str | None = None) -> torch.device:
-    """CUDA when available (or asked for), else CPU."""
-    if device is not None:
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise KvlabError(f"Device {device!r} was requested but no CUDA GPU is available on this machine.")
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """CUDA when available, else CPU; or the device asked for (``cpu``, ``cuda`` or ``cuda:N``), which must exist."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    match = _DEVICE.match(device.strip().lower())
+    if match is None:
+        raise KvlabError(f"Unknown device {device[:40]!r}; use cpu, cuda or cuda:N.")
+    kind, index = match.groups()
+    if kind == "cpu":
+        if index not in (None, "0"):
+            raise KvlabError(f"There is no device {device!r}: the CPU is one device, so use cpu.")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise KvlabError(f"Device {device!r} was requested but no CUDA GPU is available on this machine.")
+    count = torch.cuda.device_count()
+    if index is not None and int(index) >= count:
+        raise KvlabError(f"There is no GPU {device!r}: this machine has {count} (cuda:0 to cuda:{count - 1}).")
+    return torch.device("cuda" if index is None else f"cuda:{int(index)}")
 
 
 def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
@@ -84,35 +165,58 @@ def _cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def local_model_path(name: str) -> Path | None:
+    """The local path ``name`` names, if something exists there (a name no file system accepts, too long or with
+    a NUL byte, names nothing)."""
+    try:
+        path = Path(name).expanduser()
+        return path if path.exists() else None
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
 def _load_config(name: str, trust_remote_code: bool) -> Any:
     from transformers import AutoConfig
 
-    path = Path(name).expanduser()
-    is_local = path.exists()
-    if is_local and not (path / "config.json").is_file():
-        raise KvlabError(f"{name!r} has no config.json, so it is not a model directory.")
-    if not is_local and (name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)):
-        raise KvlabError(f"No model directory at {name!r}.")
+    path = local_model_path(name)
+    shown = shown_name(name)
+    if path is not None and not (path / "config.json").is_file():
+        raise NotAModel(f"{shown} has no config.json, so it is not a model directory.")
+    if path is None and not _HUB_ID.match(name):
+        raise NotAModel(f"No model directory at {shown}, and it is not a hub id (owner/name) either.")
     try:
-        return AutoConfig.from_pretrained(str(path) if is_local else name,
+        return AutoConfig.from_pretrained(str(path) if path is not None else name,
                                           trust_remote_code=trust_remote_code)
     except OSError as error:
         text = str(error)
-        if is_local:
-            raise KvlabError(f"{name!r} is a directory without a readable config.json, so it is not a model.") from None
+        if path is not None:
+            raise NotAModel(f"{shown} is a directory without a readable config.json, so it is not a model.") from None
         if "offline" in text.lower() or "connect" in text.lower() or "resolve" in text.lower():
-            raise KvlabError(
-                f"Could not fetch {name!r} from the Hugging Face hub: there is no network connection and it is "
+            raise NotAModel(
+                f"Could not fetch {shown} from the Hugging Face hub: there is no network connection and it is "
                 "not in the local cache."
             ) from None
-        raise KvlabError(f"There is no model called {name!r} on the Hugging Face hub or on this machine.") from None
+        raise NotAModel(f"There is no model called {shown} on the Hugging Face hub or on this machine.") from None
     except ValueError as error:
         if "trust_remote_code" in str(error):
-            raise KvlabError(
-                f"{name!r} needs its own Python code to load; kvlab only runs such code if you pass "
+            raise NotAModel(
+                f"{shown} needs its own Python code to load; kvlab only runs such code if you pass "
                 "trust_remote_code explicitly."
             ) from None
-        raise KvlabError(f"{name!r} has a config transformers cannot read: {str(error).splitlines()[0]}") from None
+        raise NotAModel(f"{shown} has a config transformers cannot read: {_first_line(error)}") from None
+    except Exception as error:  # a config.json that is not JSON, or JSON of the wrong shape
+        raise NotAModel(f"{shown} has a config.json transformers cannot read: {_first_line(error)}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    """An error's message as one line: its first line, or, when that line ends in a colon (it introduces a list),
+    the whole message joined, so that the sentence does not stop mid-way; at most 400 characters."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__
+    first = text.splitlines()[0].strip()
+    line = " ".join(text.split()) if first.endswith(":") else first
+    return line if len(line) <= 400 else line[:399] + "…"
 
 
 CAUSAL_HEAD_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -147,36 +251,44 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     name = name or default_model()
-    config = _load_config(name, trust_remote_code)
-    if getattr(config, "is_encoder_decoder", False):
-        raise KvlabError(f"{name!r} is an encoder-decoder model; kvlab runs decoder-only causal language models.")
-    if not _is_causal_lm(config, trust_remote_code):
-        raise KvlabError(
-            f"{name!r} is a {getattr(config, 'model_type', '') or 'unknown'} model without a causal language-model "
-            "head, so it cannot generate text."
-        )
-    arch = arch_from_config(config)
+    if not name.strip():
+        raise NotAModel("No model was named; give a hub id or a local model directory.")
     torch_device = pick_device(device)
     torch_dtype = pick_dtype(torch_device, dtype)
-    source = str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
+    config = _load_config(name, trust_remote_code)
+    shown = shown_name(name)
+    if getattr(config, "is_encoder_decoder", False):
+        raise NotAModel(f"{shown} is an encoder-decoder model; kvlab runs decoder-only causal language models.")
+    if not _is_causal_lm(config, trust_remote_code):
+        raise NotAModel(
+            f"{shown} is a {getattr(config, 'model_type', '') or 'unknown'} model without a causal language-model "
+            "head, so it cannot generate text."
+        )
+    try:
+        arch = arch_from_config(config)
+    except KvlabError as error:
+        raise NotAModel(f"{shown}: {error}") from None
+    path = local_model_path(name)
+    source = str(path) if path is not None else name
     register_attention()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except Exception as error:  # tokenizers, sentencepiece and transformers raise many kinds for one cause
+        _LOGGER.info("tokenizer of %s failed to load", name, exc_info=True)
+        raise KvlabError(f"Could not load the tokenizer of {shown}: {_first_line(error)}") from None
+    try:
         model = AutoModelForCausalLM.from_pretrained(
             source,
             dtype=torch_dtype,
             attn_implementation=ATTN_IMPLEMENTATION,
             trust_remote_code=trust_remote_code,
         )
-    except torch.OutOfMemoryError:
-        raise KvlabError(f"{name!r} does not fit in the memory of {torch_device}; try a smaller model or dtype.") from None
-    except (OSError, ValueError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise KvlabError(f"Could not load the weights or tokenizer of {name!r}: {first_line}") from None
-    try:
         model.to(torch_device)
     except torch.OutOfMemoryError:
-        raise KvlabError(f"{name!r} does not fit in the memory of {torch_device}; try a smaller model or dtype.") from None
+        raise KvlabError(f"{shown} does not fit in the memory of {torch_device}; try a smaller model or dtype.") from None
+    except Exception as error:  # a truncated or damaged weights file raises safetensors' own error type
+        _LOGGER.info("weights of %s failed to load", name, exc_info=True)
+        raise KvlabError(f"Could not load the weights of {shown}: {_first_line(error)}") from None
     model.eval()
     return LoadedModel(
         name=name,

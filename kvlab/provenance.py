@@ -140,7 +140,11 @@ def _file_sha256(path: Path) -> str:
 def weights_identity(name: str, config: object) -> str | None:
     """How a stored run names the weights it measured: the hash of a local model's safetensors files, else the hub
     commit transformers resolved (``config._commit_hash``), else nothing."""
-    if Path(name).expanduser().is_dir():
+    try:
+        local = Path(name).expanduser().is_dir()
+    except (OSError, ValueError, RuntimeError):  # a name too long for a path, or with a NUL byte
+        local = False
+    if local:
         try:
             return weights_hash(Path(name).expanduser())
         except KvlabError:

@@ -19,14 +19,16 @@ from dataclasses import dataclass, field
 import torch
 
 from kvlab.budget import Budget, check_budget
-from kvlab.engine import MODES, eos_token_ids, GenerationResult, Prefilled, RunSpec, generate, prefill_once
+from kvlab.engine import MODES, GenerationResult, Prefilled, RunSpec, generate, prefill_once
 from kvlab.errors import KvlabError
-from kvlab.models import LoadedModel
+from kvlab.limits import check_seed
+from kvlab.models import LoadedModel, shown_name
 from kvlab.policies import Policy, make_policy
-from kvlab.store import RunConfig, Store, Trial
+from kvlab.records import batch_trials, needle_sources_hash, run_config, stops_for
+from kvlab.store import RunConfig, Store
 from kvlab.tasks.facts import TRAIN_TEMPLATES, Fact, make_fact
-from kvlab.tasks.items import TaskItem, from_needle, stop_token_ids
-from kvlab.tasks.needle import Kind, build_needle, load_haystacks, score
+from kvlab.tasks.items import TaskItem, from_needle
+from kvlab.tasks.needle import Kind, build_needle, load_haystacks
 
 Progress = Callable[[int, int, str], None]
 
@@ -66,6 +68,17 @@ class SweepGrid:
     def __post_init__(self) -> None:
         if not self.policies:
             raise KvlabError("A sweep needs at least one policy.")
+        if not self.contexts:
+            raise KvlabError("A sweep needs at least one context length (--contexts).")
+        if any(context < 1 for context in self.contexts):
+            raise KvlabError(f"Context lengths are positive numbers of tokens, not {min(self.contexts)}.")
+        if self.depths is not None and not self.depths:
+            raise KvlabError("A sweep needs at least one needle depth (--depths), or 'random'.")
+        if not self.modes:
+            raise KvlabError("A sweep needs at least one mode (prefill, streaming).")
+        if self.max_new_tokens < 1:
+            raise KvlabError(f"A sweep must generate at least one token per answer, not {self.max_new_tokens}.")
+        check_seed(self.seed)
         if self.trials < 1:
             raise KvlabError(f"A sweep needs at least one trial per cell, not {self.trials}.")
         if self.batch_size < 1:
@@ -149,7 +162,9 @@ def shape_batches(items: Sequence[tuple[str, TaskItem]], size: int, query_aware:
 
 
 def prompt_tensors(batch: Sequence[tuple[str, TaskItem]], query_aware: bool, device: torch.device
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A batch's prompts as the engine reads them: context and question together (``query_aware``), or the
+    question apart, to be read after compression."""
     if query_aware:
         ids = [item.context_ids + item.question_ids for _, item in batch]
         return torch.tensor(ids, device=device), None
@@ -158,60 +173,36 @@ def prompt_tensors(batch: Sequence[tuple[str, TaskItem]], query_aware: bool, dev
     return context, question
 
 
-def trials_of(batch: Sequence[tuple[str, TaskItem]], result: GenerationResult, prefill_s: float) -> list[Trial]:
-    """Per-item trials of a batched generation. Bytes and seconds are the batch's divided by its size: every
-    sequence of a batch holds the same number of tokens, and the batch decodes together."""
-    size = len(batch)
-    kept = sum(result.kept_per_layer) / len(result.kept_per_layer)
-    trials = []
-    for (key, item), text in zip(batch, result.texts):
-        verdict = score(text, item.answer)
-        trials.append(Trial(
-            trial_key=key, task_id=item.task_id, context_tokens=item.context_tokens, correct=verdict.contains,
-            exact=verdict.exact, depth=item.depth, expected=item.answer, output=text, kept_tokens=round(kept),
-            kv_bytes=result.kv_bytes // size, peak_kv_bytes=result.peak_kv_bytes // size,
-            peak_gpu_bytes=result.peak_gpu_bytes, prefill_s=prefill_s / size, decode_s=result.decode_seconds / size,
-        ))
-    return trials
-
-
 class SweepRunner:
     """Runs a grid against one model and one store."""
 
-    def __init__(self, loaded: LoadedModel, store: Store, grid: SweepGrid, *, model_name: str | None = None,
-                 weights_hash: str | None = None, started_by: str | None = None,
+    def __init__(self, loaded: LoadedModel, store: Store, grid: SweepGrid, *, started_by: str | None = None,
                  progress: Progress | None = None, should_stop: Callable[[], bool] | None = None) -> None:
+        for context in grid.contexts:  # every prompt must fit the model before anything runs
+            loaded.limits.check(context, grid.max_new_tokens, shown_name(loaded.name))
         self.loaded, self.store, self.grid = loaded, store, grid
-        self.model_name = model_name or loaded.name
-        self.weights_hash = weights_hash
         self.started_by = started_by
         self.progress = progress or (lambda done, total, label: None)
         self.should_stop = should_stop or (lambda: False)
-        eos_ids = eos_token_ids(loaded)
-        self.stops = stop_token_ids(loaded.tokenizer, eos_ids)
+        self.stops = stops_for(loaded, one_line_answers=True)
         self.summary = SweepSummary()
         self._done = 0
         self._total = 0
 
     def _config(self, cell: Cell, context: int) -> RunConfig:
-        params = dict(cell.policy.params())
-        params["query_aware"] = self.grid.query_aware
-        return RunConfig(
-            model=self.model_name, policy=cell.policy.name, mode=cell.mode, task=self.grid.task,
-            policy_params=params, weights_hash=self.weights_hash, keep=cell.keep, chunk=self.grid.chunk,
-            context_length=context, seed=self.grid.seed, device=self.loaded.device.type,
-            dtype=str(self.loaded.dtype).replace("torch.", ""),
-        )
+        return run_config(self.loaded, self._spec(cell), task=self.grid.task,
+                          task_hash=needle_sources_hash(self.grid.task, "sweep"), stop_rule=self.stops.rule,
+                          query_aware=self.grid.query_aware, context_length=context)
 
     def _spec(self, cell: Cell) -> RunSpec:
         budget = Budget(keep=cell.keep) if cell.keep is not None else None
         return RunSpec(cell.policy, budget, mode=cell.mode, chunk=self.grid.chunk, max_new_tokens=self.grid.max_new_tokens,
-                       stop_token_ids=self.stops, seed=self.grid.seed)
+                       stop_token_ids=self.stops.token_ids, seed=self.grid.seed)
 
     def _store(self, run_id: int, batch: Sequence[tuple[str, TaskItem]], result: GenerationResult,
                prefill_s: float, label: str, counted: int) -> None:
         """Store a batch's trials (those the run already has are skipped) and report ``counted`` more done."""
-        self.summary.ran += self.store.add_trials(run_id, trials_of(batch, result, prefill_s))
+        self.summary.ran += self.store.add_trials(run_id, batch_trials(batch, result, prefill_s))
         self._done += counted
         self.progress(self._done, self._total, label)
 
@@ -224,7 +215,8 @@ class SweepRunner:
             for cell in cells:
                 run_id = self.store.begin_run(self._config(cell, context), started_by=self.started_by)
                 self.summary.run_ids.append(run_id)
-                stored = self.store.stored_trial_keys(run_id)
+                stored = self.store.stored_trials(run_id)
+                _check_same_prompts(run_id, stored, items)
                 pending = [(key, item) for key, item in items if key not in stored]
                 self.summary.skipped += len(items) - len(pending)
                 plan.append((context, cell, run_id, pending))
@@ -285,6 +277,17 @@ class SweepRunner:
                 result = generate(self.loaded, None, self._spec(cell), suffix_ids=question, prefilled=prefilled)
                 self._store(run_id, batch, result, prefilled.seconds + result.prefill_seconds, cell.label,
                             len(wanted[run_id] & keys))
+
+
+def _check_same_prompts(run_id: int, stored: dict[str, str | None], items: Sequence[tuple[str, TaskItem]]) -> None:
+    """Refuse to resume a run whose stored trials answered other prompts than the ones now generated for the same
+    keys: mixing them would report an accuracy over two different tasks as one."""
+    for key, item in items:
+        known = stored.get(key)
+        if known is not None and known != item.content_hash:
+            raise KvlabError(f"Run {run_id} already holds trial {key!r} measured on a different prompt than the one "
+                             "generated now; the task's data changed under the same settings, so start a new "
+                             "database rather than mix the two.")
 
 
 def parse_policies(names: str, params: Sequence[str] = ()) -> tuple[Policy, ...]:

@@ -9,9 +9,10 @@ from kvlab.costs import FORMULAS, GPU_PRESETS, MODEL_PRESETS, Scenario, compare,
 from kvlab.costs.gpus import GIB
 from kvlab.errors import KvlabError
 from kvlab.ui.inputs import KV_PRECISIONS, WEIGHT_PRECISIONS, gpu_spec, model_spec_from_json, model_spec_from_loaded
-from kvlab.ui.session import current_model, page_setup, run_store
+from kvlab.ui.session import current_model, page_setup, reading_store
 from kvlab.ui.store_figures import cost_bars
 from kvlab.ui.tables import formatted_costs, stored_keep_fractions
+from kvlab.ui.text import plain, plain_frame
 
 page_setup()
 st.title("Cost calculator")
@@ -44,10 +45,10 @@ with model_column:
             layout = ("MLA latent" if arch.uses_mla else f"{arch.num_kv_heads} KV heads × head dim {arch.head_dim}")
             window = f", sliding window {arch.sliding_window} on {len(arch.sliding_layers)} layers" \
                 if arch.sliding_layers else ""
-            st.caption(f"{spec.name}: {arch.num_layers} layers, {arch.num_q_heads} query heads, {layout}{window}; "
+            st.caption(f"{plain(spec.name)}: {arch.num_layers} layers, {arch.num_q_heads} query heads, {layout}{window}; "
                        f"{spec.params / 1e9:,.2f}B parameters.")
     except KvlabError as error:
-        st.error(str(error))
+        st.error(plain(str(error)))
         spec = None
 
 with scenario_column:
@@ -65,7 +66,7 @@ with scenario_column:
     if keep_source == "typed":
         keep = st.slider("Kept fraction of the context", 0.01, 1.0, 0.25, 0.01)
     else:
-        store = run_store()
+        store = reading_store()
         options = stored_keep_fractions(store.list_runs()) if store is not None else {}
         if options:
             keep = options[st.selectbox("Stored run", list(options))]
@@ -98,7 +99,7 @@ try:
     full, evicted = compare(spec, gpu, scenario)
     table = cost_table(spec, gpu, scenario)
 except KvlabError as error:
-    st.error(str(error))
+    st.error(plain(str(error)))
     st.stop()
 
 metrics = st.columns(5)
@@ -116,7 +117,7 @@ metrics[4].metric("Cost per query", f"${evicted.cost_per_query:,.5f}",
 if not evicted.batch_fits:
     st.warning(f"A batch of {batch} does not fit: only {evicted.max_sequences} sequences fit beside the weights.")
 st.plotly_chart(cost_bars(full, evicted), key="cost-bars")
-st.table(formatted_costs(table).set_index("Quantity"))
+st.table(plain_frame(formatted_costs(table).set_index("Quantity")))
 with st.expander("Formulas (N prompt tokens, M generated tokens)", expanded=True):
     st.table(pd.DataFrame(FORMULAS.items(), columns=["Quantity", "Formula"]).set_index("Quantity"))
     st.caption("Not modelled: paged-cache block rounding, activations beyond the reserve, the transient full-prompt "

@@ -6,20 +6,19 @@ import streamlit as st
 
 from kvlab.claims import CLAIM_CONTEXT, side_by_side
 from kvlab.store import RunFilter
-from kvlab.ui.session import page_setup, run_store
+from kvlab.ui.session import page_setup, reading_store
 from kvlab.ui.store_figures import frontier_figure
 from kvlab.ui.tables import FRONTIER_AXES, METRICS, choices, frontier_points, most_runs, short_model_name
+from kvlab.ui.text import plain
 
 page_setup()
 st.title("Frontier")
 st.caption("Accuracy against memory for every policy and mode in the store. Circled points are on the Pareto front: "
            "no other point is at least as accurate with less memory. KV bytes are measured from the cache tensors "
            "of each trial (per sequence) and averaged.")
-store = run_store()
-if store is None:
-    st.stop()
-runs = store.list_runs()
-if runs.empty or not runs["trials"].any():
+store = reading_store()
+runs = store.list_runs() if store is not None else None
+if runs is None or runs.empty or not runs["trials"].any():
     st.info("The store has no runs with trials yet. Run a live run or a needle grid, or point KVLAB_DB at a "
             "database that has some.")
     st.stop()
@@ -54,7 +53,7 @@ for column, name in zip(st.columns(2), ("A", "B")):
 st.subheader("The published needle claim, next to kvlab's measurement")
 st.caption("An article claims that on a 4,096-token needle test H2O keeps 100 % accuracy up to 90 % pruning while "
            "StreamingLLM falls to 14 % and random eviction to 5 %. Its rows are shown only beside kvlab's own "
-           f"measurement of the same grid on {short_model_name(selections['A'])} (selection A's model), with the "
+           f"measurement of the same grid on {plain(short_model_name(selections['A']))} (selection A's model), with the "
            "fewest "
            "trials behind any cell of each row.")
 lengths = choices(runs, "context_length", model=selections["A"], task="needle")

@@ -6,7 +6,8 @@ import streamlit as st
 
 from kvlab.budget import Budget
 from kvlab.errors import KvlabError
-from kvlab.policies import POLICIES
+from kvlab.policies import POLICIES, make_policy
+from kvlab.store import open_store
 from kvlab.tasks.facts import TEMPLATES
 from kvlab.ui import live_figures as figures
 from kvlab.ui.device_queue import DEVICE_QUEUE
@@ -19,11 +20,13 @@ from kvlab.ui.live import (
     NeedleTask,
     TextTask,
     build_prompt,
-    store_live_run,
+    file_live_run,
 )
-from kvlab.ui.session import current_model, current_user, page_setup, run_store, waiting_notice
+from kvlab.ui.session import current_model, current_user, page_setup, waiting_notice
+from kvlab.ui.text import plain
 
 RESULT_KEY = "live_result"
+BROWSER_INT = (1 << 53) - 1  # the largest whole number a browser's number field holds exactly
 REDRAW_EVERY_DECODED = 4
 
 page_setup()
@@ -46,7 +49,7 @@ with task_column:
         depth = st.slider("Needle depth", 0.0, 1.0, 0.5, 0.05, help="Where the fact sits: 0 is the start of the text.")
         template = st.selectbox("Fact", list(TEMPLATES), help="Templates marked held out never appeared in training.",
                                 format_func=lambda name: name + (" (held out)" if TEMPLATES[name].held_out else ""))
-        seed = st.number_input("Seed (key, value and haystack)", min_value=0, value=0, step=1)
+        seed = st.number_input("Seed (key, value and haystack)", min_value=0, max_value=BROWSER_INT, value=0, step=1)
         task = NeedleTask(int(length), float(depth), template, int(seed))
     else:
         upload = st.file_uploader("Upload a text file", type=["txt", "md", "rst", "py", "json", "csv", "log"])
@@ -58,7 +61,7 @@ with task_column:
             try:
                 task = TextTask(read_upload(upload.name, upload.getvalue()), question, answer)
             except KvlabError as error:
-                st.error(str(error))
+                st.error(plain(str(error)))
                 task = None
 
 with policy_column:
@@ -67,17 +70,22 @@ with policy_column:
     params: dict[str, object] = {}
     for field in policy_fields(policy):
         key = f"live_{policy}_{field.name}"
+        spec = field.spec
         if field.choices:
-            params[field.name] = st.selectbox(field.name, field.choices, key=key)
+            params[field.name] = st.selectbox(field.name, field.choices, key=key, help=spec.help)
         elif field.kind is bool:
-            params[field.name] = st.checkbox(field.name, value=bool(field.default), key=key)
+            params[field.name] = st.checkbox(field.name, value=bool(field.default), key=key, help=spec.help)
         elif field.kind is int:
-            params[field.name] = int(st.number_input(field.name, value=int(field.default), step=1, key=key))
+            low = None if spec.minimum is None else int(spec.minimum)
+            high = None if spec.maximum is None else int(spec.maximum)
+            params[field.name] = int(st.number_input(field.name, min_value=low, max_value=high,
+                                                     value=int(field.default), step=1, key=key, help=spec.help))
         elif field.kind is float:
-            params[field.name] = float(st.number_input(field.name, value=float(field.default), step=0.05, key=key))
+            params[field.name] = float(st.number_input(field.name, value=float(field.default), step=0.05, key=key,
+                                                       help=f"{spec.help} ({spec.describe()})"))
         else:
-            params[field.name] = st.text_input(field.name, value=str(field.default), key=key)
-    evicts = policy != "full"
+            params[field.name] = st.text_input(field.name, value=str(field.default), key=key, help=spec.help)
+    evicts = POLICIES[policy]().evicts()
     budget_kind = st.radio("Budget", ["kept fraction", "tokens per layer"], horizontal=True, disabled=not evicts,
                            help="Tokens each layer keeps per KV head, sinks and windows included; a fraction is of "
                                 "the prompt.")
@@ -136,11 +144,10 @@ if run and loaded is not None and task is not None:
                     output.code(loaded.tokenizer.decode(live.trace.token_ids) or "…", language=None)
                     draw(live.trace, str(index))
         outcome = live.outcome()
-        store = run_store()
-        run_id = None if store is None else store_live_run(store, loaded, prompt, settings, outcome, current_user())
-        st.session_state[RESULT_KEY] = LiveResult(live.trace, outcome, prompt, run_id)
+        filed = file_live_run(open_store, live, outcome, current_user())
+        st.session_state[RESULT_KEY] = LiveResult(live.trace, outcome, prompt, filed)
     except KvlabError as error:
-        notice.error(str(error))
+        notice.error(plain(str(error)))
 
 result: LiveResult | None = st.session_state.get(RESULT_KEY)
 if result is None:
@@ -149,14 +156,20 @@ else:
     draw(result.trace, "final")
     outcome, prompt = result.outcome, result.prompt
     output.code(outcome.text or "(nothing generated)", language=None)
+    answer = plain(repr(prompt.answer))
     if outcome.contains is None:
         status.info("Not scored and not stored: give an expected answer to score a run.")
     elif outcome.exact:
-        status.success(f"Found: the answer {prompt.answer!r} is the first line of the output.")
+        status.success(f"Found: the answer {answer} is the first line of the output.")
     elif outcome.contains:
-        status.warning(f"Found inside the output, but not as its first line: {prompt.answer!r}.")
+        status.warning(f"Found inside the output, but not as its first line: {answer}.")
     else:
-        status.error(f"Not found: the expected answer was {prompt.answer!r}.")
+        status.error(f"Not found: the expected answer was {answer}.")
+    filed = result.filed
+    if filed.problem is not None:
+        st.error(plain(filed.problem) + " The result is kept on this page: download it to keep it.")
+        st.download_button("Download this run (CSV)", data=filed.record, file_name="kvlab-live-run.csv",
+                           mime="text/csv", on_click="ignore", icon=":material/download:")
     measured = st.columns(4)
     measured[0].metric("Prompt tokens", f"{prompt.context_tokens:,}")
     measured[1].metric("KV held (measured)", f"{outcome.kv_bytes / 2**20:,.2f} MiB")
@@ -169,7 +182,7 @@ else:
                    help="Share of the fact sentence's tokens still in the cache (any KV head), mean over layers.")
     kept[2].metric("Prefill (model)", f"{outcome.prefill_seconds:.2f} s", help="Time in the model; drawing excluded.")
     kept[3].metric("Decode (model)", f"{outcome.decode_seconds:.2f} s", help="Time in the model; drawing excluded.")
-    stored = "not stored" if result.run_id is None else f"stored as run {result.run_id}"
-    st.caption(f"Question: {prompt.question or '(none)'} · {stored}. KV bytes are read from the K/V tensors the "
+    stored = "not stored" if filed.run_id is None else f"stored as run {filed.run_id}"
+    st.caption(f"Question: {plain(prompt.question or '(none)')} · {stored}. KV bytes are read from the K/V tensors the "
                f"cache holds; the full-cache figure is computed for the same dtype and shapes. Tokens kept per "
                f"layer: {result.trace.kept_per_layer()}.")

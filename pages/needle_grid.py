@@ -7,12 +7,21 @@ import streamlit as st
 
 from kvlab.errors import KvlabError
 from kvlab.policies import POLICIES
-from kvlab.store import RunFilter, Store, SweepRecord
+from kvlab.store import RunFilter, Store, SweepRecord, open_store
 from kvlab.ui.grid import NeedleGridRequest
-from kvlab.ui.session import allowed_model, current_model, current_user, model_name, page_setup, run_store
+from kvlab.ui.session import (
+    allowed_model,
+    current_model,
+    current_user,
+    model_name,
+    page_setup,
+    reading_store,
+    writing_store,
+)
 from kvlab.ui.store_figures import needle_heatmaps
 from kvlab.ui.sweep_jobs import SWEEP_JOBS, SweepView, sweep_views
 from kvlab.ui.tables import at_budget, needle_grid, short_model_name
+from kvlab.ui.text import plain
 
 CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 REFRESH_S = 1.0
@@ -25,7 +34,7 @@ st.caption("Each cell is the share of needle questions answered (the answer appe
            "sweep on the server that fills in the missing trials. It goes on when this tab is closed, every session "
            "sees it below, and a sweep that was stopped or cut short by a server restart resumes where it stopped.")
 loaded = current_model()
-store = run_store()
+store = reading_store()
 
 settings, contexts_column, actions = st.columns([1.4, 1.4, 1])
 with settings:
@@ -41,37 +50,39 @@ with contexts_column:
 with actions:
     batch = int(st.number_input("Batch size", min_value=1, max_value=64, value=8,
                                 help="Prompts of one length read together in one forward pass."))
-    runnable = loaded is not None and store is not None and bool(policies) and bool(contexts)
+    runnable = loaded is not None and bool(policies) and bool(contexts)
     run = st.button("Run grid", type="primary", disabled=not runnable, icon=":material/play_arrow:")
 
 notice = st.empty()
-if run and loaded is not None and store is not None:
+if run and loaded is not None:
+    store = writing_store(notice)
     try:
         request = NeedleGridRequest(loaded.name, tuple(policies), keep, mode, tuple(contexts), depths, trials, batch)
-        job = SWEEP_JOBS.start(request, loaded, store, current_user())
-        notice.info(f"Sweep {job.sweep_id} runs on the server: it goes on if this tab is closed, and its progress "
-                    "is shown below.", icon=":material/cloud_sync:")
+        if store is not None:
+            job = SWEEP_JOBS.start(request, loaded, store, current_user())
+            notice.info(f"Sweep {job.sweep_id} runs on the server: it goes on if this tab is closed, and its "
+                        "progress is shown below.", icon=":material/cloud_sync:")
     except KvlabError as error:
-        notice.error(str(error))
+        notice.error(plain(str(error)))
 
 
 def resume(record: SweepRecord, sweep_store: Store) -> None:
     """Start a stored sweep again on its own model (if this server still allows it), by whoever resumes it."""
     request = NeedleGridRequest.from_spec(record.spec)
-    with st.spinner(f"Loading {request.model}…"):
-        SWEEP_JOBS.start(request, allowed_model(request.model), sweep_store, current_user())
+    with st.spinner(f"Loading {plain(request.model)}…"):
+        SWEEP_JOBS.start(request, allowed_model(request.model), open_store(sweep_store.path), current_user())
 
 
 def draw_sweep(view: SweepView, record: SweepRecord, sweep_store: Store) -> None:
     """One sweep: what it is, where it stands, and its Stop or Resume button."""
     with st.container(border=True):
         text, button = st.columns([6, 1], vertical_alignment="center")
-        text.markdown(view.title)
+        text.markdown(plain(view.title))
         with text:
             if view.level == "progress":
-                st.progress(view.fraction, text=view.sentence)
+                st.progress(view.fraction, text=plain(view.sentence))
             else:
-                NOTICES[view.level](view.sentence)
+                NOTICES[view.level](plain(view.sentence))
         if view.can_stop:
             button.button("Stop", key=f"stop-sweep-{view.sweep_id}", icon=":material/stop:",
                           on_click=SWEEP_JOBS.jobs(sweep_store.path)[view.sweep_id].stop)
@@ -80,7 +91,7 @@ def draw_sweep(view: SweepView, record: SweepRecord, sweep_store: Store) -> None
             try:
                 resume(record, sweep_store)
             except KvlabError as error:
-                text.error(str(error))
+                text.error(plain(str(error)))
             else:
                 st.rerun()
 
@@ -111,14 +122,15 @@ if store is not None:
 
 if not policies or not contexts:
     st.info("Choose at least one policy and one context length.")
-elif store is not None:
-    runs = store.list_runs(RunFilter(models=(model_name(),), policies=tuple(policies), modes=(mode,),
-                                     tasks=("needle",), context_lengths=tuple(contexts)))
-    chosen = at_budget(runs, keep)
-    if chosen.empty:
+else:
+    runs = None if store is None else store.list_runs(RunFilter(
+        models=(model_name(),), policies=tuple(policies), modes=(mode,), tasks=("needle",),
+        context_lengths=tuple(contexts)))
+    chosen = None if runs is None else at_budget(runs, keep)
+    if store is None or chosen is None or chosen.empty:
         st.info("No stored needle trials for these settings yet: press Run grid to measure them.")
     else:
         cells = needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(chosen["run_id"]))), chosen)
         st.plotly_chart(needle_heatmaps(cells), key="needle-heatmaps")
         st.caption(f"{int(chosen['trials'].sum())} stored trials of {len(chosen)} runs on "
-                   f"{short_model_name(model_name())}; depths are where the needle really sits, rounded to tenths.")
+                   f"{plain(short_model_name(model_name()))}; depths are where the needle really sits, rounded to tenths.")

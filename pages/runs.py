@@ -8,18 +8,18 @@ import streamlit as st
 
 from kvlab.store import RunFilter
 from kvlab.ui.downloads import MIME_TYPES, export_bytes
-from kvlab.ui.session import page_setup, run_store
+from kvlab.store import default_db_path
+from kvlab.ui.session import page_setup, reading_store
 from kvlab.ui.tables import choices, compare_runs, runs_table, short_model_name
+from kvlab.ui.text import plain, plain_frame
 
 page_setup()
 st.title("Runs")
-store = run_store()
-if store is None:
-    st.stop()
-everything = store.list_runs()
-if everything.empty:
-    st.info(f"No runs are stored in {store.path} yet. Run a live run or a needle grid, or point KVLAB_DB at a "
-            "database that has some.")
+store = reading_store()
+everything = store.list_runs() if store is not None else None
+if everything is None or everything.empty:
+    st.info(f"No runs are stored in {plain(default_db_path())} yet. Run a live run or a needle grid, or point "
+            "KVLAB_DB at a database that has some.")
     st.stop()
 
 filters = st.columns(4)
@@ -40,7 +40,7 @@ ids = runs["run_id"].tolist()
 picked = st.multiselect("Runs to compare", ids, default=ids[-2:], format_func=lambda i: f"run {i}")
 if picked:
     chosen = runs[runs["run_id"].isin(picked)]
-    st.table(compare_runs(chosen, store.trials_frame(RunFilter(run_ids=tuple(picked)))))
+    st.table(plain_frame(compare_runs(chosen, store.trials_frame(RunFilter(run_ids=tuple(picked))))))
 
 st.subheader("Download")
 scope = RunFilter(run_ids=tuple(picked)) if picked else selection

@@ -1,12 +1,15 @@
 """The dashboard in a real browser: ``streamlit run app.py`` on localhost, driven by Playwright through Debian's
 chromium. It opens every page, runs a live run and a needle grid to completion, downloads a CSV, checks that a bad
 upload is one sentence, measures how soon the first chart of a 2k-token live run appears and how long page switches
-take, and saves a screenshot of every page to ``docs/screenshots/``.
+take, and saves a screenshot of every page: to a temporary directory, or to ``$KVLAB_SCREENSHOTS`` when set
+(``scripts/screenshots.sh`` sets it to ``docs/screenshots/`` to refresh the README's pictures), so the test suite
+never changes tracked files.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -18,7 +21,6 @@ from browser import REPO, Server, idle, launch, needs_chromium
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
-SCREENSHOTS = REPO / "docs" / "screenshots"
 WIDTH = 1400
 # Wall-clock limits that catch a hang or a page that stops streaming, not the targets themselves: the measured
 # figures are printed (run with -s) and reported in the README; on a shared 2-core machine one switch now and then
@@ -67,6 +69,13 @@ def server(database) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def screenshots(tmp_path_factory) -> Path:
+    """Where the screenshots go: ``$KVLAB_SCREENSHOTS``, or a temporary directory."""
+    chosen = os.environ.get("KVLAB_SCREENSHOTS")
+    return Path(chosen) if chosen else tmp_path_factory.mktemp("screenshots")
+
+
+@pytest.fixture(scope="module")
 def page(server):
     with sync_api.sync_playwright() as playwright:
         browser = launch(playwright)
@@ -79,7 +88,7 @@ def page(server):
         browser.close()
 
 
-def screenshot(tab, name: str) -> None:
+def screenshot(tab, directory: Path, name: str) -> None:
     """The whole page as a small PNG: the viewport stretched to the content, halved, reduced to 256 colours."""
     from PIL import Image
 
@@ -88,8 +97,8 @@ def screenshot(tab, name: str) -> None:
     tab.wait_for_timeout(1500)  # charts resize to the new viewport
     image = Image.open(io.BytesIO(tab.screenshot())).convert("RGB")
     image = image.resize((image.width // 2, image.height // 2), Image.Resampling.LANCZOS)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    image.quantize(colors=256).save(SCREENSHOTS / f"{name}.png", optimize=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    image.quantize(colors=256).save(directory / f"{name}.png", optimize=True)
     tab.set_viewport_size({"width": WIDTH, "height": 1000})
 
 
@@ -103,7 +112,7 @@ def go_to(tab, title: str) -> float:
     return took
 
 
-def test_every_page_in_a_browser(page, record_property):
+def test_every_page_in_a_browser(page, screenshots, record_property):
     page.get_by_role("button", name="Run").click()  # defaults: 2,048-token needle, h2o at 10 %, streaming
     page.get_by_text("stored as run").wait_for()
     idle(page)
@@ -111,7 +120,7 @@ def test_every_page_in_a_browser(page, record_property):
     first_chart = marks["chart"] / 1000
     record_property("first_chart_s", round(first_chart, 3))
     record_property("first_3d_view_s", round(marks["landscape"] / 1000, 3))
-    screenshot(page, "live-run")
+    screenshot(page, screenshots, "live-run")
 
     switches = {}
     for title in ("Needle grid", "Frontier", "Cost calculator", "Runs", "Live run"):
@@ -126,15 +135,15 @@ def test_every_page_in_a_browser(page, record_property):
     page.get_by_role("button", name="Run grid").click()
     page.get_by_text("were already stored").wait_for()
     idle(page)
-    screenshot(page, "needle-grid")
+    screenshot(page, screenshots, "needle-grid")
 
     go_to(page, "Frontier")
-    screenshot(page, "frontier")
+    screenshot(page, screenshots, "frontier")
     go_to(page, "Cost calculator")
-    screenshot(page, "cost-calculator")
+    screenshot(page, screenshots, "cost-calculator")
 
     go_to(page, "Runs")
-    screenshot(page, "runs")
+    screenshot(page, screenshots, "runs")
     with page.expect_download() as download:
         page.get_by_role("button", name="Trials (CSV)").click()
     trials = pd.read_csv(download.value.path())

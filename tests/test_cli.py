@@ -53,8 +53,8 @@ def test_generate_reads_a_prompt_file_and_takes_policy_parameters(checkpoint, tm
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--budget", "0"], "must be a positive number of tokens"),
-        (["--budget", "-3"], "must be a positive number of tokens"),
+        (["--budget", "0"], "argument --budget: a budget must be at least 1, not 0"),
+        (["--budget", "-3"], "a budget must be at least 1, not -3"),
         (["--keep", "1.5"], "more than 0 and at most 1"),
         (["--keep", "0"], "more than 0 and at most 1"),
         (["--policy", "streaming", "--budget", "4"], "smaller than streaming's minimum of 5"),
@@ -62,10 +62,10 @@ def test_generate_reads_a_prompt_file_and_takes_policy_parameters(checkpoint, tm
         (["--policy", "magic", "--budget", "10"], "Unknown policy 'magic'"),
         (["--policy", "h2o", "--budget", "10", "--param", "heavy=3"], "has no parameter 'heavy'"),
         (["--policy", "h2o", "--budget", "10", "--param", "recent_ratio=lots"], "must be a number"),
-        (["--policy", "h2o", "--budget", "10", "--param", "recent_ratio=1.5"], "strictly between 0 and 1"),
+        (["--policy", "h2o", "--budget", "10", "--param", "recent_ratio=1.5"], "(more than 0 and less than 1), not 1.5"),
         (["--policy", "h2o"], "needs a budget"),
         (["--policy", "full", "--keep", "0.5"], "takes no budget"),
-        (["--policy", "streaming", "--budget", "10", "--mode", "streaming", "--chunk", "0"], "positive number"),
+        (["--policy", "streaming", "--budget", "10", "--mode", "streaming", "--chunk", "0"], "a chunk must be at least 1"),
     ],
 )
 def test_bad_inputs_exit_non_zero_with_one_sentence(checkpoint, capsys, argv, message):

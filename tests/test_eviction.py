@@ -119,7 +119,7 @@ def test_random_is_reproducible_with_its_seed(llama):
     _, loaded = llama
 
     def survivors(seed: int) -> list[torch.Tensor]:
-        spec = RunSpec(make_policy("random", seed=seed), Budget(tokens=10), max_new_tokens=1, seed=seed)
+        spec = RunSpec(make_policy("random"), Budget(tokens=10), max_new_tokens=1, seed=seed)
         events = [e for e in Generation(loaded, spec, prompt(length=40)).events() if e.kind == "compress"]
         return events[0].survivors()
 

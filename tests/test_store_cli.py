@@ -11,14 +11,14 @@ import pytest
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
 from kvlab.store import RunConfig, RunFilter, Trial, open_store
-from kvlab.store_cli import filters_from_args, register_cli
+from kvlab.cli.store import filters_from_args, register
 
 PROVENANCE = Provenance("0.0.0", None, {})
 
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="kvlab")
-    register_cli(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(argv)
 
 

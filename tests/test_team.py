@@ -68,7 +68,7 @@ def test_eight_sessions_at_once_take_turns_and_store_every_run_exactly_once(tmp_
         with live.on_device(queue, lambda waiting: seen.append(waiting.ahead)) as events:
             for _ in events:
                 pass
-        assert store_live_run(store, loaded, prompt, settings, live.outcome(), f"user{index}") is not None
+        assert store_live_run(store, live, live.outcome(), f"user{index}") is not None
 
     def sweep_session(index: int, policies: tuple[str, ...]) -> None:
         request = NeedleGridRequest(loaded.name, policies, 0.5, "prefill", (256,), depths=2, trials=1, batch_size=2)

@@ -70,8 +70,8 @@ def test_a_streaming_run_records_every_pass_and_its_memory(loaded, tmp_path):
     assert 0.0 <= trace.needle_held() <= 1.0
 
     store = open_store(tmp_path / "runs.duckdb")
-    run_id = store_live_run(store, loaded, prompt, settings, outcome, started_by="ann")
-    assert store_live_run(store, loaded, prompt, settings, outcome) == run_id  # the same run, not a new one
+    run_id = store_live_run(store, run, outcome, started_by="ann")
+    assert store_live_run(store, run, outcome) == run_id  # the same run, not a new one
     runs = store.list_runs()
     assert len(runs) == 1 and runs.loc[0, "trials"] == 1 and runs.loc[0, "keep"] == 0.25
     assert runs.loc[0, "task"] == "needle" and runs.loc[0, "status"] == "finished"
@@ -98,7 +98,7 @@ def test_an_unscored_text_run_is_not_stored(loaded, tmp_path):
     outcome = run.outcome()
     assert outcome.contains is None and len(run.trace.token_ids) == 3
     store = open_store(tmp_path / "runs.duckdb")
-    assert store_live_run(store, loaded, prompt, LiveSettings("full"), outcome) is None
+    assert store_live_run(store, run, outcome) is None
     assert store.list_runs().empty
     store.close()
 

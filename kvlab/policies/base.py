@@ -8,8 +8,10 @@ so that they differ only where their papers differ.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import ClassVar
+import math
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 import torch
 
@@ -47,12 +49,79 @@ class LayerView:
         return window_attention(self.cache)
 
 
+@dataclass(frozen=True)
+class ParamSpec:
+    """What values one policy parameter takes: bounds (inclusive unless ``open_minimum``/``open_maximum``), a list
+    of ``choices`` for text parameters, and one line of ``help``. The policy checks its values against it, and the
+    dashboard draws its widgets from it."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+    open_minimum: bool = False
+    open_maximum: bool = False
+    choices: tuple[str, ...] = ()
+    help: str = ""
+
+    def describe(self) -> str:
+        """The allowed values in words, for error messages."""
+        if self.choices:
+            return "one of " + ", ".join(repr(choice) for choice in self.choices)
+        parts = []
+        if self.minimum is not None:
+            parts.append(f"{'more than' if self.open_minimum else 'at least'} {self.minimum:g}")
+        if self.maximum is not None:
+            parts.append(f"{'less than' if self.open_maximum else 'at most'} {self.maximum:g}")
+        return " and ".join(parts) or "any value"
+
+    def allows(self, value: object) -> bool:
+        """Whether ``value`` lies within the bounds or among the choices."""
+        if self.choices:
+            return value in self.choices
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return True
+        if not math.isfinite(value):
+            return False
+        low_ok = self.minimum is None or (value > self.minimum if self.open_minimum else value >= self.minimum)
+        high_ok = self.maximum is None or (value < self.maximum if self.open_maximum else value <= self.maximum)
+        return low_ok and high_ok
+
+
+def param(default: Any, **spec: Any) -> Any:
+    """A policy parameter with its default and its :class:`ParamSpec` (bounds, choices, help)."""
+    return field(default=default, metadata={"param": ParamSpec(**spec)})
+
+
+def param_spec(cls: type[Policy], name: str) -> ParamSpec:
+    """The spec of a parameter (no bounds when the policy declared none)."""
+    for item in fields(cls):
+        if item.name == name:
+            return item.metadata.get("param", ParamSpec())
+    raise KeyError(name)
+
+
 @dataclass
 class Policy:
-    """Base of all eviction policies. Subclasses are dataclasses whose fields are the policy's parameters."""
+    """Base of all eviction policies. Subclasses are dataclasses whose fields are the policy's parameters, declared
+    with :func:`param` so that every value is checked the same way when the policy is made."""
 
     name: ClassVar[str] = ""
     needs_scores: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for item in fields(self):
+            value = getattr(self, item.name)
+            kind = hints[item.name]
+            typed = (isinstance(value, bool) if kind is bool else
+                     isinstance(value, int) and not isinstance(value, bool) if kind is int else
+                     isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
+                     isinstance(value, kind))
+            spec = item.metadata.get("param", ParamSpec())
+            if not typed or not spec.allows(value):
+                expected = {int: "a whole number", float: "a number", bool: "true or false"}.get(kind, "text")
+                allowed = (spec.describe() if spec.choices else expected if kind is bool else
+                           f"{expected} ({spec.describe()})")
+                raise KvlabError(f"Parameter {item.name!r} of policy {self.name!r} must be {allowed}, not {value!r}.")
 
     def query_window(self) -> int:
         """How many recent queries per layer the attention function must remember for :meth:`score`."""

@@ -7,8 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.errors import KvlabError
-from kvlab.policies.base import KEEP, LayerView, Policy
+from kvlab.policies.base import KEEP, LayerView, Policy, param
 
 
 @dataclass
@@ -28,11 +27,8 @@ class H2O(Policy):
 
     name: ClassVar[str] = "h2o"
     needs_scores: ClassVar[bool] = True
-    recent_ratio: float = 0.5
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.recent_ratio < 1.0:
-            raise KvlabError(f"H2O's recent_ratio is the share of the budget kept as recent tokens, strictly between 0 and 1, not {self.recent_ratio}.")
+    recent_ratio: float = param(0.5, minimum=0.0, maximum=1.0, open_minimum=True, open_maximum=True,
+                               help="share of the budget kept as the most recent tokens")
 
     def recent(self, budget: int) -> int:
         """How many of ``budget`` slots are reserved for the most recent tokens."""

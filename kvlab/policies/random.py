@@ -12,11 +12,10 @@ from kvlab.policies.base import LayerView, Policy
 
 @dataclass
 class RandomPolicy(Policy):
-    """Keep a uniformly random subset of the cache at every eviction, reproducible from ``seed``. Not from a paper:
-    the baseline that shows how much of a policy's accuracy comes from choosing at all."""
+    """Keep a uniformly random subset of the cache at every eviction, reproducible from the run's seed (``--seed``).
+    Not from a paper: the baseline that shows how much of a policy's accuracy comes from choosing at all."""
 
     name: ClassVar[str] = "random"
-    seed: int = 0
 
     def score(self, view: LayerView) -> torch.Tensor:
         positions = view.positions

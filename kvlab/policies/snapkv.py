@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.errors import KvlabError
-from kvlab.policies.base import KEEP, LayerView, Policy
+from kvlab.policies.base import KEEP, LayerView, Policy, param
 
 
 @dataclass
@@ -24,17 +24,14 @@ class SnapKV(Policy):
     """
 
     name: ClassVar[str] = "snapkv"
-    window: int = 32
-    kernel: int = 7
-    pooling: str = "max"
+    window: int = param(32, minimum=1, help="recent queries that vote (the observation window)")
+    kernel: int = param(7, minimum=1, maximum=255, help="width of the pooling along the sequence (odd)")
+    pooling: str = param("max", choices=("max", "avg"), help="how votes are pooled along the sequence")
 
     def __post_init__(self) -> None:
-        if self.window < 1:
-            raise KvlabError(f"The observation window of {self.name} must be at least one query, not {self.window}.")
-        if self.kernel < 1 or self.kernel % 2 == 0:
+        super().__post_init__()
+        if self.kernel % 2 == 0:
             raise KvlabError(f"The pooling kernel of {self.name} must be a positive odd number, not {self.kernel}.")
-        if self.pooling not in ("max", "avg"):
-            raise KvlabError(f"The pooling of {self.name} is 'max' or 'avg', not {self.pooling!r}.")
 
     def query_window(self) -> int:
         return self.window
@@ -68,12 +65,7 @@ class PyramidKV(SnapKV):
     """
 
     name: ClassVar[str] = "pyramidkv"
-    beta: int = 20
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.beta < 1:
-            raise KvlabError(f"PyramidKV's beta must be at least 1, not {self.beta}.")
+    beta: int = param(20, minimum=1, help="how steeply the budget falls with depth (top layer: 1/beta of the mean)")
 
     def layer_budgets(self, budget: int, num_layers: int, capacity: int | None = None) -> list[int]:
         if num_layers == 1:

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.policies.base import KEEP, LayerView, Policy
+from kvlab.policies.base import KEEP, LayerView, Policy, param
 
 
 @dataclass
@@ -22,7 +22,7 @@ class Streaming(Policy):
     """
 
     name: ClassVar[str] = "streaming"
-    sinks: int = 4
+    sinks: int = param(4, minimum=0, help="first tokens always kept (attention sinks)")
 
     def min_budget(self) -> int:
         return self.sinks + 1

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.policies.base import LayerView, Policy
+from kvlab.policies.base import LayerView, Policy, param
 
 
 @dataclass
@@ -21,7 +21,7 @@ class TOVA(Policy):
     """
 
     name: ClassVar[str] = "tova"
-    per_head: bool = False
+    per_head: bool = param(False, help="score each KV head on its own instead of the layer's mean")
 
     def query_window(self) -> int:
         return 1

@@ -9,6 +9,7 @@ user turn holding the context and question, and the assistant's turn opened.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -16,9 +17,19 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kvlab.errors import KvlabError
+from kvlab.limits import Limits
 from kvlab.tasks.needle import ANSWER_PREFIX, QUESTION_PREFIX, NeedleItem, encode
 
 JSONL_FIELDS = ("id", "context", "question", "answer")
+#: Fields of a task line that must hold some text (a question may be empty: the model then continues the context).
+REQUIRED_TEXT = ("id", "context", "answer")
+
+
+def item_hash(context_ids: Sequence[int], question_ids: Sequence[int], answer: str | None) -> str:
+    """sha256 of what one trial answers: the prompt's token ids (context, then question) and the expected answer.
+    Two trials with the same hash were measured on the same thing."""
+    text = json.dumps([list(context_ids), list(question_ids), answer], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,11 @@ class TaskItem:
     def context_tokens(self) -> int:
         """Every prompt token, context and question together."""
         return len(self.context_ids) + len(self.question_ids)
+
+    @property
+    def content_hash(self) -> str:
+        """The :func:`item_hash` of this item."""
+        return item_hash(self.context_ids, self.question_ids, self.answer)
 
 
 def from_needle(item: NeedleItem, index: int) -> TaskItem:
@@ -70,10 +86,12 @@ def prompt_ids(tokenizer: Any, context: str, question: str) -> tuple[tuple[int, 
     return bos + tuple(encode(tokenizer, context)), tuple(encode(tokenizer, f"{QUESTION_PREFIX}{question}{ANSWER_PREFIX}"))
 
 
-def load_jsonl(path: str | Path, tokenizer: Any) -> list[TaskItem]:
+def load_jsonl(path: str | Path, tokenizer: Any, limits: Limits = Limits(), new_tokens: int = 0) -> list[TaskItem]:
     """User tasks, one JSON object per line with string fields ``id``, ``context``, ``question``, ``answer``.
 
-    A malformed line is reported with its number; nothing is run until the whole file reads cleanly.
+    A malformed line is reported with its number (bad JSON, nesting too deep, text that is not valid Unicode, a
+    missing or empty field, a prompt that with ``new_tokens`` generated would not fit ``limits``); nothing is run
+    until the whole file reads cleanly.
     """
     path = Path(path)
     try:
@@ -87,22 +105,42 @@ def load_jsonl(path: str | Path, tokenizer: Any) -> list[TaskItem]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise KvlabError(f"Line {number} of {path} is not valid JSON ({error.msg}).") from None
-        if not isinstance(record, dict) or any(not isinstance(record.get(f), str) for f in JSONL_FIELDS):
-            raise KvlabError(
-                f"Line {number} of {path} must be an object with string fields {', '.join(JSONL_FIELDS)}."
-            )
+        where = f"Line {number} of {path}"
+        limits.check_text(line, where)
+        record = _parse_line(line, where)
         if record["id"] in seen:
-            raise KvlabError(f"Line {number} of {path} repeats the id {record['id']!r}; ids must be unique.")
+            raise KvlabError(f"{where} repeats the id {record['id']!r}; ids must be unique.")
         seen.add(record["id"])
         context_ids, question_ids = prompt_ids(tokenizer, record["context"], record["question"])
+        try:
+            limits.check(len(context_ids) + len(question_ids), new_tokens)
+        except KvlabError as error:
+            raise KvlabError(f"{where}: {error}") from None
         items.append(TaskItem(record["id"], context_ids, question_ids, record["answer"]))
     if not items:
         raise KvlabError(f"The task file {path} holds no tasks.")
     return items
+
+
+def _parse_line(line: str, where: str) -> dict[str, str]:
+    """One task line as its four text fields, or one sentence naming what is wrong with it."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise KvlabError(f"{where} is not valid JSON ({error.msg}).") from None
+    except RecursionError:
+        raise KvlabError(f"{where} is nested too deeply to be a task.") from None
+    if not isinstance(record, dict) or any(not isinstance(record.get(f), str) for f in JSONL_FIELDS):
+        raise KvlabError(f"{where} must be an object with string fields {', '.join(JSONL_FIELDS)}.")
+    for name in JSONL_FIELDS:
+        try:
+            record[name].encode("utf-8")
+        except UnicodeEncodeError:
+            raise KvlabError(f"{where} has text in {name!r} that is not valid Unicode (a lone surrogate).") from None
+    empty = [name for name in REQUIRED_TEXT if not record[name].strip()]
+    if empty:
+        raise KvlabError(f"{where} has an empty {empty[0]!r}; every task needs an id, a context and an answer.")
+    return {name: record[name] for name in JSONL_FIELDS}
 
 
 @lru_cache(maxsize=16)

@@ -265,5 +265,8 @@ class Score:
 
 
 def score(output_text: str, answer: str) -> Score:
-    """Score a model's continuation of ``Answer:`` against the expected answer."""
+    """Score a model's continuation of ``Answer:`` against the expected answer (which must hold some text: an
+    empty answer is contained in every output)."""
+    if not answer.strip():
+        raise KvlabError("An empty expected answer cannot be scored: every output contains it.")
     return Score(contains=answer in output_text, exact=output_text.split("\n", 1)[0].strip() == answer)

@@ -22,6 +22,13 @@ from kvlab.errors import KvlabError
 ALLOWED_MODELS_ENV = "KVLAB_ALLOWED_MODELS"
 #: The settings an OIDC provider needs besides the shared ``redirect_uri`` and ``cookie_secret``.
 PROVIDER_KEYS = ("client_id", "client_secret", "server_metadata_url")
+#: Environment variable with the comma-separated host names (as browsers send them) the server answers to.
+ALLOWED_HOSTS_ENV = "KVLAB_ALLOWED_HOSTS"
+#: Names of this machine that are always allowed.
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+#: What the model box answers for any name that leads to no loadable model, whether or not a file is there.
+NOT_A_MODEL = ("{name} is not a model this server can load: give a hub id, or the directory of a decoder-only "
+               "causal language model with its config.json, tokenizer and weights.")
 
 
 def allowed_models(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
@@ -40,6 +47,33 @@ def check_model_allowed(name: str, allowed: Sequence[str]) -> None:
     """Refuse, in one sentence naming what is allowed, a model outside a non-empty allow-list."""
     if allowed and _identity(name) not in {_identity(entry) for entry in allowed}:
         raise KvlabError(f"{name.strip()!r} is not a model this server may load; it allows {', '.join(allowed)}.")
+
+
+def model_refusal(name: str) -> str:
+    """The one sentence for a model name that leads to no loadable model (see :data:`NOT_A_MODEL`)."""
+    shown = name.strip() if len(name.strip()) <= 80 else name.strip()[:80] + "…"
+    return NOT_A_MODEL.format(name=repr(shown))
+
+
+def allowed_hosts(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """The host names the server answers to: this machine's names and those in ``$KVLAB_ALLOWED_HOSTS``."""
+    extra = tuple(name.strip().lower() for name in env.get(ALLOWED_HOSTS_ENV, "").split(",") if name.strip())
+    return LOCAL_HOSTS + extra
+
+
+def host_name(header: str) -> str:
+    """The host part of a ``Host`` header (``name:port``, ``[v6]:port``), lower-cased."""
+    text = header.strip().lower()
+    if text.startswith("["):
+        return text[1:].split("]", 1)[0]
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+
+
+def host_allowed(header: str | None, allowed: Sequence[str]) -> bool:
+    """Whether a request's ``Host`` header names this server. A browser always sends one; a page that another
+    site's DNS points at this machine (DNS rebinding) arrives with that site's name and is refused. No header at
+    all is a request from inside the process (a test), not a browser."""
+    return header is None or host_name(header) in allowed
 
 
 def initial_model(default: str, allowed: Sequence[str]) -> str:

@@ -17,7 +17,6 @@ import numpy as np
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel
 from kvlab.policies import make_policy
-from kvlab.provenance import weights_identity
 from kvlab.store import Store
 from kvlab.sweep import Progress, SweepGrid, SweepRunner, SweepSummary
 
@@ -75,8 +74,7 @@ def run_needle_grid(loaded: LoadedModel, store: Store, grid: SweepGrid, progress
                     started_by: str | None = None, should_stop: Callable[[], bool] | None = None) -> SweepSummary:
     """Run what the store does not hold yet, until ``should_stop`` says so. An error on the way (a GPU out of
     memory, which the engine turns into a sentence) says that the trials finished before it stay stored."""
-    runner = SweepRunner(loaded, store, grid, weights_hash=weights_identity(loaded.name, loaded.model.config),
-                         started_by=started_by, progress=progress, should_stop=should_stop)
+    runner = SweepRunner(loaded, store, grid, started_by=started_by, progress=progress, should_stop=should_stop)
     try:
         return runner.run()
     except KvlabError as error:

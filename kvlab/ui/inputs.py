@@ -15,34 +15,32 @@ from kvlab.costs.gpus import GIB
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel
 from kvlab.policies import POLICIES
+from kvlab.policies.base import ParamSpec, param_spec
 
 #: Cache precisions the calculator offers, by display name.
 KV_PRECISIONS: dict[str, str] = {"fp16 / bf16": "bf16", "fp8 / int8": "fp8", "int4": "int4", "2-bit": "int2"}
 #: Weight precisions the calculator offers, by display name.
 WEIGHT_PRECISIONS: dict[str, str] = {"bf16 / fp16": "bf16", "fp8 / int8": "fp8", "int4": "int4", "fp32": "fp32"}
-#: Choices of string parameters that accept only a few values.
-PARAM_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("snapkv", "pooling"): ("max", "avg"),
-    ("pyramidkv", "pooling"): ("max", "avg"),
-}
-
-
 @dataclass(frozen=True)
 class ParamField:
-    """One parameter of a policy, enough to draw its widget: name, Python type, default and allowed values."""
+    """One parameter of a policy, enough to draw its widget: name, Python type, default and what it allows (the
+    policy's own :class:`~kvlab.policies.base.ParamSpec`)."""
 
     name: str
     kind: type
     default: Any
-    choices: tuple[str, ...] = ()
+    spec: ParamSpec
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return self.spec.choices
 
 
 def policy_fields(policy: str) -> list[ParamField]:
-    """The parameters of a policy as the page draws them."""
+    """The parameters of a policy as the page draws them, from the policy's own declaration."""
     cls = POLICIES[policy]
     hints = typing.get_type_hints(cls)
-    return [ParamField(f.name, hints[f.name], f.default, PARAM_CHOICES.get((policy, f.name), ()))
-            for f in dataclasses.fields(cls)]
+    return [ParamField(f.name, hints[f.name], f.default, param_spec(cls, f.name)) for f in dataclasses.fields(cls)]
 
 
 def policy_summary(policy: str) -> str:

@@ -13,7 +13,6 @@ only while it holds the device (:meth:`LiveRun.on_device`), so that sessions sha
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -26,14 +25,16 @@ import torch
 
 from kvlab.attention import StatsRequest
 from kvlab.budget import Budget
-from kvlab.engine import Event, eos_token_ids, Generation, Mode, RunSpec
+from kvlab.engine import Event, Generation, Mode, RunSpec
 from kvlab.errors import KvlabError
+from kvlab.limits import check_seed
 from kvlab.models import LoadedModel
 from kvlab.policies import make_policy
-from kvlab.provenance import weights_identity
+from kvlab.records import Measured, needle_sources_hash, run_config, stops_for, trial
 from kvlab.store import RunConfig, Store, Trial
+from kvlab.store.export import frame_bytes, record_frame
 from kvlab.tasks.facts import TEMPLATES, make_fact
-from kvlab.tasks.items import prompt_ids, stop_token_ids
+from kvlab.tasks.items import item_hash, prompt_ids, stop_token_ids
 from kvlab.tasks.needle import Haystack, build_needle, encode, fact_piece, load_haystacks, score
 from kvlab.ui.device_queue import DeviceQueue, Waiting
 
@@ -65,14 +66,16 @@ class TextTask:
 class LivePrompt:
     """What the model reads, and how the run is filed in the store.
 
-    ``needle`` is the ``[start, end)`` token range of the fact sentence when there is one, so the page can show
-    whether those tokens survived.
+    ``task_hash`` identifies the task's content (a pasted text with its question and answer, or what generated
+    needles are made from); ``needle`` is the ``[start, end)`` token range of the fact sentence when there is one,
+    so the page can show whether those tokens survived.
     """
 
     context_ids: tuple[int, ...]
     question_ids: tuple[int, ...]
     answer: str | None
     task: str
+    task_hash: str
     task_id: str
     trial_key: str
     question: str = ""
@@ -108,6 +111,7 @@ def build_prompt(loaded: LoadedModel, task: NeedleTask | TextTask) -> LivePrompt
         template = TEMPLATES.get(task.template)
         if template is None:
             raise KvlabError(f"Unknown fact template {task.template!r}; choose one of {', '.join(TEMPLATES)}.")
+        check_seed(task.seed)
         rng = random.Random(f"live/{task.seed}")
         fact = make_fact(template, rng)
         haystacks = _haystacks(tokenizer)
@@ -115,22 +119,24 @@ def build_prompt(loaded: LoadedModel, task: NeedleTask | TextTask) -> LivePrompt
                             rng=rng)
         return LivePrompt(
             context_ids=item.context_ids, question_ids=item.question_ids, answer=item.answer, task="needle",
-            task_id=f"needle-live-{template.name}-{task.seed}",
+            task_hash=needle_sources_hash("single", "live"), task_id=f"needle-live-{template.name}-{task.seed}",
             trial_key=f"live/depth={task.depth:.4f}/template={template.name}/seed={task.seed}",
             question=fact.question, depth=item.depth,
             needle=find_span(item.context_ids, encode(tokenizer, fact_piece(fact.statements[0]))), seed=task.seed,
         )
     if not task.context.strip():
         raise KvlabError("There is no text to read; paste a text or upload a UTF-8 text file.")
+    loaded.limits.check_text(task.context + task.question, "The text")
     if task.question.strip():
         context_ids, question_ids = prompt_ids(tokenizer, task.context, task.question.strip())
     else:
         bos = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
         context_ids, question_ids = bos + tuple(encode(tokenizer, task.context)), ()
-    digest = hashlib.sha256(f"{task.context}\0{task.question}".encode()).hexdigest()[:16]
+    answer = task.answer.strip() or None
+    digest = item_hash(context_ids, question_ids, answer)
     return LivePrompt(
-        context_ids=context_ids, question_ids=question_ids, answer=task.answer.strip() or None, task="text",
-        task_id=f"text-{digest[:8]}", trial_key=f"live/text={digest}", question=task.question.strip(),
+        context_ids=context_ids, question_ids=question_ids, answer=answer, task="text", task_hash=digest,
+        task_id=f"text-{digest[:8]}", trial_key=f"live/text={digest[:16]}", question=task.question.strip(),
     )
 
 
@@ -298,12 +304,10 @@ class LiveRun:
     def __init__(self, loaded: LoadedModel, prompt: LivePrompt, settings: LiveSettings) -> None:
         policy = make_policy(settings.policy, **settings.params)
         budget = settings.budget if policy.evicts() else None
-        asks = prompt.answer is not None or bool(prompt.question_ids)
-        eos_ids = eos_token_ids(loaded)
-        stops = stop_token_ids(loaded.tokenizer, eos_ids) if asks else None
+        self.stops = stops_for(loaded, one_line_answers=prompt.answer is not None or bool(prompt.question_ids))
         self.spec = RunSpec(policy, budget, mode=cast(Mode, settings.mode), chunk=settings.chunk,  # RunSpec checks it
-                            max_new_tokens=settings.max_new_tokens, stop_token_ids=stops,
-                            stats=StatsRequest(settings.n_sink, settings.n_bins))
+                            max_new_tokens=settings.max_new_tokens, stop_token_ids=self.stops.token_ids,
+                            seed=prompt.seed or 0, stats=StatsRequest(settings.n_sink, settings.n_bins))
         together = settings.query_aware or not prompt.question_ids
         context = prompt.context_ids + prompt.question_ids if together else prompt.context_ids
         suffix = None if together else torch.tensor([prompt.question_ids])
@@ -372,44 +376,68 @@ class LiveRun:
 
 
 @dataclass(frozen=True)
+class Filed:
+    """Where a finished live run went: its ``run_id`` once stored; otherwise why it could not be stored
+    (``problem``) and its run and trial as a CSV file (``record``) for the user to keep. An unscored run (no
+    expected answer) is neither stored nor kept."""
+
+    run_id: int | None = None
+    problem: str | None = None
+    record: bytes | None = None
+
+
+@dataclass(frozen=True)
 class LiveResult:
     """A finished live run as the page keeps it between reruns: redrawn from here when a view setting changes."""
 
     trace: LiveTrace
     outcome: LiveOutcome
     prompt: LivePrompt
-    run_id: int | None
+    filed: Filed = Filed()
 
 
-def run_config(loaded: LoadedModel, prompt: LivePrompt, settings: LiveSettings) -> RunConfig:
+def live_config(live: LiveRun) -> RunConfig:
     """The stored configuration of a live run; the same settings on the same prompt find the same run."""
-    policy = make_policy(settings.policy, **settings.params)
-    budget = settings.budget if policy.evicts() else None
-    return RunConfig(
-        model=loaded.name, policy=policy.name, mode=settings.mode, task=prompt.task,
-        policy_params={**policy.params(), "query_aware": settings.query_aware},
-        weights_hash=weights_identity(loaded.name, loaded.model.config),
-        keep=None if budget is None else budget.keep, budget_tokens=None if budget is None else budget.tokens,
-        chunk=settings.chunk, context_length=prompt.context_tokens, seed=prompt.seed,
-        device=loaded.device.type, dtype=str(loaded.dtype).replace("torch.", ""),
-    )
+    return run_config(live.loaded, live.spec, task=live.prompt.task, task_hash=live.prompt.task_hash,
+                      stop_rule=live.stops.rule, query_aware=live.settings.query_aware,
+                      context_length=live.prompt.context_tokens)
 
 
-def store_live_run(store: Store, loaded: LoadedModel, prompt: LivePrompt, settings: LiveSettings,
-                   outcome: LiveOutcome, started_by: str | None = None) -> int | None:
-    """File a finished live run and its one trial; None (nothing stored) when there is no answer to score it by."""
-    if prompt.answer is None or outcome.contains is None:
+def live_trial(live: LiveRun, outcome: LiveOutcome) -> Trial | None:
+    """The one trial of a finished live run; None when there is no answer to score it by."""
+    prompt = live.prompt
+    if prompt.answer is None:
         return None
-    run_id = store.begin_run(run_config(loaded, prompt, settings), started_by=started_by)
-    store.add_trial(run_id, Trial(
-        trial_key=prompt.trial_key, task_id=prompt.task_id, context_tokens=prompt.context_tokens,
-        correct=outcome.contains, exact=outcome.exact, depth=prompt.depth, expected=prompt.answer,
-        output=outcome.text, kept_tokens=outcome.kept_tokens, kv_bytes=outcome.kv_bytes,
-        peak_kv_bytes=outcome.peak_kv_bytes, peak_gpu_bytes=outcome.peak_gpu_bytes,
-        prefill_s=outcome.prefill_seconds, decode_s=outcome.decode_seconds,
-    ))
+    measured = Measured(kept_tokens=outcome.kept_tokens, kv_bytes=outcome.kv_bytes,
+                        peak_kv_bytes=outcome.peak_kv_bytes, peak_gpu_bytes=outcome.peak_gpu_bytes,
+                        prefill_s=outcome.prefill_seconds, decode_s=outcome.decode_seconds)
+    return trial(prompt.trial_key, prompt.task_id, prompt.context_ids, prompt.question_ids, prompt.answer,
+                 outcome.text, measured, prompt.depth)
+
+
+def store_live_run(store: Store, live: LiveRun, outcome: LiveOutcome, started_by: str | None = None) -> int | None:
+    """File a finished live run and its one trial; None (nothing stored) when there is no answer to score it by."""
+    measured = live_trial(live, outcome)
+    if measured is None:
+        return None
+    run_id = store.begin_run(live_config(live), started_by=started_by)
+    store.add_trial(run_id, measured)
     store.finish_run(run_id)
     return run_id
+
+
+def file_live_run(opener: Callable[[], Store], live: LiveRun, outcome: LiveOutcome,
+                  started_by: str | None = None) -> Filed:
+    """Store a finished live run in the store ``opener`` opens; a store that cannot be opened or written (locked,
+    damaged, a full disk) loses nothing: the run comes back as a CSV record with the reason."""
+    measured = live_trial(live, outcome)
+    if measured is None:
+        return Filed()
+    try:
+        run_id = store_live_run(opener(), live, outcome, started_by)
+    except KvlabError as error:
+        return Filed(problem=str(error), record=frame_bytes(record_frame(live_config(live), measured), ".csv"))
+    return Filed(run_id=run_id)
 
 
 def warm_up(loaded: LoadedModel) -> None:

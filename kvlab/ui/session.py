@@ -7,6 +7,7 @@ in the sidebar on every run and leaves the loaded model (or None) in the session
 
 from __future__ import annotations
 
+import logging
 import runpy
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -16,12 +17,26 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 from streamlit.runtime.pages_manager import PagesManager
 
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, NotAModel
+from kvlab.guard import log_to_server
 from kvlab.models import LoadedModel, default_model, load_model
 from kvlab.store import Store, default_db_path, open_store
-from kvlab.ui.access import allowed_models, check_model_allowed, exposure, initial_model, login_providers, user_label
+from kvlab.ui.access import (
+    allowed_hosts,
+    allowed_models,
+    check_model_allowed,
+    exposure,
+    host_allowed,
+    initial_model,
+    login_providers,
+    model_refusal,
+    user_label,
+)
 from kvlab.ui.device_queue import Waiting
 from kvlab.ui.live import warm_up
+from kvlab.ui.text import plain
+
+_LOGGER = logging.getLogger(__name__)
 
 APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
 MODEL_KEY = "kvlab_model_name"
@@ -48,6 +63,35 @@ def auth_settings() -> Mapping[str, Any]:
         return {}
     auth = st.secrets.get("auth")
     return auth if isinstance(auth, Mapping) else {}
+
+
+def right_host() -> bool:
+    """Whether the browser reached this server by one of its own names (``Host`` header); a page that another
+    site's DNS points here is told so and nothing else runs for it."""
+    if host_allowed(st.context.headers.get("Host"), allowed_hosts()):
+        return True
+    st.error("This kvlab server does not answer to the name this page used. Open it by one of its own names; its "
+             "operator lists them in KVLAB_ALLOWED_HOSTS.")
+    return False
+
+
+def show_details() -> bool:
+    """Whether the server is in development mode (``client.showErrorDetails`` set to show them), where a bug's
+    traceback may reach the browser; otherwise it goes to the server log only."""
+    return st.get_option("client.showErrorDetails") in ("full", "stacktrace", True)
+
+
+def guarded(work: Callable[[], None], where: str) -> None:
+    """Run a page: a sentence a user caused is shown as it is; a bug becomes one sentence with a reference, its
+    traceback in the server log (outside development mode)."""
+    try:
+        work()
+    except KvlabError as error:
+        st.error(plain(str(error)))
+    except Exception as error:
+        if show_details():
+            raise  # development mode: Streamlit shows the traceback
+        st.error(plain(log_to_server(error, where)))
 
 
 def logged_in() -> bool:
@@ -85,7 +129,7 @@ def access_sidebar() -> None:
     user = current_user()
     if login and user is not None:
         name, logout = st.sidebar.columns([3, 1], vertical_alignment="center")
-        name.caption(f"Logged in as **{user}**")
+        name.caption(f"Logged in as **{plain(user)}**")
         if logout.button("Log out", key="logout"):
             st.logout()
 
@@ -110,7 +154,8 @@ def allowed_model(name: str) -> LoadedModel:
 
 def model_name() -> str:
     """The model the user picked (the default model, or the first allowed one, until they pick another)."""
-    return str(st.session_state.get(MODEL_KEY) or initial_model(default_model(), allowed_models())).strip()
+    picked = st.session_state.get(MODEL_KEY)
+    return str(picked if picked is not None else initial_model(default_model(), allowed_models())).strip()
 
 
 def model_sidebar() -> LoadedModel | None:
@@ -124,19 +169,25 @@ def model_sidebar() -> LoadedModel | None:
     sidebar.text_input("Model", key=MODEL_KEY, help="A Hugging Face hub id (e.g. Qwen/Qwen2.5-0.5B) or a local "
                        "model directory. It is loaded once and shared by every session of this server." + only)
     loaded: LoadedModel | None = None
+    name = model_name()
     try:
-        with sidebar, st.spinner(f"Loading {model_name()}…"):
-            loaded = allowed_model(model_name())
+        if not name:
+            raise KvlabError("Type a hub id or a model directory to load a model.")
+        with sidebar, st.spinner(f"Loading {plain(name[:80])}…"):
+            loaded = allowed_model(name)
+    except NotAModel as error:
+        _LOGGER.info("model %r refused: %s", name[:200], error)
+        sidebar.error(plain(model_refusal(name)))
     except KvlabError as error:
-        sidebar.error(str(error))
+        sidebar.error(plain(str(error)))
+    except Exception as error:  # a bug while loading must not take every page down with it
+        sidebar.error(plain(log_to_server(error, "loading a model")))
     else:
         arch = loaded.arch
-        sidebar.caption(
+        sidebar.caption(plain(
             f"{arch.model_type} · {arch.num_layers} layers · {arch.num_q_heads} query / {arch.num_kv_heads} KV "
-            f"heads · head dim {arch.head_dim}  \nRunning on **{loaded.device}** in "
-            f"{str(loaded.dtype).replace('torch.', '')}"
-        )
-    sidebar.caption(f"Runs are stored in `{default_db_path()}`")
+            f"heads · head dim {arch.head_dim}") + f"  \nRunning on **{plain(loaded.device)}** in {loaded.dtype_name}")
+    sidebar.caption(f"Runs are stored in {plain(default_db_path())}")
     st.session_state[LOADED_KEY] = loaded
     return loaded
 
@@ -147,18 +198,32 @@ def current_model() -> LoadedModel | None:
     return loaded if isinstance(loaded, LoadedModel) else None
 
 
-def run_store() -> Store | None:
-    """The run database, or None with the reason on the page (locked by another process, corrupt, not kvlab's)."""
+def reading_store() -> Store | None:
+    """The run database opened read-only, for what a page shows: never created, migrated or changed by reading.
+    None when there is none yet (the page says so) or it cannot be read (the page shows why)."""
+    path = default_db_path()
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    try:
+        return open_store(path, read_only=True)
+    except KvlabError as error:
+        st.error(plain(str(error)))
+        return None
+
+
+def writing_store(slot: DeltaGenerator | None = None) -> Store | None:
+    """The run database opened for writing (created when missing), for a run or sweep to store into; None with
+    the reason shown in ``slot`` (locked by another process, corrupt, not kvlab's, a full disk)."""
     try:
         return open_store()
     except KvlabError as error:
-        st.error(str(error))
+        (slot or st).error(plain(str(error)))
         return None
 
 
 def waiting_notice(notice: DeltaGenerator) -> Callable[[Waiting], None]:
     """What a run waiting for the device shows in ``notice``: how many runs are ahead and what is running."""
     def show(waiting: Waiting) -> None:
-        notice.info(waiting.sentence(), icon=":material/hourglass_top:")
+        notice.info(plain(waiting.sentence()), icon=":material/hourglass_top:")
 
     return show

@@ -1,8 +1,6 @@
-"""The ``runs`` and ``export`` subcommands: list stored runs, and write trials or runs to CSV or Parquet.
+"""The ``runs`` and ``export`` commands: list stored runs, and write trials or runs to CSV or Parquet.
 
-Each subcommand's ``func`` takes the parsed arguments and returns an exit code; a
-:class:`~kvlab.errors.KvlabError` (a locked database, a bad file name) propagates to the main command, which
-prints its sentence.
+Both only read: they open the database read-only, so they never create, migrate or change a file.
 """
 
 from __future__ import annotations
@@ -12,7 +10,8 @@ import itertools
 from pathlib import Path
 from typing import Any, Callable
 
-from kvlab.store import DB_ENV_VAR, RunFilter, export_runs, export_trials, open_store
+from kvlab.cli.options import add_db_argument
+from kvlab.store import RunFilter, export_runs, export_trials, open_store
 
 #: The columns ``runs`` prints (``export --table runs`` writes every run column).
 LIST_COLUMNS: tuple[str, ...] = (
@@ -31,16 +30,18 @@ _FILTER_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
 )
 
 
-def register_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``runs`` and ``export`` subcommands to ``subparsers``."""
-    runs = subparsers.add_parser("runs", help="list the stored runs", description="List the stored runs.")
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the ``runs`` and ``export`` commands."""
+    runs = commands.add_parser("runs", help="list the stored runs", description="List the stored runs.")
     _add_store_options(runs)
     runs.set_defaults(func=list_runs_command)
 
-    export = subparsers.add_parser(
+    export = commands.add_parser(
         "export",
         help="write stored trials or runs to a CSV or Parquet file",
-        description="Write one row per trial (with its run's columns), or per run, to a .csv or .parquet file.",
+        description="Write one row per trial (with its run's columns), or per run, to a .csv or .parquet file. "
+                    "The file's directory must exist; the database itself, or any other DuckDB file, is never "
+                    "overwritten.",
     )
     _add_store_options(export)
     export.add_argument("--out", required=True, type=Path, metavar="FILE", help="output file: .csv or .parquet")
@@ -51,15 +52,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_store_options(parser: argparse.ArgumentParser) -> None:
-    """``--db`` and the run filters, shared by both subcommands."""
-    parser.add_argument(
-        "--db",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help=f"database file (default: ${DB_ENV_VAR}, else $XDG_DATA_HOME/kvlab/runs.duckdb, "
-        "else ~/.local/share/kvlab/runs.duckdb)",
-    )
+    """``--db`` and the run filters, shared by both commands."""
+    add_db_argument(parser, "database file, opened read-only")
     for option, dest, element, what in _FILTER_OPTIONS:
         parser.add_argument(
             option,
@@ -79,7 +73,8 @@ def _comma_list(element: Callable[[str], Any]) -> Callable[[str], list[Any]]:
         try:
             return [element(item.strip()) for item in text.split(",") if item.strip()]
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {element.__name__}") from exc
+            raise argparse.ArgumentTypeError(
+                f"{text[:60]!r} is not a comma-separated list of {element.__name__}") from exc
 
     return parse
 
@@ -93,7 +88,7 @@ def filters_from_args(args: argparse.Namespace) -> RunFilter:
 
 def list_runs_command(args: argparse.Namespace) -> int:
     """``kvlab runs``: print the matching runs as a table."""
-    store = open_store(args.db, create=False)
+    store = open_store(args.db, read_only=True)
     frame = store.list_runs(filters_from_args(args))
     if frame.empty:
         print(f"No matching runs in {store.path}.")
@@ -105,7 +100,7 @@ def list_runs_command(args: argparse.Namespace) -> int:
 
 def export_command(args: argparse.Namespace) -> int:
     """``kvlab export``: write the matching trials (or runs) to ``--out``."""
-    store = open_store(args.db, create=False)
+    store = open_store(args.db, read_only=True)
     export = export_runs if args.table == "runs" else export_trials
     count = export(store, args.out, filters_from_args(args))
     print(f"Wrote {count} {args.table} to {args.out}.")

@@ -1,0 +1,104 @@
+"""Options shared by the commands, each parsed and checked in one place, before anything expensive happens."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from kvlab.errors import KvlabError
+from kvlab.limits import MAX_SEED
+from kvlab.store import DB_ENV_VAR
+
+
+def whole(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse type for a whole number of at least ``minimum`` (``what`` names it in the error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number, not {text[:40]!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be at least {minimum}, not {value}")
+        return value
+
+    return parse
+
+
+def seed(text: str) -> int:
+    """An argparse type for a seed: a whole number from 0 to 2^63 - 1 (it is stored as a signed 64-bit integer)."""
+    value = whole(0, "a seed")(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"a seed must be at most {MAX_SEED}, not {text[:40]}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse type for a number (the kept fraction's range is checked with the budget)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a kept fraction must be a number, not {text[:40]!r}") from None
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options choosing the model and where it runs."""
+    parser.add_argument("--model", default=None, help="hub id or local directory (default: the shipped model)")
+    parser.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow the model's own code from the hub to run (off unless given)")
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options naming a policy, its parameters and its budget (shared by the commands that run one)."""
+    parser.add_argument("--policy", default="full", help="eviction policy (see `kvlab policies`)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a policy parameter, e.g. --param sinks=4 (repeatable)")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--keep", type=fraction, help="kept fraction of the context, in (0, 1]; 1 is the full cache")
+    budget.add_argument("--budget", type=whole(1, "a budget"),
+                        help="tokens kept per layer per KV head, sinks and windows included")
+    parser.add_argument("--mode", default="prefill", choices=("prefill", "streaming"))
+    parser.add_argument("--chunk", type=whole(1, "a chunk"),
+                        help="context tokens per forward pass (default: all at once in prefill mode, 256 in "
+                             "streaming mode)")
+    add_seed_argument(parser)
+
+
+def add_seed_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=seed, default=0, help="seed of random eviction and of generated tasks")
+
+
+def add_generation_arguments(parser: argparse.ArgumentParser, default: int) -> None:
+    """How many tokens to generate at most."""
+    parser.add_argument("--max-new-tokens", type=whole(1, "--max-new-tokens"), default=default,
+                        help=f"tokens to generate at most (default: {default})")
+
+
+def add_db_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--db", default=None, metavar="FILE", help=f"{help_text} (default: ${DB_ENV_VAR}, else "
+                        "$XDG_DATA_HOME/kvlab/runs.duckdb, else ~/.local/share/kvlab/runs.duckdb)")
+
+
+def policy_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The policy and budget the arguments describe, checked."""
+    from kvlab.budget import Budget, check_budget
+    from kvlab.policies import make_policy, parse_params
+
+    policy = make_policy(args.policy, **parse_params(args.policy, args.param))
+    budget = None
+    if args.keep is not None or args.budget is not None:
+        budget = Budget(tokens=args.budget, keep=args.keep)
+    if budget is None or budget.tokens is not None or not policy.evicts():
+        check_budget(policy, budget, context_tokens=0)
+    return policy, budget
+
+
+def numbers(text: str, kind: type, what: str) -> tuple[Any, ...]:
+    """A comma-separated list of numbers; an empty list is the caller's to refuse."""
+    try:
+        return tuple(kind(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise KvlabError(f"{what} must be a comma-separated list of numbers, not {text[:60]!r}.") from None

@@ -1,0 +1,145 @@
+"""What the store holds, as Python values: a run's configuration and its identity, trials, sweeps and filters.
+
+A *run* is one configuration; :func:`run_key` hashes everything in :class:`RunConfig` that can change a result, so a
+re-run finds its run again only when nothing that matters differs. A *trial* is one prompt answered under that run,
+unique within it by ``trial_key``; its ``item_hash`` says which prompt it answered, so a stored trial is never
+mistaken for the answer to a different prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+import kvlab
+
+EndStatus = Literal["finished", "interrupted"]
+#: Where a dashboard sweep stands: waiting for the device, running, or ended (``interrupted``: its process died).
+SweepStatus = Literal["queued", "running", "finished", "stopped", "failed", "interrupted"]
+
+#: Bumped when the meaning of a run's identity changes, so that keys of the new meaning never equal older ones:
+#: version 1 (schema 2 to 4) left out generation settings, the tokenizer and the task's content.
+IDENTITY_VERSION = 2
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that can change a run's results; :func:`run_key` hashes exactly these fields and kvlab's version.
+
+    ``keep`` is the kept fraction of the context and ``budget_tokens`` a fixed token budget; a run sets one of them
+    (or neither, for the full cache). ``task`` names the prompts for people (``needle``, ``jsonl:<file>``, ``text``);
+    ``task_hash`` identifies their content (the items themselves, or for generated needles everything they are
+    generated from), so a changed file or haystack is a different run. ``context_length`` is the target length when
+    the run has one. ``stop_rule`` says which tokens end an answer (``eos``, or ``eos+line`` for one-line answers).
+    Build them with :mod:`kvlab.records`, which fills every field from the loaded model and the engine's settings.
+    """
+
+    model: str
+    policy: str
+    mode: str
+    task: str
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    weights_hash: str | None = None
+    tokenizer_hash: str | None = None
+    task_hash: str | None = None
+    keep: float | None = None
+    budget_tokens: int | None = None
+    chunk: int | None = None
+    compression_interval: int | None = None
+    context_length: int | None = None
+    query_aware: bool | None = None
+    max_new_tokens: int | None = None
+    stop_rule: str | None = None
+    seed: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One answered prompt of a run. ``trial_key`` identifies it within the run, so a resumed sweep can skip it;
+    ``item_hash`` is the hash of the prompt and answer it was measured on.
+
+    Byte counts are of the KV cache as physically held (``kv_bytes``, at the end of the trial) and at its peak;
+    ``peak_gpu_bytes`` is the device's peak allocation where there is a GPU.
+    """
+
+    trial_key: str
+    task_id: str
+    context_tokens: int
+    correct: bool
+    exact: bool | None = None
+    depth: float | None = None
+    expected: str | None = None
+    output: str | None = None
+    kept_tokens: int | None = None
+    kv_bytes: int | None = None
+    peak_kv_bytes: int | None = None
+    peak_gpu_bytes: int | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    item_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a query covers: each non-empty field keeps runs whose column is one of its values."""
+
+    run_ids: tuple[int, ...] = ()
+    models: tuple[str, ...] = ()
+    policies: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
+    context_lengths: tuple[int, ...] = ()
+
+
+#: The runs column each :class:`RunFilter` field filters on.
+FILTER_COLUMNS: dict[str, str] = {
+    "run_ids": "run_id",
+    "models": "model",
+    "policies": "policy",
+    "modes": "mode",
+    "tasks": "task",
+    "context_lengths": "context_length",
+}
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """A stored sweep: its grid (``spec``, the JSON object it was started with), where it stands, why it failed
+    (``message``), who started it first, and when it was created and last changed (UTC)."""
+
+    sweep_id: int
+    spec: dict[str, Any]
+    status: SweepStatus
+    message: str | None
+    started_by: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+def run_key(config: RunConfig) -> str:
+    """The stable identity of a run configuration: sha256 of its fields, kvlab's version and the identity version
+    as canonical JSON.
+
+    Fields that are ``None`` are left out, so that a setting a run does not have (no budget for the full cache) does
+    not count. kvlab's version is part of it because the code is part of the experiment.
+    """
+    identity = {name: value for name, value in dataclasses.asdict(config).items() if value is not None}
+    identity["identity_version"] = IDENTITY_VERSION
+    identity["kvlab_version"] = kvlab.__version__
+    return hashlib.sha256(canonical_json(identity).encode()).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """Canonical JSON (sorted keys, no spaces), so equal values give equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def utcnow() -> datetime:
+    """The current UTC time without a zone: timestamps are stored as UTC ``TIMESTAMP``."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
