@@ -13,8 +13,8 @@ ENV PYTHONUNBUFFERED=1 \
     KVLAB_DEFAULT_MODEL=/app/data/models/kvlab-tiny-llama \
     KVLAB_ALLOWED_MODELS="" \
     HF_HUB_OFFLINE=0 \
-    STREAMLIT_SERVER_ADDRESS=0.0.0.0 \
-    STREAMLIT_CLIENT_SHOW_ERROR_DETAILS=none
+    KVLAB_ALLOWED_HOSTS="" \
+    STREAMLIT_SERVER_ADDRESS=0.0.0.0
 
 RUN groupadd --system --gid 10001 kvlab \
     && useradd --system --uid 10001 --gid kvlab --create-home --home-dir /home/kvlab kvlab \

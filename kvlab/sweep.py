@@ -97,6 +97,11 @@ class SweepGrid:
             for context in self.contexts:
                 check_budget(cell.policy, Budget(keep=cell.keep) if cell.keep is not None else None, context)
 
+    def check_fits(self, loaded: LoadedModel) -> None:
+        """Refuse, before anything runs or is stored, a context that with its answer does not fit the model."""
+        for context in self.contexts:
+            loaded.limits.check(context, self.max_new_tokens, shown_name(loaded.name))
+
     @property
     def task(self) -> str:
         """The task description stored with each run."""
@@ -178,8 +183,7 @@ class SweepRunner:
 
     def __init__(self, loaded: LoadedModel, store: Store, grid: SweepGrid, *, started_by: str | None = None,
                  progress: Progress | None = None, should_stop: Callable[[], bool] | None = None) -> None:
-        for context in grid.contexts:  # every prompt must fit the model before anything runs
-            loaded.limits.check(context, grid.max_new_tokens, shown_name(loaded.name))
+        grid.check_fits(loaded)
         self.loaded, self.store, self.grid = loaded, store, grid
         self.started_by = started_by
         self.progress = progress or (lambda done, total, label: None)

@@ -6,7 +6,7 @@ import streamlit as st
 
 from kvlab.budget import Budget
 from kvlab.errors import KvlabError
-from kvlab.policies import POLICIES, make_policy
+from kvlab.policies import POLICIES
 from kvlab.store import open_store
 from kvlab.tasks.facts import TEMPLATES
 from kvlab.ui import live_figures as figures

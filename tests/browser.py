@@ -84,9 +84,9 @@ class Server:
         self.stop()
 
 
-def launch(playwright: Any) -> Any:
+def launch(playwright: Any, *extra_args: str) -> Any:
     """Debian's chromium, headless, through Playwright (``playwright install`` is not used)."""
-    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=[*CHROMIUM_ARGS, *extra_args])
 
 
 def idle(tab: Any) -> None:

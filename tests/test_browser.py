@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from browser import REPO, Server, idle, launch, needs_chromium
+from browser import Server, idle, launch, needs_chromium
 
 sync_api = pytest.importorskip("playwright.sync_api")
 

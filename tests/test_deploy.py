@@ -97,11 +97,11 @@ def test_the_image_listens_on_every_interface_and_shows_browsers_no_error_detail
     names = ("server.address", "client.showErrorDetails", "server.enableXsrfProtection", "server.maxUploadSize",
              "browser.gatherUsageStats", "server.headless")
     local = streamlit_options({}, *names)
-    assert local == {"server.address": "localhost", "client.showErrorDetails": "full",
+    assert local == {"server.address": "localhost", "client.showErrorDetails": "none",
                      "server.enableXsrfProtection": True, "server.maxUploadSize": CONFIG["server"]["maxUploadSize"],
                      "browser.gatherUsageStats": False, "server.headless": True}
     deployed = streamlit_options({k: v for k, v in image_env().items() if k.startswith("STREAMLIT_")}, *names)
-    assert deployed == {**local, "server.address": "0.0.0.0", "client.showErrorDetails": "none"}
+    assert deployed == {**local, "server.address": "0.0.0.0"}
 
 
 def test_compose_reserves_one_gpu_and_keeps_its_volumes():

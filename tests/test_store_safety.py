@@ -132,21 +132,43 @@ def test_a_database_on_a_read_only_file_system_is_listed(tmp_path: Path) -> None
 # --- damaged files and full disks ----------------------------------------------------------------------------------
 
 
-def test_a_damaged_block_inside_a_valid_database_is_one_sentence(tmp_path: Path) -> None:
-    path = tmp_path / "runs.duckdb"
+def damaged_copies(tmp_path: Path) -> Iterator[tuple[Path, bytes]]:
+    """Copies of a real store of 3,000 trials, each with one 256 KiB block scrambled (and its bytes)."""
+    path = tmp_path / "healthy.duckdb"
     store = open_store(path)
     store.add_trials(store.begin_run(CONFIG, provenance=PROVENANCE),
                      [trial(f"k{i}", output="x" * 200) for i in range(3000)])
     store.close()
     healthy = path.read_bytes()
     block = 262144
-    damaged_reads = 0
     for start in range(3 * 4096, len(healthy), block):
         data = bytearray(healthy)
         for offset in range(start + 8, min(start + block, len(data)), 97):
             data[offset] ^= 0xFF
         copy = tmp_path / f"copy-{start}.duckdb"
         copy.write_bytes(data)
+        yield copy, bytes(data)
+
+
+def damaged_database(tmp_path: Path) -> Path:
+    """A store that opens, but one of whose data blocks cannot be read."""
+    for copy, _ in damaged_copies(tmp_path):
+        try:
+            reader = open_store(copy, read_only=True)
+        except KvlabError:
+            continue
+        try:
+            reader.trials_frame()
+        except KvlabError:
+            return copy
+        finally:
+            close(reader.path)
+    raise AssertionError("no block of the store held its trials")
+
+
+def test_a_damaged_block_inside_a_valid_database_is_one_sentence(tmp_path: Path) -> None:
+    damaged_reads = 0
+    for copy, data in damaged_copies(tmp_path):
         try:
             reader = open_store(copy, read_only=True)
         except KvlabError as refused:  # the damage hit the catalog: refused at opening
@@ -160,7 +182,7 @@ def test_a_damaged_block_inside_a_valid_database_is_one_sentence(tmp_path: Path)
             assert "left untouched" in str(error) and "\n" not in str(error)
         finally:
             close(reader.path)
-        assert copy.read_bytes() == bytes(data)
+        assert copy.read_bytes() == data
     assert damaged_reads >= 1
 
 

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -144,7 +143,7 @@ def test_killing_a_sweep_process_and_running_it_again_leaves_one_row_per_cell_an
     assert 0 < partial < expected
     finished = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert finished.returncode == 0, finished.stderr
-    assert f"were already stored" in finished.stdout
+    assert "were already stored" in finished.stdout
     with open_store(db) as store:
         trials = store.trials_frame()
         assert len(trials) == expected

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Callable, NoReturn, Sequence
 
@@ -20,11 +21,21 @@ from kvlab.guard import log_to_file
 Command = Callable[[argparse.Namespace], int]
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(message: str) -> str:
+    """A message as one terminal line: control characters that a typed value may carry (a line break, a carriage
+    return, an escape sequence) are shown as escapes, so they can neither split the sentence nor restyle the
+    terminal."""
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], message)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with a usage error as one line (the command's ``--help`` shows the usage)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (see {self.prog} --help).\n")
+        self.exit(2, f"error: {one_line(message)} (see {self.prog} --help).\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except KvlabError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {one_line(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)

@@ -18,7 +18,6 @@ from kvlab.cli.options import (
     policy_from_args,
     whole,
 )
-from kvlab.errors import KvlabError
 
 NEEDLE_KINDS = {"needle": "single", "needle-multikey": "multi-key", "needle-multivalue": "multi-value"}
 
@@ -100,8 +99,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     from kvlab.sweep import SweepRunner
 
     grid = sweep_grid(args)
-    store = open_store(args.db)
     loaded = _load(args)
+    grid.check_fits(loaded)
+    store = open_store(args.db)
     bar = tqdm(total=0, unit="trial", file=sys.stderr, disable=args.quiet)
 
     def progress(done: int, total: int, label: str) -> None:
@@ -134,9 +134,9 @@ def run_eval(args: argparse.Namespace) -> int:
     from kvlab.tasks.items import load_jsonl
 
     policy, budget = policy_from_args(args)
-    store = open_store(args.db) if args.db else None
     loaded = _load(args)
     items = load_jsonl(args.tasks, loaded.tokenizer, loaded.limits, args.max_new_tokens)
+    store = open_store(args.db) if args.db else None
     stops = stops_for(loaded, one_line_answers=True)
     spec = RunSpec(policy, budget, mode=args.mode, chunk=args.chunk, max_new_tokens=args.max_new_tokens,
                    stop_token_ids=stops.token_ids, seed=args.seed)

@@ -417,11 +417,11 @@ def live_trial(live: LiveRun, outcome: LiveOutcome) -> Trial | None:
 
 def store_live_run(store: Store, live: LiveRun, outcome: LiveOutcome, started_by: str | None = None) -> int | None:
     """File a finished live run and its one trial; None (nothing stored) when there is no answer to score it by."""
-    measured = live_trial(live, outcome)
-    if measured is None:
+    scored = live_trial(live, outcome)
+    if scored is None:
         return None
     run_id = store.begin_run(live_config(live), started_by=started_by)
-    store.add_trial(run_id, measured)
+    store.add_trial(run_id, scored)
     store.finish_run(run_id)
     return run_id
 
@@ -430,13 +430,13 @@ def file_live_run(opener: Callable[[], Store], live: LiveRun, outcome: LiveOutco
                   started_by: str | None = None) -> Filed:
     """Store a finished live run in the store ``opener`` opens; a store that cannot be opened or written (locked,
     damaged, a full disk) loses nothing: the run comes back as a CSV record with the reason."""
-    measured = live_trial(live, outcome)
-    if measured is None:
+    scored = live_trial(live, outcome)
+    if scored is None:
         return Filed()
     try:
         run_id = store_live_run(opener(), live, outcome, started_by)
     except KvlabError as error:
-        return Filed(problem=str(error), record=frame_bytes(record_frame(live_config(live), measured), ".csv"))
+        return Filed(problem=str(error), record=frame_bytes(record_frame(live_config(live), scored), ".csv"))
     return Filed(run_id=run_id)
 
 

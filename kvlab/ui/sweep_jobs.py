@@ -28,9 +28,6 @@ from kvlab.ui.grid import NeedleGridRequest, run_needle_grid
 
 _LOGGER = logging.getLogger(__name__)
 
-#: Stored statuses from which a sweep can be resumed.
-RESUMABLE: frozenset[str] = frozenset({"interrupted", "stopped", "failed"})
-
 
 class _StoppedWhileWaiting(Exception):
     """Raised from the device queue's wait callback to give the place up when a waiting sweep is stopped."""
@@ -97,7 +94,7 @@ class SweepJobs:
         already waiting or running in this process, its job is returned and nothing new starts."""
         if loaded.name != request.model:
             raise ValueError(f"the sweep is for {request.model!r}, not the loaded {loaded.name!r}")
-        request.grid()  # refuses, in one sentence, a grid that cannot run before anything is stored
+        request.grid().check_fits(loaded)  # refuses, in one sentence, a grid that cannot run, before anything is stored
         with self._lock:
             for job in self._jobs.values():
                 if job.active and job.store_path == store.path and job.request == request:

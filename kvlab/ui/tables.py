@@ -159,6 +159,8 @@ def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
             "model": short_model_name(run.model), "task": run.task, "policy": run.policy,
             "parameters": ", ".join(f"{k}={v}" for k, v in json.loads(run.policy_params or "{}").items()) or "—",
             "mode": run.mode, "budget": budget_label(run.keep, run.budget_tokens), "chunk": _text(run.chunk),
+            "question read before compression": _text(run.query_aware),
+            "tokens generated at most": _text(run.max_new_tokens), "stop rule": _text(run.stop_rule),
             "context length": _text(run.context_length), "trials": str(int(run.trials)),
             "accuracy %": _number(100 * run.accuracy), "exact match %": _number(100 * run.exact_accuracy),
             "mean tokens kept per layer": _number(None if mean is None else mean["kept_tokens"]),

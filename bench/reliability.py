@@ -1,0 +1,186 @@
+"""Reliability under the accidents that happen to a lab bench: a sweep killed with SIGKILL at random moments and run
+again, eight dashboard sessions running live runs at once in one server, and a disk that fills up in the middle of a
+sweep. For each it prints the trials expected, stored, duplicated and lost, and writes them as JSON.
+
+Usage (on the 2-core CPU machine; about five minutes; the disk part needs root to mount a tmpfs):
+    python bench/reliability.py --kills 8 --sessions 8 --out bench/results/reliability.json
+
+Everything runs the product as users run it: ``python -m kvlab sweep`` in a subprocess, ``streamlit run app.py``
+driven by Chromium through Playwright (Debian's chromium), on the shipped model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from kvlab.store import open_store  # noqa: E402
+
+#: The sweep every part runs: 3 policies x 2 contexts x 3 depths x 4 trials, both modes for the evicting ones.
+SWEEP = ["--policies", "full,h2o,streaming", "--keep", "0.5", "--mode", "prefill,streaming", "--contexts", "512,1024",
+         "--depths", "0,0.5,1", "--trials", "4", "--batch-size", "2", "--max-new-tokens", "8", "--quiet"]
+EXPECTED_TRIALS = (1 + 2 * 2) * 2 * 3 * 4
+
+
+def sweep(db: Path, **popen: object) -> subprocess.Popen[str]:
+    """``python -m kvlab sweep`` into ``db`` in a subprocess."""
+    return subprocess.Popen([sys.executable, "-m", "kvlab", "sweep", *SWEEP, "--db", str(db)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
+
+
+def counts(db: Path, expected: int) -> dict[str, int]:
+    """Trials expected, stored, duplicated (the same trial of a run more than once) and lost."""
+    with open_store(db, read_only=True) as store:
+        trials = store.trials_frame()
+    distinct = len(trials.drop_duplicates(["run_id", "trial_key"]))
+    return {"expected": expected, "stored": len(trials), "duplicated": len(trials) - distinct,
+            "lost": expected - distinct}
+
+
+def killed_sweeps(kills: int, seed: int, directory: Path) -> dict[str, object]:
+    """Kill a sweep with SIGKILL ``kills`` times at random moments, then let it finish."""
+    db = directory / "killed.duckdb"
+    rng = random.Random(seed)
+    moments, stored_after = [], []
+    for _ in range(kills):
+        process = sweep(db)
+        moment = rng.uniform(3.0, 7.0)  # model loading takes a few seconds; some kills land before any trial
+        time.sleep(moment)
+        process.send_signal(signal.SIGKILL)
+        process.wait(30)
+        moments.append(round(moment, 2))
+        stored_after.append(counts(db, EXPECTED_TRIALS)["stored"] if db.exists() else 0)
+    finished = sweep(db)
+    out, err = finished.communicate(timeout=900)
+    if finished.returncode != 0:
+        raise RuntimeError(f"the final sweep failed: {err[-500:]}")
+    return {"kills": kills, "kill_moments_s": moments, "stored_after_each_kill": stored_after, "final": out.strip(),
+            **counts(db, EXPECTED_TRIALS)}
+
+
+def concurrent_sessions(sessions: int, directory: Path) -> dict[str, object]:
+    """``sessions`` browser tabs run a short live run each, all at once, against one dashboard server."""
+    from browser import Server, idle, launch
+    from playwright import sync_api
+
+    db = directory / "sessions.duckdb"
+    errors: list[str] = []
+    with Server({"KVLAB_DB": str(db)}) as server, sync_api.sync_playwright() as playwright:
+        browser = launch(playwright)
+        tabs = []
+        for seed in range(sessions):
+            tab = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            tab.set_default_timeout(600_000)
+            tab.goto(server.url)
+            tab.get_by_text("Running on").wait_for()
+            tab.get_by_role("spinbutton", name="Context length (tokens)").fill("256")
+            tab.get_by_role("spinbutton", name="Seed (key, value and haystack)").fill(str(seed + 1))
+            tab.get_by_role("spinbutton", name="Tokens to generate (at most)").fill("4")
+            tab.get_by_role("spinbutton", name="Tokens to generate (at most)").press("Enter")
+            idle(tab)
+            tabs.append(tab)
+        started = time.perf_counter()
+        for tab in tabs:
+            tab.get_by_role("button", name="Run", exact=True).click()
+        for tab in tabs:
+            try:
+                tab.get_by_text("stored as run").wait_for()
+            except Exception as error:  # counted as lost below; the message says why
+                errors.append(str(error).splitlines()[0])
+        seconds = time.perf_counter() - started
+        browser.close()
+    return {"sessions": sessions, "seconds_until_all_stored": round(seconds, 1), "errors": errors,
+            **counts(db, sessions)}
+
+
+@contextlib.contextmanager
+def small_disk(directory: Path, megabytes: int) -> Iterator[Path]:
+    """A tmpfs of ``megabytes`` MB (needs root)."""
+    mount = directory / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Fill a file system to its last byte."""
+    filler = directory / "filler"
+    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (1 << 16, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(descriptor, b"\0" * size)
+    finally:
+        os.close(descriptor)
+    return filler
+
+
+def full_disk(megabytes: int, directory: Path) -> dict[str, object]:
+    """Fill the disk under a running sweep's database; then free it and run the sweep again."""
+    with small_disk(directory, megabytes) as disk:
+        db = disk / "full.duckdb"
+        process = sweep(db)
+        deadline = time.monotonic() + 300
+        while not db.exists() or db.stat().st_size < 12288:  # wait until trials are being stored
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError("the sweep never started storing")
+            time.sleep(0.1)
+        time.sleep(3.0)
+        filler = fill(disk)
+        out, err = process.communicate(timeout=900)
+        said = [line for line in err.splitlines() if line.startswith("error:")]
+        during = {"exit_status": process.returncode, "sentence": said[-1] if said else None,
+                  "traceback": "Traceback" in err, **counts(db, EXPECTED_TRIALS)}
+        filler.unlink()
+        again = sweep(db)
+        out, err = again.communicate(timeout=900)
+        return {"disk_mb": megabytes, "while_full": during, "after_freeing": {
+            "exit_status": again.returncode, "final": out.strip(), **counts(db, EXPECTED_TRIALS)}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=8)
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--disk-mb", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    results: dict[str, object] = {"machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+                                  "date": time.strftime("%Y-%m-%d")}
+    with tempfile.TemporaryDirectory(prefix="kvlab-reliability-") as scratch:
+        directory = Path(scratch)
+        for name, part in (("killed_sweeps", lambda: killed_sweeps(args.kills, args.seed, directory)),
+                           ("concurrent_sessions", lambda: concurrent_sessions(args.sessions, directory)),
+                           ("full_disk", lambda: full_disk(args.disk_mb, directory))):
+            started = time.perf_counter()
+            try:
+                results[name] = {**part(), "wall_s": round(time.perf_counter() - started, 1)}
+            except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+                results[name] = {"skipped": str(error).splitlines()[0]}
+            print(name, json.dumps(results[name]), flush=True)
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
