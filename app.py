@@ -8,9 +8,8 @@ import streamlit as st
 from kvlab.ui.session import access_sidebar, guarded, logged_in, login_page, model_sidebar, right_host
 
 st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
-if not right_host():
-    st.stop()
-admitted = logged_in()
+own_name = right_host()
+admitted = own_name and logged_in()
 page = st.navigation([
     st.Page("pages/live.py", title="Live run", icon=":material/play_circle:"),
     st.Page("pages/needle_grid.py", title="Needle grid", icon=":material/grid_on:"),
@@ -18,6 +17,8 @@ page = st.navigation([
     st.Page("pages/costs.py", title="Cost calculator", icon=":material/payments:"),
     st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:"),
 ], position="sidebar" if admitted else "hidden")
+if not own_name:  # the pages are declared but hidden, and none runs for a page reached by another site's name
+    st.stop()
 if not admitted:  # the pages are declared (so their addresses resolve) but none runs before the login
     login_page()
     st.stop()

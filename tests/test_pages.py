@@ -60,8 +60,8 @@ def open_page(page: str) -> AppTest:
 
 
 def shown(value: str) -> str:
-    """Markdown as a reader sees it: the page escapes user text with backslashes, which render as nothing."""
-    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", value)
+    """Markdown as a reader sees it: the page escapes user text with backslashes and invisible word joiners."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", value).replace("\u2060", "")
 
 
 def widget(elements, label: str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pandas as pd
@@ -191,3 +192,17 @@ def test_downloads_are_what_the_exporters_write(store):
     assert len(trials) == 4 and {"run_id", "policy", "keep", "correct", "kv_bytes", "git_commit"} <= set(trials.columns)
     runs = pd.read_parquet(io.BytesIO(export_bytes(store, "runs", ".parquet")))
     assert sorted(runs["run_id"]) == [1, 2, 3, 4, 5, 6]
+
+
+def test_user_text_is_escaped_for_markdown_and_no_address_becomes_a_link():
+    from kvlab.ui.text import WORD_JOINER, plain, plain_frame
+
+    escaped = plain("![x](https://h/p.png) **b** www.h.org ann@h.org :red[r] $x$ <img>")
+    assert "![" not in escaped and "**" not in escaped and "<img>" not in escaped and "$x$" not in escaped
+    assert "https:" + WORD_JOINER in escaped.replace("\\", "") and "www" + WORD_JOINER in escaped
+    assert "@" + WORD_JOINER in escaped.replace("\\", "")
+    unescaped = re.sub(r"\\(.)", r"\1", escaped).replace(WORD_JOINER, "")
+    assert unescaped == "![x](https://h/p.png) **b** www.h.org ann@h.org :red[r] $x$ <img>"
+    frame = plain_frame(pd.DataFrame({"a*": ["**x**", 3]}, index=["[i]", "j"]))
+    assert list(frame.columns) == ["a\\*"] and frame.iloc[0, 0] == "\\*\\*x\\*\\*" and frame.iloc[1, 0] == 3
+    assert list(frame.index) == ["\\[i\\]", "j"]

@@ -3,7 +3,10 @@
 Streamlit renders the body of ``st.error``, ``st.caption``, ``st.markdown``, table cells and most labels as Markdown,
 so a question or answer holding ``![x](https://host/p.png)`` would make every browser that shows it fetch that
 address, and ``**`` or ``#`` would restyle the page. Every ASCII punctuation character is backslash-escaped, which
-CommonMark renders as the character itself, so the text reads exactly as typed and nothing in it is markup.
+CommonMark renders as the character itself, so the text reads exactly as typed and nothing in it is markup. Bare
+addresses (``https://…``, ``www.…``, ``name@host``) are turned into links by GitHub-flavoured Markdown after escapes
+are read, so an invisible word joiner (U+2060) is put where that recognition starts (after ``:`` before ``//``,
+after ``www`` before ``.``, after ``@``): the text looks the same and is not a link.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import re
 import pandas as pd
 
 _PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+_AUTOLINK_STARTS = re.compile(r"(?<=:)(?=//)|(?<=www)(?=\.)|(?<=@)", re.IGNORECASE)
+WORD_JOINER = "\u2060"
 
 
 def plain(text: object) -> str:
-    """``text`` escaped so that Markdown shows it literally."""
-    return _PUNCTUATION.sub(r"\\\1", str(text))
+    """``text`` escaped so that Markdown shows it literally, and no address in it becomes a link."""
+    return _PUNCTUATION.sub(r"\\\1", _AUTOLINK_STARTS.sub(WORD_JOINER, str(text)))
 
 
 def plain_frame(frame: pd.DataFrame) -> pd.DataFrame:
