@@ -12,7 +12,6 @@ driven by Chromium through Playwright (Debian's chromium), on the shipped model.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -22,12 +21,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+
+from disks import fill, small_disk  # noqa: E402
 
 from kvlab.store import open_store  # noqa: E402
 
@@ -106,32 +106,6 @@ def concurrent_sessions(sessions: int, directory: Path) -> dict[str, object]:
         browser.close()
     return {"sessions": sessions, "seconds_until_all_stored": round(seconds, 1), "errors": errors,
             **counts(db, sessions)}
-
-
-@contextlib.contextmanager
-def small_disk(directory: Path, megabytes: int) -> Iterator[Path]:
-    """A tmpfs of ``megabytes`` MB (needs root)."""
-    mount = directory / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """Fill a file system to its last byte."""
-    filler = directory / "filler"
-    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        for size in (1 << 16, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(descriptor, b"\0" * size)
-    finally:
-        os.close(descriptor)
-    return filler
 
 
 def full_disk(megabytes: int, directory: Path) -> dict[str, object]:

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kvlab.paths import user_file
+
 LOG_ENV_VAR = "KVLAB_LOG"
 _LOGGER = logging.getLogger("kvlab")
 
@@ -22,12 +24,7 @@ _LOGGER = logging.getLogger("kvlab")
 def log_file(env: Mapping[str, str] = os.environ) -> Path:
     """Where the command line writes tracebacks: ``$KVLAB_LOG``, else ``$XDG_STATE_HOME/kvlab/kvlab.log``, else
     ``~/.local/state/kvlab/kvlab.log``."""
-    explicit = env.get(LOG_ENV_VAR)
-    if explicit:
-        return Path(explicit).expanduser()
-    state_home = env.get("XDG_STATE_HOME")
-    base = Path(state_home) if state_home and Path(state_home).is_absolute() else Path.home() / ".local" / "state"
-    return base / "kvlab" / "kvlab.log"
+    return user_file(env, LOG_ENV_VAR, "XDG_STATE_HOME", ".local/state", "kvlab", "kvlab.log")
 
 
 def new_reference() -> str:

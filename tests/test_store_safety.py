@@ -16,6 +16,7 @@ import duckdb
 import pandas as pd
 import pytest
 
+from disks import fill, small_disk
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
 from kvlab.store import MIGRATIONS, RunConfig, Trial, export_runs, export_trials, open_store
@@ -187,37 +188,19 @@ def test_a_damaged_block_inside_a_valid_database_is_one_sentence(tmp_path: Path)
 
 
 @contextlib.contextmanager
-def small_disk(tmp_path: Path) -> Iterator[Path]:
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MB tmpfs, or a skip where this process may not mount one."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
     try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """Fill a file system to its last byte."""
-    filler = directory / "filler"
-    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        with contextlib.suppress(OSError):
-            while True:
-                os.write(descriptor, b"\0" * 65536)
-        with contextlib.suppress(OSError):
-            while True:
-                os.write(descriptor, b"\0")
-    finally:
-        os.close(descriptor)
-    return filler
+        with small_disk(tmp_path, 4) as disk:
+            yield disk
+    except OSError as error:
+        if "cannot mount" not in str(error):
+            raise
+        pytest.skip(str(error))
 
 
 def test_a_full_disk_is_one_sentence_and_loses_nothing_stored(tmp_path: Path) -> None:
-    with small_disk(tmp_path) as disk:
+    with tiny_disk(tmp_path) as disk:
         path = disk / "runs.duckdb"
         store = open_store(path)
         run_id = store.begin_run(CONFIG, provenance=PROVENANCE)
@@ -314,7 +297,7 @@ def test_csv_cells_that_a_spreadsheet_would_run_are_escaped_and_parquet_keeps_va
 
 
 def test_an_export_that_finds_a_full_disk_leaves_the_old_file(filled, tmp_path: Path) -> None:
-    with small_disk(tmp_path) as disk:
+    with tiny_disk(tmp_path) as disk:
         out = disk / "trials.csv"
         out.write_text("the previous export\n")
         filler = fill(disk)

@@ -21,6 +21,7 @@ from pathlib import Path
 import duckdb
 
 from kvlab.errors import KvlabError
+from kvlab.paths import user_file
 from kvlab.store.errors import DB_ENV_VAR, disk_full, is_disk_full, open_error, unreadable
 from kvlab.store.rows import utcnow
 from kvlab.store.schema import SCHEMA_VERSION, migrate, usable_version
@@ -34,12 +35,7 @@ def default_db_path(env: Mapping[str, str] = os.environ) -> Path:
 
     Per user rather than per checkout, so the dashboard and every sweep of one user see the same runs.
     """
-    explicit = env.get(DB_ENV_VAR)
-    if explicit:
-        return Path(explicit).expanduser()
-    data_home = env.get("XDG_DATA_HOME")
-    base = Path(data_home) if data_home and Path(data_home).is_absolute() else Path.home() / ".local" / "share"
-    return base / "kvlab" / "runs.duckdb"
+    return user_file(env, DB_ENV_VAR, "XDG_DATA_HOME", ".local/share", "kvlab", "runs.duckdb")
 
 
 @dataclass
