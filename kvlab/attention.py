@@ -1,15 +1,19 @@
 """kvlab's attention function, registered with transformers' ``AttentionInterface``.
 
-Inside a kvlab run it computes each layer's attention over the budgeted cache with masks built from the tokens'
-original positions (causal order and sliding windows stay right however the cache was compacted), and it observes
-only what was asked for:
+Inside a kvlab run it computes each layer's attention over the KV heap with masks built from the tokens' original
+positions (free slots, causal order and sliding windows stay right however the heap was evicted, refilled or
+compacted), and it observes only what was asked for:
 
-* nothing: plain ``scaled_dot_product_attention``, so ``full`` runs at SDPA speed;
-* accumulated attention per cached token (H2O), the dashboard's statistics, or logit soft-capping: an exact
-  attention computed in blocks of queries, so that at most ``block x cache`` scores exist at once and never an
-  N x N matrix for the whole context;
-* the last few query vectors, for policies that score the cache by an observation window (SnapKV, PyramidKV,
-  TOVA): these are scored later by :func:`window_attention`.
+* nothing, over slots in position order with no free slot among them: plain ``scaled_dot_product_attention``
+  (causal by slot order), so ``full`` runs at SDPA speed and no L x L mask is ever built;
+* one query (decoding) over a heap with free or refilled slots, or in a captured decode step: the query's attention
+  written out (q.K^T, masked softmax, .V) per KV head with its query heads as rows, reading the heap in place (no
+  key or value is copied per query head);
+* accumulated attention per slot (H2O), the dashboard's statistics, logit soft-capping, or several queries over
+  refilled slots: an exact attention computed in blocks of queries, so that at most a block x heap of scores exists
+  at once;
+* the last few query vectors, for policies that score the heap by an observation window (SnapKV, PyramidKV, TOVA):
+  these are scored later by :func:`window_attention`.
 
 Outside a kvlab run (no :class:`ForwardContext` active) it defers to transformers' SDPA attention, so a model loaded
 by kvlab still works with plain ``model.generate`` for unpadded inputs.
@@ -27,10 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kvlab.cache import BudgetedCache, LayerCache
+from kvlab.heap import HeapLayer, KVHeap
 
 ATTN_IMPLEMENTATION = "kvlab"
-SCORE_BLOCK_ELEMENTS = 1 << 24
+#: The most (query, key) scores an observed attention block holds at once, in float32: 512 MiB. Larger blocks mean
+#: fewer launches (H2O's observation over a long prefill was launch-bound at 2^24).
+SCORE_BLOCK_ELEMENTS = 1 << 27
 
 
 @dataclass
@@ -93,7 +99,7 @@ class StatsAccumulator:
 class ForwardContext:
     """What the attention function needs to know during one forward pass of a kvlab run."""
 
-    cache: BudgetedCache
+    cache: KVHeap
     query_positions: torch.Tensor
     last_position: int
     stats: StatsAccumulator | None = None
@@ -117,33 +123,36 @@ def allowed_keys(
 ) -> torch.Tensor:
     """Which keys each query may attend to, from original positions: ``(..., q, keys)`` booleans.
 
-    A key is visible when it is not in the query's future and, on sliding-window layers, when it lies fewer than
-    ``sliding_window`` positions back (the convention of transformers' sliding-window masks).
+    A key is visible when its slot holds a token (position 0 or more), it is not in the query's future and, on
+    sliding-window layers, it lies fewer than ``sliding_window`` positions back (the convention of transformers'
+    sliding-window masks).
     """
     keys = key_positions.unsqueeze(-2).long()
     queries = query_positions.long().unsqueeze(-1)
-    allowed = keys <= queries
+    allowed = (keys >= 0) & (keys <= queries)
     if sliding_window is not None:
         allowed &= (queries - keys) < sliding_window
     return allowed
 
 
 def _slot_causal_mask(n_queries: int, n_keys: int, device: torch.device) -> torch.Tensor:
-    """Mask for a forward whose queries are the last ``n_queries`` slots: every past slot visible, new slots causal."""
+    """Mask for queries that are the last ``n_queries`` of ``n_keys`` slots in position order: every earlier slot
+    visible, later ones causal."""
     return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_queries)
 
 
-def _layer_mask(layer: LayerCache, query_positions: torch.Tensor, last_position: int) -> torch.Tensor | None:
-    """The mask for this forward in KV-head form: ``None`` (everything visible), ``(q, keys)`` shared by all heads,
-    or ``(batch, kv_heads, q, keys)`` once a sliding window can hide some cached tokens. Decided from host-side
+def _ordered_mask(layer: HeapLayer, query_positions: torch.Tensor, last_position: int) -> torch.Tensor | None:
+    """The mask of a forward over slots in position order whose queries are the last slots: ``None`` (everything
+    visible, or causal by slot order when the forward has no past), ``(q, keys)`` shared by all heads, or
+    ``(batch, kv_heads, q, keys)`` once a sliding window can hide some cached tokens. Decided from host-side
     integers only, so that building it never waits for the GPU."""
-    n_queries, n_keys = query_positions.shape[0], layer.length
+    n_queries, n_keys = query_positions.shape[0], layer.used
     window = layer.sliding_window
     if window is None or last_position < window:
-        if n_queries == 1:
+        if n_queries == 1 or n_queries == n_keys:
             return None
         return _slot_causal_mask(n_queries, n_keys, query_positions.device)
-    return allowed_keys(layer.positions, query_positions, window)
+    return allowed_keys(layer.positions[:, :, :n_keys], query_positions, window)
 
 
 #: SDPA kernels kvlab lets PyTorch choose from on CUDA. cuDNN's attention is left out: it builds an execution plan
@@ -152,19 +161,22 @@ def _layer_mask(layer: LayerCache, query_positions: torch.Tensor, last_position:
 CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-          scaling: float, no_past: bool) -> torch.Tensor:
-    """SDPA without expanding the cache when the kernels allow it (no mask, or on the CPU)."""
-    if query.device.type == "cuda":
+@contextlib.contextmanager
+def sdpa_backends(device: torch.device) -> Iterator[None]:
+    """The SDPA kernels kvlab allows, set once around a whole forward pass (on CUDA; nothing to choose on a CPU)."""
+    if device.type == "cuda":
         with sdpa_kernel(CUDA_SDPA_BACKENDS):
-            return _sdpa_call(query, key, value, mask, scaling, no_past)
-    return _sdpa_call(query, key, value, mask, scaling, no_past)
+            yield
+    else:
+        yield
 
 
-def _sdpa_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-               scaling: float, no_past: bool) -> torch.Tensor:
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+          scaling: float) -> torch.Tensor:
+    """SDPA without expanding the cache when the kernels allow it (no mask, or on the CPU); with no mask and
+    several queries it is causal by slot order (the queries are all the slots)."""
     groups = query.shape[1] // key.shape[1]
-    if no_past and mask is not None and mask.dim() == 2:
+    if mask is None and query.shape[2] > 1:
         return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
                                               enable_gqa=groups > 1)
     if mask is not None and mask.dim() == 4:
@@ -176,38 +188,66 @@ def _sdpa_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=groups > 1)
 
 
-def _blocked_attention(
-    query: torch.Tensor,
-    layer: LayerCache,
-    layer_idx: int,
-    mask: torch.Tensor | None,
-    context: ForwardContext,
-) -> torch.Tensor:
+def _logits(grouped: torch.Tensor, keys_t: torch.Tensor, layer: HeapLayer) -> torch.Tensor:
+    """Scaled (and, where the model does it, soft-capped) attention logits in float32, from products taken in the
+    model's dtype as transformers' eager attention does."""
+    logits = torch.matmul(grouped, keys_t).float() * layer.scaling
+    if layer.softcap is not None:
+        logits = torch.tanh(logits / layer.softcap) * layer.softcap
+    return logits
+
+
+def _decode_attention(query: torch.Tensor, layer: HeapLayer, span: int, mask: torch.Tensor,
+                      context: ForwardContext, layer_idx: int) -> torch.Tensor:
+    """One query's attention over the heap, written out per KV head with its query heads as rows: reads K and V
+    in place, adds the probabilities to the accumulated scores and statistics when asked. ``mask`` is
+    ``(batch, kv_heads, 1, span)``."""
+    batch, q_heads, _, head_dim = query.shape
+    keys, values = layer.keys[:, :, :span], layer.values[:, :, :span]
+    kv_heads = keys.shape[1]
+    grouped = query.reshape(batch, kv_heads, q_heads // kv_heads, head_dim)
+    logits = _logits(grouped, keys.transpose(-1, -2), layer).masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    output = torch.matmul(probs.to(values.dtype), values)
+    if layer.scores is not None:
+        layer.scores[:, :, :span] += probs.sum(dim=2)
+    if context.stats is not None:
+        context.stats.add(layer_idx, probs.unsqueeze(3), layer.positions[:, :, :span])
+    return output.reshape(batch, q_heads, 1, head_dim)
+
+
+def _blocked_attention(query: torch.Tensor, layer: HeapLayer, layer_idx: int, span: int, mask: torch.Tensor | None,
+                       context: ForwardContext, ordered: bool) -> torch.Tensor:
     """Exact attention in blocks of queries, observing the probabilities on the way.
 
     As in transformers' eager attention, logits are computed in the model's dtype and the softmax in float32, and
-    at most ``SCORE_BLOCK_ELEMENTS`` (query, key) pairs exist at a time. Each block adds its column sums to the
-    layer's accumulated scores (H2O) and, when asked, its statistics.
+    at most ``SCORE_BLOCK_ELEMENTS`` (query, key) pairs exist at a time. Over slots in position order a block reads
+    only the slots its queries can see (the later ones are in their future); otherwise ``mask`` says what each
+    query sees. Each block adds its column sums to the layer's accumulated scores (H2O) and, when asked, its
+    statistics.
     """
-    keys, values = layer.keys, layer.values
+    keys, values = layer.keys[:, :, :span], layer.values[:, :, :span]
     batch, q_heads, n_queries, head_dim = query.shape
-    kv_heads, n_keys = keys.shape[1], keys.shape[2]
+    kv_heads = keys.shape[1]
     groups = q_heads // kv_heads
     grouped = query.reshape(batch, kv_heads, groups, n_queries, head_dim)
     keys_t = keys.transpose(-1, -2).unsqueeze(2)
     values_g = values.unsqueeze(2)
-    block = max(1, SCORE_BLOCK_ELEMENTS // max(1, batch * q_heads * n_keys))
-    past = n_keys - n_queries
+    block = max(1, SCORE_BLOCK_ELEMENTS // max(1, batch * q_heads * span))
+    past = span - n_queries
     outputs = []
     for start in range(0, n_queries, block):
         stop = min(start + block, n_queries)
-        visible = past + stop  # the block's queries are new slots: later slots are in their future
-        logits = torch.matmul(grouped[:, :, :, start:stop], keys_t[..., :visible]).float() * layer.scaling
-        if layer.softcap is not None:
-            logits = torch.tanh(logits / layer.softcap) * layer.softcap
+        visible = past + stop if ordered else span  # in slot order, the block's later queries are its future
+        logits = _logits(grouped[:, :, :, start:stop], keys_t[..., :visible], layer)
         if mask is not None:
             block_mask = mask[..., start:stop, :visible]
             block_mask = block_mask.unsqueeze(2) if block_mask.dim() == 4 else block_mask
+        elif n_queries > 1:  # causal by slot order, built per block: no queries x keys mask ever exists whole
+            block_mask = _slot_causal_mask(stop - start, visible, query.device)
+        else:
+            block_mask = None
+        if block_mask is not None:
             logits = logits.masked_fill(~block_mask, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         outputs.append(torch.matmul(probs.to(values.dtype), values_g[:, :, :, :visible]))
@@ -218,15 +258,23 @@ def _blocked_attention(
     return torch.cat(outputs, dim=3).reshape(batch, q_heads, n_queries, head_dim)
 
 
-def _remember_queries(layer: LayerCache, query: torch.Tensor, query_positions: torch.Tensor, window: int) -> None:
-    """Keep the last ``window`` post-RoPE queries of this layer for observation-window policies."""
+def _remember_queries(layer: HeapLayer, query: torch.Tensor, query_positions: torch.Tensor, window: int,
+                      static: bool) -> None:
+    """Keep the last ``window`` post-RoPE queries of this layer for observation-window policies, as a copy (a view
+    would keep a whole prefill's queries alive). In static mode the full window shifts by one in place."""
+    if static:
+        layer.recent_queries[:, :, :-1] = layer.recent_queries[:, :, 1:].clone()
+        layer.recent_queries[:, :, -1:] = query
+        layer.recent_query_positions[:-1] = layer.recent_query_positions[1:].clone()
+        layer.recent_query_positions[-1:] = query_positions
+        return
     if layer.recent_queries is None:
         queries, positions = query, query_positions
     else:
         queries = torch.cat([layer.recent_queries, query], dim=2)
         positions = torch.cat([layer.recent_query_positions, query_positions])
-    layer.recent_queries = queries[:, :, -window:].detach()
-    layer.recent_query_positions = positions[-window:]
+    layer.recent_queries = queries[:, :, -window:].detach().clone()
+    layer.recent_query_positions = positions[-window:].clone()
 
 
 def kvlab_attention(
@@ -256,31 +304,42 @@ def kvlab_attention(
     layer.softcap = kwargs.get("softcap")
     query_positions = context.query_positions
     if cache.query_window:
-        _remember_queries(layer, query, query_positions, cache.query_window)
-    mask = _layer_mask(layer, query_positions, context.last_position)
+        _remember_queries(layer, query, query_positions, cache.query_window, cache.static)
+    span = layer.span(cache.static)
     observe = layer.scores is not None or context.stats is not None or layer.softcap is not None
-    if observe or (mask is not None and mask.dim() == 4):
-        output = _blocked_attention(query, layer, layer_idx, mask, context)
+    if layer.ordered and layer.dead == 0 and not cache.static:
+        mask = _ordered_mask(layer, query_positions, context.last_position)
+        if observe or (mask is not None and mask.dim() == 4):
+            output = _blocked_attention(query, layer, layer_idx, span, mask, context, ordered=True)
+        else:
+            output = _sdpa(query, layer.keys[:, :, :span], layer.values[:, :, :span], mask, layer.scaling)
     else:
-        no_past = layer.length == query.shape[2]
-        output = _sdpa(query, layer.keys, layer.values, mask, layer.scaling, no_past)
+        mask = allowed_keys(layer.positions[:, :, :span], query_positions, layer.sliding_window)
+        if query.shape[2] == 1:
+            output = _decode_attention(query, layer, span, mask, context, layer_idx)
+        elif observe:
+            output = _blocked_attention(query, layer, layer_idx, span, mask, context, ordered=False)
+        else:
+            output = _sdpa(query, layer.keys[:, :, :span], layer.values[:, :, :span], mask, layer.scaling)
     return output.transpose(1, 2).contiguous(), None
 
 
-def window_attention(layer: LayerCache) -> torch.Tensor:
-    """Attention of the remembered query window over the cached keys, summed over the window and over the query
-    heads of each KV head: ``(batch, kv_heads, slots)``. Used by SnapKV, PyramidKV and TOVA."""
-    assert layer.recent_queries is not None and layer.keys is not None
+def window_attention(layer: HeapLayer, span: int) -> torch.Tensor:
+    """Attention of the remembered query window over the first ``span`` slots, summed over the window and over the
+    query heads of each KV head: ``(batch, kv_heads, span)`` (zero on free slots). Used by SnapKV, PyramidKV and
+    TOVA."""
+    assert layer.recent_queries is not None and layer.keys is not None and layer.positions is not None
     queries = layer.recent_queries
     batch, q_heads, window, head_dim = queries.shape
-    kv_heads = layer.keys.shape[1]
+    keys, positions = layer.keys[:, :, :span], layer.positions[:, :, :span]
+    kv_heads = keys.shape[1]
     grouped = queries.reshape(batch, kv_heads, q_heads // kv_heads, window, head_dim).float()
-    logits = torch.matmul(grouped, layer.keys.transpose(-1, -2).unsqueeze(2).float()) * layer.scaling
+    logits = torch.matmul(grouped, keys.transpose(-1, -2).unsqueeze(2).float()) * layer.scaling
     if layer.softcap is not None:
         logits = torch.tanh(logits / layer.softcap) * layer.softcap
-    allowed = allowed_keys(layer.positions, layer.recent_query_positions, layer.sliding_window)
+    allowed = allowed_keys(positions, layer.recent_query_positions, layer.sliding_window)
     logits = logits.masked_fill(~allowed.unsqueeze(2), float("-inf"))
-    return torch.softmax(logits, dim=-1).sum(dim=(2, 3))
+    return torch.softmax(logits, dim=-1).nan_to_num(0.0).sum(dim=(2, 3))
 
 
 def register_attention() -> None:

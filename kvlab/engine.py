@@ -1,16 +1,20 @@
-"""The generation loop: read a context under a budgeted cache, let the policy evict, decode greedily.
+"""The generation loop: read a context into the KV heap, let the policy evict, decode greedily.
 
 One :class:`Generation` is one run of one policy over a batch of same-length prompts. It yields an :class:`Event`
 after every prefill chunk, after the compression of ``prefill`` mode, and for every decoded token, carrying what the
-dashboard draws (token, survivors, physical bytes, requested attention statistics). :func:`generate` drains the
-events and returns a :class:`GenerationResult`.
+dashboard draws (token, survivors, live and reserved bytes, requested attention statistics). :func:`generate` drains
+the events and returns a :class:`GenerationResult`.
 
 Modes:
 
 * ``prefill``: the context is read (in chunks of ``chunk`` tokens, or at once), then compressed once to the budget;
   decoding appends without evicting. Peak memory is the full context.
 * ``streaming``: the budget holds the whole time. After every chunk and every decoded token each layer is cut back
-  to its budget, so the cache never holds more than budget + chunk tokens per layer.
+  to its budget, so the heap never holds more than budget + chunk tokens per layer.
+
+The heap (:mod:`kvlab.heap`) is planned once per run from the budget and written in place; its layout decides what
+becomes of evicted slots. Decoding runs in *static* steps where it can (:mod:`kvlab.graphs`): on a GPU each step is
+captured in a CUDA graph and replayed, with no host synchronisation but reading the generated ids.
 
 Survivors keep their original RoPE positions and every new token gets its true position; the attention function
 builds masks from those positions.
@@ -26,12 +30,12 @@ from typing import Any, Literal
 
 import torch
 
-from kvlab.attention import ForwardContext, StatsAccumulator, StatsRequest, forward_context
+from kvlab.attention import ForwardContext, StatsAccumulator, StatsRequest, forward_context, sdpa_backends
 from kvlab.budget import Budget, check_budget
-from kvlab.cache import BudgetedCache
 from kvlab.errors import KvlabError
+from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout, KVHeap, survivors
 from kvlab.models import LoadedModel, shown_name
-from kvlab.policies import LayerView, Policy, evict_layer
+from kvlab.policies import LayerView, Policy, evict_layer, eviction_count
 
 Mode = Literal["prefill", "streaming"]
 MODES: tuple[str, ...] = ("prefill", "streaming")
@@ -41,13 +45,16 @@ NO_BUDGET = 1 << 62
 
 @dataclass
 class RunSpec:
-    """How to run one generation: the policy, its budget, the mode, and what to observe.
+    """How to run one generation: the policy, its budget, the mode, the heap's layout, and what to observe.
 
     ``chunk`` is the number of context tokens read per forward pass; ``None`` reads the whole context at once in
     ``prefill`` mode and :data:`DEFAULT_STREAMING_CHUNK` tokens in ``streaming`` mode. ``compression_interval``
     (``streaming`` mode) evicts during decoding once every that many tokens instead of at every token, as kvpress's
-    ``DecodingPress`` does: the cache then holds up to budget + interval tokens, which must stay within the chunk so
-    that the budget + chunk bound holds. Decoding is greedy.
+    ``DecodingPress`` does: the heap then holds up to budget + interval tokens, which must stay within the chunk so
+    that the budget + chunk bound holds. ``layout`` and ``compact_at`` choose what becomes of evicted slots
+    (:class:`kvlab.heap.HeapLayout`). ``static`` chooses how decoding runs: ``None`` in static steps captured in CUDA
+    graphs where the run allows it on a GPU, else eagerly; ``True`` in static steps always (eagerly on a CPU: the
+    same computation a graph replays); ``False`` eagerly. Decoding is greedy.
     """
 
     policy: Policy
@@ -59,6 +66,9 @@ class RunSpec:
     seed: int = 0
     stats: StatsRequest | None = None
     compression_interval: int = 1
+    layout: str = DEFAULT_LAYOUT
+    compact_at: float = DEFAULT_COMPACT_AT
+    static: bool | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -74,6 +84,7 @@ class RunSpec:
                 f"A compression interval of {self.compression_interval} tokens is larger than the chunk of "
                 f"{self.chunk_size(self.compression_interval)}; the cache would exceed budget + chunk."
             )
+        self.heap_layout()
 
     def chunk_size(self, context_tokens: int) -> int:
         """Tokens per prefill forward pass."""
@@ -81,16 +92,22 @@ class RunSpec:
             return self.chunk
         return context_tokens if self.mode == "prefill" else DEFAULT_STREAMING_CHUNK
 
+    def heap_layout(self) -> HeapLayout:
+        """The layout of the run's heap (checked: an unknown layout or threshold is one sentence)."""
+        return HeapLayout(self.layout, self.compact_at)  # type: ignore[arg-type]
+
 
 @dataclass
 class Event:
     """One step of a generation as the dashboard sees it.
 
     ``kind`` is ``prefill`` (a chunk of context was read), ``compress`` (prefill mode's one eviction) or ``decode``
-    (a token was chosen; ``token_ids`` holds it for each sequence). ``kv_bytes`` is read from the cache tensors
-    held after the step; ``kv_bytes_full`` is what a full cache of the same dtype and shapes would hold after the
-    same tokens (computed, since no full cache exists). ``stats`` holds the requested attention statistics of the
-    step's forward pass, as CPU tensors.
+    (a token was chosen; ``token_ids`` holds it for each sequence). ``kv_bytes`` are the K/V bytes of the slots
+    holding a token after the step and ``kv_reserved_bytes`` those of the heap's tensors (both measured from the
+    tensors held); ``kv_bytes_full`` is what a full cache of the same dtype and shapes would hold after the same
+    tokens (computed, since no full cache exists). ``dead_share`` is the share of free slots among those in use,
+    ``compactions`` the compactions so far. ``stats`` holds the requested attention statistics of the step's
+    forward pass, as CPU tensors. ``positions`` are the heap's position tensors, valid until the generation goes on.
     """
 
     kind: Literal["prefill", "compress", "decode"]
@@ -99,19 +116,29 @@ class Event:
     kept_per_layer: list[int]
     kv_bytes: int
     kv_bytes_full: int
+    kv_reserved_bytes: int = 0
+    dead_share: float = 0.0
+    compactions: int = 0
     token_ids: list[int] | None = None
     stats: dict[str, torch.Tensor] | None = None
     logits: torch.Tensor | None = None
     positions: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     def survivors(self) -> list[torch.Tensor]:
-        """Original positions of the tokens held after this step, per layer, ``(batch, kv_heads, slots)`` on CPU."""
-        return [p.cpu() for p in self.positions]
+        """Original positions of the tokens held after this step, per layer, ``(batch, kv_heads, kept)`` in
+        increasing order on CPU."""
+        return [survivors(positions, kept).cpu() for positions, kept in zip(self.positions, self.kept_per_layer)]
 
 
 @dataclass
 class GenerationResult:
-    """What one generation produced and held, with figures read from the tensors and clocks."""
+    """What one generation produced and held, with figures read from the tensors and clocks.
+
+    ``kv_bytes`` and ``peak_kv_bytes`` are the bytes of slots holding a token (at the end; at the most, after a
+    forward pass and before eviction); ``kv_reserved_bytes`` and ``peak_kv_reserved_bytes`` those of the heap's
+    tensors. ``compactions`` and ``compaction_seconds`` count and time the heap's compactions (outside captured
+    steps); ``decode_graphs`` is the number of CUDA graphs the decode steps were captured in (0: eager).
+    """
 
     tokens: list[list[int]]
     texts: list[str]
@@ -121,12 +148,19 @@ class GenerationResult:
     kv_bytes: int
     kv_bytes_full: int
     peak_kv_bytes: int
+    kv_reserved_bytes: int
+    peak_kv_reserved_bytes: int
+    dead_share: float
+    compactions: int
+    compaction_seconds: float
     aux_bytes: int
     prefill_seconds: float
     decode_seconds: float
     peak_gpu_bytes: int | None
     device: str
     dtype: str
+    layout: str
+    decode_graphs: int
 
     def to_json(self) -> dict[str, Any]:
         """The CLI's ``--json`` object (first sequence's text and tokens at top level)."""
@@ -135,18 +169,11 @@ class GenerationResult:
             "tokens": self.tokens[0],
             "texts": self.texts,
             "batch_tokens": self.tokens,
-            "context_tokens": self.context_tokens,
-            "budget_tokens": self.budget_tokens,
-            "kv_bytes": self.kv_bytes,
-            "kv_bytes_full": self.kv_bytes_full,
-            "peak_kv_bytes": self.peak_kv_bytes,
-            "aux_bytes": self.aux_bytes,
-            "kept_per_layer": self.kept_per_layer,
-            "prefill_seconds": self.prefill_seconds,
-            "decode_seconds": self.decode_seconds,
-            "peak_gpu_bytes": self.peak_gpu_bytes,
-            "device": self.device,
-            "dtype": self.dtype,
+            **{name: getattr(self, name) for name in (
+                "context_tokens", "budget_tokens", "kv_bytes", "kv_bytes_full", "peak_kv_bytes",
+                "kv_reserved_bytes", "peak_kv_reserved_bytes", "dead_share", "compactions", "compaction_seconds",
+                "aux_bytes", "kept_per_layer", "prefill_seconds", "decode_seconds", "peak_gpu_bytes", "device",
+                "dtype", "layout", "decode_graphs")},
         }
 
 
@@ -166,14 +193,15 @@ def _supports(model: Any, argument: str) -> bool:
 
 @dataclass
 class Prefilled:
-    """A batch of contexts read once with a full cache that remembers what every listed policy needs (accumulated
+    """A batch of contexts read once with a full heap that remembers what every listed policy needs (accumulated
     attention, an observation window of queries), so that several ``prefill``-mode policies can each compress a
     fork of it instead of reading the context again. The results are those of separate runs (a tested equivalence)."""
 
     input_ids: torch.Tensor
-    cache: BudgetedCache
+    cache: KVHeap
     logits: torch.Tensor
     peak_kv_bytes: int
+    peak_kv_reserved_bytes: int
     seconds: float
 
 
@@ -183,11 +211,8 @@ def prefill_once(loaded: LoadedModel, input_ids: torch.Tensor, policies: list[Po
     from kvlab.policies import make_policy
 
     reader = Generation(loaded, RunSpec(make_policy("full"), chunk=chunk, max_new_tokens=0), input_ids)
-    reader.cache = BudgetedCache(
-        loaded.arch.num_layers,
-        track_scores=any(policy.needs_scores for policy in policies),
-        query_window=max((policy.query_window() for policy in policies), default=0),
-    )
+    reader.cache.track_scores = any(policy.needs_scores for policy in policies)
+    reader.cache.query_window = max((policy.query_window() for policy in policies), default=0)
     started = time.perf_counter()
     logits = None
     with torch.inference_mode(), _out_of_memory_as_error(reader.cache):
@@ -195,7 +220,8 @@ def prefill_once(loaded: LoadedModel, input_ids: torch.Tensor, policies: list[Po
             pass
     _synchronize(loaded.device)
     assert logits is not None
-    return Prefilled(reader.input_ids, reader.cache, logits, reader.peak_kv_bytes, time.perf_counter() - started)
+    return Prefilled(reader.input_ids, reader.cache, logits, reader.peak_kv_bytes, reader.peak_kv_reserved_bytes,
+                     time.perf_counter() - started)
 
 
 class Generation:
@@ -239,24 +265,50 @@ class Generation:
             if self.budget_tokens is not None
             else [NO_BUDGET] * arch.num_layers
         )
-        self.cache = BudgetedCache(arch.num_layers, track_scores=self.evicting and spec.policy.needs_scores,
-                                   query_window=spec.policy.query_window() if self.evicting else 0)
-        self.generator = torch.Generator(device=loaded.device).manual_seed(spec.seed)
-        self.peak_kv_bytes = 0
-        self._start_logits: torch.Tensor | None = None
-        self.prefill_finished_at: float | None = None
-        if prefilled is not None:
-            self.cache = prefilled.cache.fork(track_scores=self.cache.track_scores,
-                                              query_window=self.cache.query_window)
-            self.peak_kv_bytes = prefilled.peak_kv_bytes
-            self._start_logits = prefilled.logits
-        self._logits_to_keep = _supports(loaded.model, "logits_to_keep")
-        self._stops = set(spec.stop_token_ids if spec.stop_token_ids is not None else eos_token_ids(loaded))
         self._span = self.context_tokens + suffix_tokens + spec.max_new_tokens
+        capacities, room = self._plan()
+        track_scores = self.evicting and spec.policy.needs_scores
+        query_window = spec.policy.query_window() if self.evicting else 0
+        keep_planned = spec.mode == "streaming"
+        if prefilled is not None:
+            self.cache = prefilled.cache.fork(capacities=capacities, track_scores=track_scores,
+                                              query_window=query_window, layout=spec.heap_layout(), room=room,
+                                              keep_planned=keep_planned)
+        else:
+            self.cache = KVHeap(capacities, layout=spec.heap_layout(), track_scores=track_scores,
+                                query_window=query_window, room=room, keep_planned=keep_planned)
+        self.generator = torch.Generator(device=loaded.device).manual_seed(spec.seed)
+        self.peak_kv_bytes = 0 if prefilled is None else prefilled.peak_kv_bytes
+        self.peak_kv_reserved_bytes = 0 if prefilled is None else prefilled.peak_kv_reserved_bytes
+        self._start_logits: torch.Tensor | None = None if prefilled is None else prefilled.logits
+        self.prefill_finished_at: float | None = None
+        self.decode_graphs = 0
+        self._logits_to_keep = _supports(loaded.model, "logits_to_keep")
+        self.stops = set(spec.stop_token_ids if spec.stop_token_ids is not None else eos_token_ids(loaded))
 
     @property
     def batch_size(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def _plan(self) -> tuple[list[int], int]:
+        """Slots per layer, and the room a compaction leaves for the tokens still to come between evictions.
+
+        In streaming mode a layer holds at most its budget (or, on sliding-window layers, the window) plus one chunk;
+        in prefill mode everything until the one compression, which then leaves room for the question and the
+        tokens to generate. A layer of PyramidKV that holds no more than the uniform budget keeps everything, so
+        its capacity covers the uniform budget too.
+        """
+        arch = self.loaded.arch
+        chunk = self.spec.chunk_size(self.context_tokens)
+        uniform = self.budget_tokens if self.budget_tokens is not None else NO_BUDGET
+        capacities = []
+        for layer, budget in enumerate(self.layer_budgets):
+            keep = max(budget, uniform)
+            if arch.is_sliding(layer) and arch.sliding_window is not None:
+                keep = min(keep, arch.sliding_window - 1)
+            capacities.append(self._span if self.spec.mode == "prefill" else min(self._span, keep + chunk))
+        room = chunk if self.spec.mode == "streaming" else self._span - self.context_tokens
+        return capacities, room
 
     def full_cache_bytes(self) -> int:
         """What a full (never evicted) cache of the same dtype and shapes would hold after the tokens seen so far;
@@ -271,17 +323,15 @@ class Generation:
             total += per_token * (min(seen, window - 1) if window is not None else seen)
         return total
 
-    def _forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        """Run the model over ``ids`` (appended at their true positions); return the last position's logits."""
-        start = self.cache.seen_tokens
-        n_new = int(ids.shape[1])
-        positions = torch.arange(start, start + n_new, device=self.loaded.device)
-        self.cache.begin_forward(positions)
-        stats = None
-        if self.spec.stats is not None:
-            request = StatsRequest(self.spec.stats.n_sink, self.spec.stats.n_bins, self._span)
-            stats = StatsAccumulator(request, self.loaded.arch.num_layers)
-        context = ForwardContext(self.cache, positions, start + n_new - 1, stats)
+    def record_peak(self) -> None:
+        """Note the bytes held now (after a forward pass, before eviction) if they are the most so far."""
+        self.peak_kv_bytes = max(self.peak_kv_bytes, self.cache.kv_bytes())
+        self.peak_kv_reserved_bytes = max(self.peak_kv_reserved_bytes, self.cache.reserved_bytes())
+
+    def model_forward(self, ids: torch.Tensor, positions: torch.Tensor, last_position: int,
+                      stats: StatsAccumulator | None = None) -> torch.Tensor:
+        """The model over ``ids`` at ``positions`` (a device tensor), writing into the heap; the last logits."""
+        context = ForwardContext(self.cache, positions, last_position, stats)
         kwargs: dict[str, Any] = {
             self.loaded.cache_kwarg: self.cache,
             "position_ids": positions.unsqueeze(0).expand(ids.shape[0], -1),
@@ -289,19 +339,42 @@ class Generation:
         }
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        with forward_context(context):
+        self.cache.begin_forward(positions)
+        with forward_context(context), sdpa_backends(self.loaded.device):
             output = self.loaded.model(input_ids=ids, **kwargs)
-        self.cache.end_forward()
-        self.peak_kv_bytes = max(self.peak_kv_bytes, self.cache.kv_bytes())
-        return output.logits[:, -1, :], (stats.finish(n_new) if stats is not None else None)
+        self.cache.end_forward(int(ids.shape[1]))
+        return output.logits[:, -1, :]
 
-    def _evict(self) -> None:
+    def _forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """Run the model over ``ids`` (appended at their true positions); return the last position's logits."""
+        start = self.cache.seen_tokens
+        n_new = int(ids.shape[1])
+        positions = torch.arange(start, start + n_new, device=self.loaded.device)
+        stats = None
+        if self.spec.stats is not None:
+            request = StatsRequest(self.spec.stats.n_sink, self.spec.stats.n_bins, self._span)
+            stats = StatsAccumulator(request, self.loaded.arch.num_layers)
+        logits = self.model_forward(ids, positions, start + n_new - 1, stats)
+        self.record_peak()
+        return logits, (stats.finish(n_new) if stats is not None else None)
+
+    def eviction_counts(self) -> list[int]:
+        """How many tokens each layer gives up at the next eviction (host counts only: the same rule as
+        :func:`kvlab.policies.evict_layer`)."""
+        if not self.evicting and not self.loaded.arch.sliding_layers:
+            return [0] * len(self.layer_budgets)
+        uniform = self.budget_tokens or NO_BUDGET
+        return [eviction_count(layer, budget, uniform) for layer, budget in zip(self.cache.layers, self.layer_budgets)]
+
+    def evict(self, next_position: int | torch.Tensor | None = None) -> None:
         """Cut every layer back to its budget."""
         if not self.evicting and not self.loaded.arch.sliding_layers:
             return
+        position = self.cache.seen_tokens if next_position is None else next_position
         for layer_idx, budget in enumerate(self.layer_budgets):
-            view = LayerView(layer_idx, len(self.layer_budgets), self.cache.layers[layer_idx], budget,
-                             self.budget_tokens or NO_BUDGET, self.cache.seen_tokens, self.generator)
+            layer = self.cache.layers[layer_idx]
+            view = LayerView(layer_idx, len(self.layer_budgets), layer, budget, self.budget_tokens or NO_BUDGET,
+                             position, self.generator, layer.span(self.cache.static))
             evict_layer(self.cache, layer_idx, self.spec.policy, view)
 
     def _event(self, kind: Literal["prefill", "compress", "decode"], step: int, **extra: Any) -> Event:
@@ -312,6 +385,9 @@ class Generation:
             kept_per_layer=self.cache.kept_per_layer(),
             kv_bytes=self.cache.kv_bytes(),
             kv_bytes_full=self.full_cache_bytes(),
+            kv_reserved_bytes=self.cache.reserved_bytes(),
+            dead_share=self.cache.dead_share(),
+            compactions=self.cache.compactions,
             positions=[layer.positions for layer in self.cache.layers if layer.positions is not None],
             **extra,
         )
@@ -322,7 +398,7 @@ class Generation:
         for index, start in enumerate(range(0, ids.shape[1], chunk)):
             logits, stats = self._forward(ids[:, start:start + chunk])
             if self.spec.mode == "streaming":
-                self._evict()
+                self.evict()
             yield self._event("prefill", first_step + index, stats=stats, logits=logits), logits
 
     def events(self) -> Iterator[Event]:
@@ -339,7 +415,8 @@ class Generation:
                 step += 1
                 yield event
         if self.spec.mode == "prefill" and self.budget_tokens is not None:
-            self._evict()
+            self.cache.room = self._span - self.context_tokens
+            self.evict()
             self.cache.stop_observing()
             yield self._event("compress", step)
             step += 1
@@ -350,17 +427,24 @@ class Generation:
         assert logits is not None
         _synchronize(self.loaded.device)
         self.prefill_finished_at = time.perf_counter()
+        from kvlab.graphs import StaticDecoder
+
+        decoder = StaticDecoder.for_generation(self)
+        yield from (decoder.decode(logits, step) if decoder is not None else self._decode(logits, step))
+
+    def _decode(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
+        """Greedy decoding, one eager forward pass per token."""
         finished = torch.zeros(self.batch_size, dtype=torch.bool)
         for index in range(self.spec.max_new_tokens):
             next_ids = logits.argmax(dim=-1)
             tokens = next_ids.tolist()
-            finished |= torch.tensor([token in self._stops for token in tokens])
+            finished |= torch.tensor([token in self.stops for token in tokens])
             if index == self.spec.max_new_tokens - 1 or bool(finished.all()):
                 yield self._event("decode", step + index, token_ids=tokens, logits=logits)
                 return
             logits, stats = self._forward(next_ids.unsqueeze(1))
             if self.spec.mode == "streaming" and (index + 1) % self.spec.compression_interval == 0:
-                self._evict()
+                self.evict()
             yield self._event("decode", step + index, token_ids=tokens, logits=logits, stats=stats)
 
 
@@ -394,30 +478,37 @@ def generate(
     _synchronize(device)
     finished = time.perf_counter()
     prefill_done = generation.prefill_finished_at or finished
-    stops = generation._stops
-    tokens = [_trim(sequence, stops) for sequence in per_sequence]
+    tokens = [_trim(sequence, generation.stops) for sequence in per_sequence]
     tokenizer = loaded.tokenizer
     texts = [tokenizer.decode(t, skip_special_tokens=True) if tokenizer is not None else "" for t in tokens]
+    heap = generation.cache
     return GenerationResult(
         tokens=tokens,
         texts=texts,
         context_tokens=generation.context_tokens,
         budget_tokens=generation.budget_tokens,
-        kept_per_layer=generation.cache.kept_per_layer(),
-        kv_bytes=generation.cache.kv_bytes(),
+        kept_per_layer=heap.kept_per_layer(),
+        kv_bytes=heap.kv_bytes(),
         kv_bytes_full=generation.full_cache_bytes(),
         peak_kv_bytes=generation.peak_kv_bytes,
-        aux_bytes=generation.cache.aux_bytes(),
+        kv_reserved_bytes=heap.reserved_bytes(),
+        peak_kv_reserved_bytes=generation.peak_kv_reserved_bytes,
+        dead_share=heap.dead_share(),
+        compactions=heap.compactions,
+        compaction_seconds=heap.compaction_seconds(),
+        aux_bytes=heap.aux_bytes(),
         prefill_seconds=prefill_done - started,
         decode_seconds=finished - prefill_done,
         peak_gpu_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         device=str(device),
-        dtype=str(loaded.dtype).replace("torch.", ""),
+        dtype=loaded.dtype_name,
+        layout=spec.layout,
+        decode_graphs=generation.decode_graphs,
     )
 
 
 @contextlib.contextmanager
-def _out_of_memory_as_error(cache: BudgetedCache) -> Iterator[None]:
+def _out_of_memory_as_error(cache: KVHeap) -> Iterator[None]:
     """Turn a GPU out-of-memory error into one sentence, after releasing the allocator's cached blocks."""
     try:
         yield

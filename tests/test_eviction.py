@@ -40,8 +40,10 @@ def test_evicting_equals_masking(llama):
     generation = Generation(loaded, RunSpec(make_policy("full"), max_new_tokens=1), ids)
     with torch.inference_mode():
         generation._forward(ids)
+        dropped = torch.ones(batch, kv_heads, length, dtype=torch.bool).scatter_(2, keep, False)
+        victims = dropped.nonzero()[:, 2].reshape(batch, kv_heads, length - 18)
         for layer in range(loaded.arch.num_layers):
-            generation.cache.keep(layer, keep)
+            generation.cache.evict(layer, victims)
         assert generation.cache.kept_per_layer() == [18] * loaded.arch.num_layers
         next_token = torch.tensor([[5], [11]])
         evicted_logits, _ = generation._forward(next_token)

@@ -6,7 +6,7 @@ import dataclasses
 import typing
 
 from kvlab.errors import KvlabError
-from kvlab.policies.base import LayerView, Policy, check_fields, evict_layer
+from kvlab.policies.base import LayerView, Policy, check_fields, evict_layer, eviction_count
 from kvlab.policies.full import Full
 from kvlab.policies.h2o import H2O
 from kvlab.policies.knorm import Knorm
@@ -19,7 +19,7 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls for cls in (Full, Streaming, H2O, SnapKV, PyramidKV, TOVA, Knorm, RandomPolicy)
 }
 
-__all__ = ["POLICIES", "LayerView", "Policy", "evict_layer", "make_policy", "parse_params"]
+__all__ = ["POLICIES", "LayerView", "Policy", "evict_layer", "eviction_count", "make_policy", "parse_params"]
 
 
 def make_policy(name: str, **params: object) -> Policy:

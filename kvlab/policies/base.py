@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from kvlab.attention import window_attention
-from kvlab.cache import BudgetedCache, LayerCache
+from kvlab.heap import FREE, HeapLayer, KVHeap
 from kvlab.errors import KvlabError
 
 KEEP = float("inf")
@@ -24,29 +24,53 @@ KEEP = float("inf")
 
 @dataclass
 class LayerView:
-    """What a policy may look at when scoring one layer."""
+    """What a policy may look at when scoring one layer: the first ``span`` slots of its heap (free ones included:
+    their position is negative, and whatever a policy scores them, they are never chosen). ``next_position`` is the
+    position the next token will get (a number, or in a captured decode step a device tensor)."""
 
     layer_idx: int
     num_layers: int
-    cache: LayerCache
+    cache: HeapLayer
     budget: int
     uniform_budget: int
-    next_position: int
+    next_position: int | torch.Tensor
     generator: torch.Generator
+    span: int
 
     @property
     def positions(self) -> torch.Tensor:
-        """Original positions of the cached tokens, ``(batch, kv_heads, slots)``."""
+        """Original positions of the tokens in the slots, ``(batch, kv_heads, span)``; negative where free."""
         assert self.cache.positions is not None
-        return self.cache.positions
+        return self.cache.positions[:, :, :self.span]
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """The cached keys (post-RoPE), ``(batch, kv_heads, span, head_dim)``."""
+        assert self.cache.keys is not None
+        return self.cache.keys[:, :, :self.span]
+
+    @property
+    def scores(self) -> torch.Tensor:
+        """The attention each slot has accumulated, ``(batch, kv_heads, span)``."""
+        assert self.cache.scores is not None
+        return self.cache.scores[:, :, :self.span]
+
+    def in_position_order(self, values: torch.Tensor, along_positions) -> torch.Tensor:
+        """``along_positions`` applied to ``values`` (``(batch, kv_heads, span)``, one per slot) as if the slots were
+        in position order (free ones last), and the result put back in slot order: what pools or draws along the
+        sequence gives the same answer in every layout."""
+        if self.cache.ordered and self.cache.dead == 0 and self.span == self.cache.used:
+            return along_positions(values)
+        order = self.positions.masked_fill(self.positions < 0, torch.iinfo(torch.int32).max).argsort(dim=-1)
+        return torch.empty_like(values).scatter_(2, order, along_positions(values.gather(2, order)))
 
     def most_recent(self, count: int) -> torch.Tensor:
         """Whether each slot holds one of the ``count`` most recent positions seen."""
         return self.positions >= self.next_position - count
 
     def window_attention(self) -> torch.Tensor:
-        """Attention of the remembered query window over the cache, ``(batch, kv_heads, slots)``."""
-        return window_attention(self.cache)
+        """Attention of the remembered query window over the slots, ``(batch, kv_heads, span)``."""
+        return window_attention(self.cache, self.span)
 
 
 @dataclass(frozen=True)
@@ -106,6 +130,8 @@ class Policy:
 
     name: ClassVar[str] = ""
     needs_scores: ClassVar[bool] = False
+    #: Whether its eviction can be captured in a CUDA graph (random draws from a generator a graph would not advance).
+    capturable: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
@@ -153,26 +179,44 @@ class Policy:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def evict_layer(cache: BudgetedCache, layer_idx: int, policy: Policy, view: LayerView) -> None:
-    """Shrink one layer to its budget: drop tokens no query can see any more (outside a sliding window) first, then
-    the lowest-scoring ones. The survivors stay in position order.
+def evict_layer(heap: KVHeap, layer_idx: int, policy: Policy, view: LayerView) -> None:
+    """Cut one layer back to its budget: free the tokens no query can see any more (outside a sliding window) first,
+    then the lowest-scoring ones. The layer's layout decides what becomes of the freed slots.
 
     A layer that holds no more than the uniform budget keeps everything even if its own (PyramidKV) share is
     smaller: as in PyramidKV's reference code, compression starts only once the context exceeds the budget.
     """
-    layer = cache.layers[layer_idx]
-    budget = view.budget if layer.length > view.uniform_budget else layer.length
-    window = layer.sliding_window
-    if window is not None:
-        budget = min(budget, window - 1)
-    if layer.length <= budget:
+    layer = heap.layers[layer_idx]
+    count = eviction_count(layer, view.budget, view.uniform_budget)
+    if count == 0:
         return
-    scores = policy.score(view) if policy.evicts() else view.positions.float()
+    window = layer.sliding_window
+    positions = view.positions
+    scores = policy.score(view) if policy.evicts() else positions.float()
     if window is not None:
-        dead = view.positions <= view.next_position - window
-        scores = scores.masked_fill(dead, float("-inf"))
-    keep = scores.topk(budget, dim=-1, sorted=False).indices.sort(dim=-1).values
-    cache.keep(layer_idx, keep)
+        scores = scores.masked_fill(positions <= view.next_position - window, float("-inf"))
+    scores = scores.masked_fill(positions == FREE, float("inf"))  # free slots are not victims
+    victims = by_score_then_position(scores, positions).topk(count, dim=-1, largest=False, sorted=False).indices
+    heap.evict(layer_idx, victims)
+
+
+def by_score_then_position(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """One int64 per slot that orders slots by score and, among equal scores, by position: the float32 score's
+    bits made monotonic (negative floats have their magnitude bits flipped) in the high half, the position in the
+    low half. Ties (equal key norms of a repeated token, say) are then broken the same way whatever order the slots
+    are in, so every layout evicts the same tokens; no sort is needed."""
+    bits = scores.float().contiguous().view(torch.int32).to(torch.int64)
+    monotonic = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return monotonic * (1 << 32) + positions.to(torch.int64)
+
+
+def eviction_count(layer: HeapLayer, budget: int, uniform_budget: int) -> int:
+    """How many tokens a layer gives up to get back to its budget: none while it holds no more than the uniform
+    budget (PyramidKV), and on sliding-window layers at least what its window can no longer see."""
+    keep = budget if layer.live > uniform_budget else layer.live
+    if layer.sliding_window is not None:
+        keep = min(keep, layer.sliding_window - 1)
+    return max(0, layer.live - keep)
 
 
 def check_fields(cls: type[Policy], params: dict[str, object]) -> None:

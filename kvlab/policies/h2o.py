@@ -41,5 +41,4 @@ class H2O(Policy):
         return "one heavy hitter plus one recent token"
 
     def score(self, view: LayerView) -> torch.Tensor:
-        assert view.cache.scores is not None
-        return view.cache.scores.masked_fill(view.most_recent(self.recent(view.budget)), KEEP)
+        return view.scores.masked_fill(view.most_recent(self.recent(view.budget)), KEEP)

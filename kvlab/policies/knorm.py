@@ -23,5 +23,4 @@ class Knorm(Policy):
     name: ClassVar[str] = "knorm"
 
     def score(self, view: LayerView) -> torch.Tensor:
-        assert view.cache.keys is not None
-        return -view.cache.keys.float().norm(dim=-1)
+        return -view.keys.float().norm(dim=-1)

@@ -43,12 +43,15 @@ class SnapKV(Policy):
         return f"its observation window of {self.window} tokens plus one"
 
     def score(self, view: LayerView) -> torch.Tensor:
-        votes = view.window_attention()
+        pooled = view.in_position_order(view.window_attention(), self._pool)
+        return pooled.masked_fill(view.most_recent(self.window), KEEP)
+
+    def _pool(self, votes: torch.Tensor) -> torch.Tensor:
+        """Votes pooled along the sequence (``votes`` in position order)."""
         batch, kv_heads, slots = votes.shape
         flat = votes.reshape(batch * kv_heads, 1, slots)
         pool = F.max_pool1d if self.pooling == "max" else F.avg_pool1d
-        pooled = pool(flat, kernel_size=self.kernel, stride=1, padding=self.kernel // 2).reshape(votes.shape)
-        return pooled.masked_fill(view.most_recent(self.window), KEEP)
+        return pool(flat, kernel_size=self.kernel, stride=1, padding=self.kernel // 2).reshape(votes.shape)
 
 
 @dataclass

@@ -1,0 +1,444 @@
+"""The KV heap: each layer's keys and values in slots allocated once per run, evicted from in one of three layouts.
+
+Every layer holds keys and values as ``(batch, kv_heads, capacity, head_dim)`` tensors (GQA-native: one entry per
+KV head, never expanded to the query heads), the original position of the token in each slot as
+``(batch, kv_heads, capacity)`` (:data:`FREE` where a slot holds no token), and, for the policies that need them,
+the attention each slot has accumulated and the last few queries. The engine plans each layer's capacity from the
+run's budget (budget + chunk in streaming mode; the prompt and the tokens to generate in prefill mode), so a run
+allocates once and writes in place.
+
+New tokens go into the first free slots (the slots freed by eviction first, then the never-used tail). Eviction
+frees slots; the layout says what happens then:
+
+* ``bitmask``: freed slots are only marked free and are filled in place by later tokens: no copy, memory held at
+  capacity, slots no longer in position order.
+* ``compact``: after every eviction the survivors are gathered to the front of the layer in position order, and
+  the tensors are sized to what the run still needs (memory returned, at the cost of a copy).
+* ``threshold``: bitmask until the dead share (free slots among those in use) reaches ``compact_at``, then compact.
+
+The counts that shape the work (slots in use, live slots) are kept on the host, so no decision waits for the GPU.
+In *static* mode, for a decode step captured in a CUDA graph, nothing depends on them either: attention spans the
+whole capacity, the slot of a new token is found on the device, compaction stays in place, nothing is allocated.
+Results are the same in both modes (a tested equivalence).
+
+The class implements the part of the transformers ``Cache`` interface that model forwards call (``update`` and
+``get_seq_length``); it deliberately does not inherit from ``transformers.Cache`` so that transformers builds no
+attention masks of its own for it: kvlab's attention function builds masks from the stored positions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import torch
+
+from kvlab.errors import KvlabError
+
+Layout = Literal["compact", "bitmask", "threshold"]
+LAYOUTS: tuple[str, ...] = get_args(Layout)
+DEFAULT_LAYOUT: Layout = "threshold"
+DEFAULT_COMPACT_AT = 0.5
+#: The position stored in a slot that holds no token.
+FREE = -1
+_LAST = torch.iinfo(torch.int32).max
+
+
+@dataclass(frozen=True)
+class HeapLayout:
+    """How freed slots are handled (see the module's docstring); ``compact_at`` is the threshold layout's dead
+    share."""
+
+    kind: Layout = DEFAULT_LAYOUT
+    compact_at: float = DEFAULT_COMPACT_AT
+
+    def __post_init__(self) -> None:
+        if self.kind not in LAYOUTS:
+            raise KvlabError(f"Unknown layout {self.kind!r}; use one of {', '.join(LAYOUTS)}.")
+        if not 0.0 < self.compact_at <= 1.0:
+            raise KvlabError(f"The threshold layout compacts at a dead share in (0, 1], not {self.compact_at}.")
+
+    def compacts(self, dead: int, used: int) -> bool:
+        """Whether a layer with ``dead`` free slots among ``used`` is compacted now."""
+        if dead == 0 or self.kind == "bitmask":
+            return False
+        return self.kind == "compact" or dead / used >= self.compact_at
+
+
+@dataclass
+class HeapLayer:
+    """One layer's slots and what kvlab knows about them.
+
+    ``used`` counts the slots written since the last compaction (``[0, used)``; the rest of the capacity has never
+    held a token), ``live`` the slots that hold one (the same for every sequence and KV head: all are evicted to the
+    same budget). ``ordered`` says that the live slots are exactly ``[0, used)`` in increasing position order, as
+    after a compaction or a run of appends, which lets attention use slot order instead of position masks.
+    ``recent_queries`` keeps the last post-RoPE query vectors ``(batch, q_heads, w, head_dim)`` with their positions,
+    for policies that score the cache by an observation window (SnapKV, TOVA); ``sliding_window``, ``scaling`` and
+    ``softcap`` are recorded from the model's own attention call so that scores computed outside the forward pass
+    use exactly the model's attention. ``planned`` is the capacity the engine planned for the layer.
+    """
+
+    planned: int = 0
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    recent_queries: torch.Tensor | None = None
+    recent_query_positions: torch.Tensor | None = None
+    used: int = 0
+    live: int = 0
+    ordered: bool = True
+    sliding_window: int | None = None
+    scaling: float = 1.0
+    softcap: float | None = None
+    shared: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def capacity(self) -> int:
+        """Slots allocated per (sequence, KV head)."""
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    @property
+    def dead(self) -> int:
+        """Free slots among those in use: evicted tokens whose slots wait to be refilled or compacted away."""
+        return self.used - self.live
+
+    def span(self, static: bool) -> int:
+        """How many slots attention and scoring look at: those in use, or in static mode the whole capacity."""
+        return self.capacity if static else self.used
+
+    def slot_bytes(self) -> int:
+        """Bytes of K and V in one slot of every sequence and KV head."""
+        if self.keys is None:
+            return 0
+        batch, kv_heads, _, head_dim = self.keys.shape
+        return 2 * batch * kv_heads * head_dim * self.keys.element_size()
+
+    def reserved_bytes(self) -> int:
+        """Bytes of the K and V tensors allocated, read from the tensors themselves."""
+        if self.keys is None or self.values is None:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+    def live_bytes(self) -> int:
+        """Bytes of K and V in the slots that hold a token."""
+        return self.live * self.slot_bytes()
+
+    def aux_bytes(self) -> int:
+        """Bytes of kvlab's bookkeeping for this layer (positions, scores, remembered queries)."""
+        tensors = (self.positions, self.scores, self.recent_queries)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def first_free(positions: torch.Tensor, count: int) -> torch.Tensor:
+    """The first ``count`` free slots of every sequence and KV head, in slot order, found on the device:
+    ``(batch, kv_heads, count)``. A stable sort puts free slots (key 0) before held ones (key 1) in slot order."""
+    free = positions < 0
+    if count == 1:
+        return free.to(torch.int8).argmax(dim=-1, keepdim=True)
+    return torch.sort((~free).to(torch.int8), dim=-1, stable=True).indices[..., :count]
+
+
+class KVHeap:
+    """The KV cache of one generation (one or several same-length sequences), layer by layer.
+
+    ``capacities`` are the planned slots per layer. ``room`` is how many tokens the run may still write between two
+    evictions; a compaction sizes the layer to its survivors plus that room, and, with ``keep_planned`` (streaming
+    mode, where the plan is the steady size: budget + chunk), never below the plan.
+    """
+
+    def __init__(self, capacities: list[int], *, layout: HeapLayout = HeapLayout(), track_scores: bool = False,
+                 query_window: int = 0, room: int = 0, keep_planned: bool = False) -> None:
+        self.layers = [HeapLayer(planned=capacity) for capacity in capacities]
+        self.layout = layout
+        self.keep_planned = keep_planned
+        self.track_scores = track_scores
+        self.query_window = query_window
+        self.room = room
+        self.static = False
+        self.seen_tokens = 0
+        self.compactions = 0
+        self.grown = 0
+        self._compaction_clocks: list[_Clock] = []
+        self._pending_positions: torch.Tensor | None = None
+
+    # --- the forward pass --------------------------------------------------------------------------------------
+
+    def begin_forward(self, positions: torch.Tensor) -> None:
+        """Declare the original positions ``(q,)`` of the tokens the next forward pass appends (consecutive, starting
+        at :attr:`seen_tokens`)."""
+        self._pending_positions = positions
+
+    def end_forward(self, count: int) -> None:
+        """Count the ``count`` tokens just appended as seen (no device synchronisation)."""
+        self.seen_tokens += count
+        self._pending_positions = None
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens seen so far (the next token's position), which is what models use to place new tokens."""
+        return self.seen_tokens
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new tokens' K/V into the layer's first free slots and return the slots attention reads
+        (transformers' contract)."""
+        layer = self.layers[layer_idx]
+        batch, kv_heads, count, head_dim = key_states.shape
+        device = key_states.device
+        if self._pending_positions is None:
+            positions = torch.arange(self.seen_tokens, self.seen_tokens + count, device=device)
+        else:
+            positions = self._pending_positions
+        new_positions = positions.to(device=device, dtype=torch.int32).expand(batch, kv_heads, count)
+        if layer.keys is None:
+            self._allocate(layer, key_states, max(layer.planned, count))
+        elif layer.live + count > layer.capacity:
+            self._grow(layer, layer.live + count)
+        self._own(layer, "keys", "values", "positions", "scores")
+        if layer.dead == 0 and not self.static:  # the free slots are the tail: append in order
+            start = layer.used
+            layer.keys[:, :, start:start + count] = key_states
+            layer.values[:, :, start:start + count] = value_states
+            layer.positions[:, :, start:start + count] = new_positions
+            if layer.scores is not None:
+                layer.scores[:, :, start:start + count] = 0.0
+        else:
+            slots = first_free(layer.positions, count)
+            index = slots.unsqueeze(-1).expand(-1, -1, -1, head_dim)
+            layer.keys.scatter_(2, index, key_states.to(layer.keys.dtype))
+            layer.values.scatter_(2, index, value_states.to(layer.values.dtype))
+            layer.positions.scatter_(2, slots, new_positions)
+            if layer.scores is not None:
+                layer.scores.scatter_(2, slots, torch.zeros_like(slots, dtype=layer.scores.dtype))
+        self.account_write(layer, count)
+        span = layer.span(self.static)
+        return layer.keys[:, :, :span], layer.values[:, :, :span]
+
+    # --- eviction and compaction -------------------------------------------------------------------------------
+
+    def evict(self, layer_idx: int, victims: torch.Tensor) -> None:
+        """Free the slots ``victims`` (``(batch, kv_heads, k)``, distinct held slots) of a layer, then compact when
+        the layout says so."""
+        layer = self.layers[layer_idx]
+        count = victims.shape[-1]
+        if count == 0:
+            return
+        self._own(layer, "positions")
+        layer.positions.scatter_(2, victims, FREE)
+        if self.account_evict(layer, count):
+            self._compact(layer)
+
+    # --- the host's counts -------------------------------------------------------------------------------------
+
+    def account_write(self, layer: HeapLayer, count: int) -> None:
+        """The host's counts after ``count`` tokens went into a layer's first free slots: freed slots first (out of
+        position order), then the tail."""
+        if layer.dead:
+            layer.ordered = False
+        layer.used = max(layer.used, layer.used + count - layer.dead)
+        layer.live += count
+
+    def account_evict(self, layer: HeapLayer, count: int) -> bool:
+        """The host's counts after ``count`` tokens of a layer were evicted; whether the layout compacts it now
+        (after which its live slots are the first ones, in position order)."""
+        layer.live -= count
+        layer.ordered = False
+        if not self.layout.compacts(layer.dead, layer.used):
+            return False
+        layer.used = layer.live
+        layer.ordered = True
+        self.compactions += 1
+        return True
+
+    def host_state(self) -> tuple[int, int, list[tuple[int, int, bool]]]:
+        """The host's counts (tokens seen, compactions, and per layer slots in use, live and whether ordered)."""
+        return self.seen_tokens, self.compactions, [(layer.used, layer.live, layer.ordered) for layer in self.layers]
+
+    def restore(self, state: tuple[int, int, list[tuple[int, int, bool]]]) -> None:
+        """Put back counts taken by :meth:`host_state` (a captured step ran its host logic without its device
+        work)."""
+        self.seen_tokens, self.compactions, layers = state
+        for layer, (used, live, ordered) in zip(self.layers, layers):
+            layer.used, layer.live, layer.ordered = used, live, ordered
+
+    def _compact(self, layer: HeapLayer) -> None:
+        """Gather the live slots to the front of the layer in position order (the counts are already the
+        compacted ones). Outside static mode the layer is resized to its survivors plus :attr:`room` (returning
+        memory); in static mode it is rewritten in place."""
+        clock = _Clock.start(layer.positions.device) if not self.static else None
+        positions = layer.positions
+        order = positions.masked_fill(positions < 0, _LAST).argsort(dim=-1)[..., :layer.live]
+        capacity = layer.capacity if self.static else max(layer.live + self.room, 1)
+        if self.keep_planned and not self.static:
+            capacity = max(capacity, layer.planned)
+        gathered = {name: _gather_slots(getattr(layer, name), order)
+                    for name in ("keys", "values", "positions", "scores") if getattr(layer, name) is not None}
+        fresh = capacity != layer.capacity or bool(layer.shared & set(gathered))
+        for name, survivors in gathered.items():
+            target = getattr(layer, name)
+            if fresh:
+                target = target.new_zeros((*target.shape[:2], capacity, *target.shape[3:]))
+            target[:, :, :layer.live] = survivors
+            if name == "positions":
+                target[:, :, layer.live:] = FREE
+            elif name == "scores":
+                target[:, :, layer.live:] = 0.0
+            setattr(layer, name, target)
+            layer.shared.discard(name)
+        if clock is not None:
+            self._compaction_clocks.append(clock.stop())
+
+    def _allocate(self, layer: HeapLayer, like: torch.Tensor, capacity: int) -> None:
+        """The layer's tensors, allocated once, every slot free."""
+        batch, kv_heads, _, head_dim = like.shape
+        # zeros, not uninitialised memory: a free slot's keys and values are read (with zero weight) by static
+        # steps, and 0 x NaN would poison them
+        layer.keys = like.new_zeros(batch, kv_heads, capacity, head_dim)
+        layer.values = like.new_zeros(batch, kv_heads, capacity, head_dim)
+        layer.positions = torch.full((batch, kv_heads, capacity), FREE, dtype=torch.int32, device=like.device)
+        if self.track_scores:
+            layer.scores = torch.zeros(batch, kv_heads, capacity, dtype=torch.float32, device=like.device)
+
+    def _grow(self, layer: HeapLayer, needed: int) -> None:
+        """More capacity than planned (an unplanned write, e.g. a fork that goes on after its source's plan): the
+        layer is copied into tensors of the needed size plus the room. Never happens in static mode."""
+        if self.static:
+            raise RuntimeError("a static heap cannot grow; its capacity was planned too small")
+        capacity = needed + self.room
+        for name in ("keys", "values", "positions", "scores"):
+            old = getattr(layer, name)
+            if old is None:
+                continue
+            fill = FREE if name == "positions" else 0
+            new = old.new_full((*old.shape[:2], capacity, *old.shape[3:]), fill)
+            new[:, :, :layer.used] = old[:, :, :layer.used]
+            setattr(layer, name, new)
+            layer.shared.discard(name)
+        self.grown += 1
+
+    def _own(self, layer: HeapLayer, *names: str) -> None:
+        """Copy the tensors a fork still shares with its source before changing them (copy on write)."""
+        for name in names:
+            if name in layer.shared and getattr(layer, name) is not None:
+                setattr(layer, name, getattr(layer, name).clone())
+            layer.shared.discard(name)
+
+    # --- forks, observation and figures ------------------------------------------------------------------------
+
+    def fork(self, *, capacities: list[int], track_scores: bool, query_window: int, layout: HeapLayout,
+             room: int, keep_planned: bool) -> KVHeap:
+        """An independent heap holding the same tokens, for another policy to compress.
+
+        K, V, positions and scores are shared with this heap and copied only when the fork first changes them, so
+        a fork costs no memory until it diverges (a compaction builds new tensors without copying first).
+        """
+        forked = KVHeap(capacities, layout=layout, track_scores=track_scores, query_window=query_window, room=room,
+                        keep_planned=keep_planned)
+        forked.seen_tokens = self.seen_tokens
+        for source, target in zip(self.layers, forked.layers):
+            target.keys, target.values, target.positions = source.keys, source.values, source.positions
+            target.used, target.live, target.ordered = source.used, source.live, source.ordered
+            target.sliding_window, target.scaling, target.softcap = source.sliding_window, source.scaling, source.softcap
+            target.shared = {"keys", "values", "positions"}
+            if track_scores:
+                if source.scores is None:
+                    raise ValueError("The shared prefill did not accumulate attention scores.")
+                target.scores = source.scores
+                target.shared.add("scores")
+            if query_window:
+                if source.recent_queries is None or source.recent_queries.shape[2] < min(query_window, self.seen_tokens):
+                    raise ValueError("The shared prefill did not remember enough queries.")
+                target.recent_queries = source.recent_queries[:, :, -query_window:].clone()
+                target.recent_query_positions = source.recent_query_positions[-query_window:].clone()
+        return forked
+
+    def make_static(self) -> None:
+        """Switch to static mode for captured decode steps: every tensor owned, and, for the policies that score by
+        an observation window, the window full (so its shape never changes)."""
+        for layer in self.layers:
+            self._own(layer, *list(layer.shared))
+        self.static = True
+
+    def stop_observing(self) -> None:
+        """Drop accumulated scores and remembered queries and stop collecting them: after prefill mode's one
+        compression nothing is scored again."""
+        self.track_scores = False
+        self.query_window = 0
+        for layer in self.layers:
+            layer.scores = None
+            layer.shared.discard("scores")
+            layer.recent_queries = None
+            layer.recent_query_positions = None
+
+    def compaction_seconds(self) -> float:
+        """Time the compactions outside captured steps took on the device (read from device events on a GPU, so
+        no compaction waits for the GPU; inside a captured decode step a compaction is part of the step's time)."""
+        return sum(clock.seconds() for clock in self._compaction_clocks)
+
+    def kv_bytes(self) -> int:
+        """Bytes of K and V in the slots that hold a token (live), over all layers."""
+        return sum(layer.live_bytes() for layer in self.layers)
+
+    def reserved_bytes(self) -> int:
+        """Bytes of the K and V tensors allocated, over all layers, read from the tensors."""
+        return sum(layer.reserved_bytes() for layer in self.layers)
+
+    def aux_bytes(self) -> int:
+        """Bytes of kvlab's bookkeeping tensors (positions, scores, remembered queries), reported separately."""
+        return sum(layer.aux_bytes() for layer in self.layers)
+
+    def dead_share(self) -> float:
+        """Free slots among the slots in use, over all layers: what a bitmask holds without using."""
+        used = sum(layer.used for layer in self.layers)
+        return sum(layer.dead for layer in self.layers) / used if used else 0.0
+
+    def kept_per_layer(self) -> list[int]:
+        """Tokens held per (sequence, KV head) in each layer."""
+        return [layer.live for layer in self.layers]
+
+
+def survivors(positions: torch.Tensor, live: int) -> torch.Tensor:
+    """The original positions held in a layer, ``(batch, kv_heads, live)`` in increasing order, whatever the slot
+    order."""
+    return positions.masked_fill(positions < 0, _LAST).sort(dim=-1).values[..., :live]
+
+
+def _gather_slots(tensor: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``tensor[b, h, order[b, h, i]]`` for tensors of slots, with or without a trailing feature dimension."""
+    if tensor.dim() == 4:
+        return tensor.gather(2, order.unsqueeze(-1).expand(-1, -1, -1, tensor.shape[-1]))
+    return tensor.gather(2, order)
+
+
+@dataclass
+class _Clock:
+    """The time of a piece of device work: CUDA events on a GPU (read later, without waiting now), the host clock
+    on a CPU (where work is synchronous)."""
+
+    begin: Any
+    end: Any = None
+
+    @classmethod
+    def start(cls, device: torch.device) -> _Clock:
+        if device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return cls(event)
+        return cls(time.perf_counter())
+
+    def stop(self) -> _Clock:
+        if isinstance(self.begin, float):
+            self.end = time.perf_counter()
+        else:
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.end.record()
+        return self
+
+    def seconds(self) -> float:
+        if isinstance(self.begin, float):
+            return self.end - self.begin
+        self.end.synchronize()
+        return self.begin.elapsed_time(self.end) / 1000.0
