@@ -217,14 +217,15 @@ def _decode_attention(query: torch.Tensor, layer: HeapLayer, span: int, mask: to
 
 
 def _blocked_attention(query: torch.Tensor, layer: HeapLayer, layer_idx: int, span: int, mask: torch.Tensor | None,
-                       context: ForwardContext, ordered: bool) -> torch.Tensor:
+                       context: ForwardContext, ordered: bool, output: bool = True) -> torch.Tensor | None:
     """Exact attention in blocks of queries, observing the probabilities on the way.
 
     As in transformers' eager attention, logits are computed in the model's dtype and the softmax in float32, and
     at most ``SCORE_BLOCK_ELEMENTS`` (query, key) pairs exist at a time. Over slots in position order a block reads
     only the slots its queries can see (the later ones are in their future); otherwise ``mask`` says what each
     query sees. Each block adds its column sums to the layer's accumulated scores (H2O) and, when asked, its
-    statistics.
+    statistics. With ``output=False`` only the observation is made (the output comes from SDPA): the probabilities
+    are never multiplied by the values, which halves the work of observing.
     """
     keys, values = layer.keys[:, :, :span], layer.values[:, :, :span]
     batch, q_heads, n_queries, head_dim = query.shape
@@ -250,12 +251,13 @@ def _blocked_attention(query: torch.Tensor, layer: HeapLayer, layer_idx: int, sp
         if block_mask is not None:
             logits = logits.masked_fill(~block_mask, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
-        outputs.append(torch.matmul(probs.to(values.dtype), values_g[:, :, :, :visible]))
+        if output:
+            outputs.append(torch.matmul(probs.to(values.dtype), values_g[:, :, :, :visible]))
         if layer.scores is not None:
             layer.scores[..., :visible] += probs.sum(dim=(2, 3))
         if context.stats is not None:
             context.stats.add(layer_idx, probs, layer.positions[..., :visible])
-    return torch.cat(outputs, dim=3).reshape(batch, q_heads, n_queries, head_dim)
+    return torch.cat(outputs, dim=3).reshape(batch, q_heads, n_queries, head_dim) if output else None
 
 
 def _remember_queries(layer: HeapLayer, query: torch.Tensor, query_positions: torch.Tensor, window: int,
@@ -306,21 +308,24 @@ def kvlab_attention(
     if cache.query_window:
         _remember_queries(layer, query, query_positions, cache.query_window, cache.static)
     span = layer.span(cache.static)
-    observe = layer.scores is not None or context.stats is not None or layer.softcap is not None
-    if layer.ordered and layer.dead == 0 and not cache.static:
+    ordered = layer.ordered and layer.dead == 0 and not cache.static
+    observed = layer.scores is not None or context.stats is not None or layer.softcap is not None
+    if query.shape[2] == 1 and (observed or not ordered):  # one pass, reading the heap in place
+        mask = allowed_keys(layer.positions[:, :, :span], query_positions, layer.sliding_window)
+        output = _decode_attention(query, layer, span, mask, context, layer_idx)
+        return output.transpose(1, 2).contiguous(), None
+    if ordered:
         mask = _ordered_mask(layer, query_positions, context.last_position)
-        if observe or (mask is not None and mask.dim() == 4):
-            output = _blocked_attention(query, layer, layer_idx, span, mask, context, ordered=True)
-        else:
-            output = _sdpa(query, layer.keys[:, :, :span], layer.values[:, :, :span], mask, layer.scaling)
     else:
         mask = allowed_keys(layer.positions[:, :, :span], query_positions, layer.sliding_window)
-        if query.shape[2] == 1:
-            output = _decode_attention(query, layer, span, mask, context, layer_idx)
-        elif observe:
-            output = _blocked_attention(query, layer, layer_idx, span, mask, context, ordered=False)
-        else:
-            output = _sdpa(query, layer.keys[:, :, :span], layer.values[:, :, :span], mask, layer.scaling)
+    # the output must come from the observed pass itself for statistics and soft-capping (which SDPA lacks), and
+    # for a sliding window's per-head mask over ordered slots (which SDPA would need copied per query head)
+    if context.stats is not None or layer.softcap is not None or (ordered and mask is not None and mask.dim() == 4):
+        output = _blocked_attention(query, layer, layer_idx, span, mask, context, ordered)
+    else:
+        output = _sdpa(query, layer.keys[:, :, :span], layer.values[:, :, :span], mask, layer.scaling)
+        if layer.scores is not None:  # H2O: the scores from a pass that never multiplies by the values
+            _blocked_attention(query, layer, layer_idx, span, mask, context, ordered, output=False)
     return output.transpose(1, 2).contiguous(), None
 
 

@@ -138,6 +138,8 @@ class GenerationResult:
     forward pass and before eviction); ``kv_reserved_bytes`` and ``peak_kv_reserved_bytes`` those of the heap's
     tensors. ``compactions`` and ``compaction_seconds`` count and time the heap's compactions (outside captured
     steps); ``decode_graphs`` is the number of CUDA graphs the decode steps were captured in (0: eager).
+    ``token_seconds`` is the wall time of each decode step, from one token read on the host to the next (so the
+    first steps carry a graph's warm-up and capture, and the steady rate is read from the later ones).
     """
 
     tokens: list[list[int]]
@@ -161,6 +163,7 @@ class GenerationResult:
     dtype: str
     layout: str
     decode_graphs: int
+    token_seconds: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The CLI's ``--json`` object (first sequence's text and tokens at top level)."""
@@ -173,7 +176,7 @@ class GenerationResult:
                 "context_tokens", "budget_tokens", "kv_bytes", "kv_bytes_full", "peak_kv_bytes",
                 "kv_reserved_bytes", "peak_kv_reserved_bytes", "dead_share", "compactions", "compaction_seconds",
                 "aux_bytes", "kept_per_layer", "prefill_seconds", "decode_seconds", "peak_gpu_bytes", "device",
-                "dtype", "layout", "decode_graphs")},
+                "dtype", "layout", "decode_graphs", "token_seconds")},
         }
 
 
@@ -283,6 +286,7 @@ class Generation:
         self._start_logits: torch.Tensor | None = None if prefilled is None else prefilled.logits
         self.prefill_finished_at: float | None = None
         self.decode_graphs = 0
+        self.token_times: list[float] = []
         self._logits_to_keep = _supports(loaded.model, "logits_to_keep")
         self.stops = set(spec.stop_token_ids if spec.stop_token_ids is not None else eos_token_ids(loaded))
 
@@ -438,6 +442,7 @@ class Generation:
         for index in range(self.spec.max_new_tokens):
             next_ids = logits.argmax(dim=-1)
             tokens = next_ids.tolist()
+            self.token_times.append(time.perf_counter())
             finished |= torch.tensor([token in self.stops for token in tokens])
             if index == self.spec.max_new_tokens - 1 or bool(finished.all()):
                 yield self._event("decode", step + index, token_ids=tokens, logits=logits)
@@ -504,6 +509,7 @@ def generate(
         dtype=loaded.dtype_name,
         layout=spec.layout,
         decode_graphs=generation.decode_graphs,
+        token_seconds=[later - earlier for earlier, later in zip(generation.token_times, generation.token_times[1:])],
     )
 
 

@@ -20,6 +20,7 @@ exactly the tokens of eager decoding.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -48,12 +49,15 @@ class StaticDecoder:
     @classmethod
     def for_generation(cls, generation: Generation) -> StaticDecoder | None:
         """The static decoder for a generation, or ``None`` where it decodes eagerly: when asked to
-        (``static=False``), when statistics are observed (they are read per step), on a CPU unless asked
-        (``static=True``), and when an observation window is not full yet (its shape would still change)."""
+        (``static=False``), when statistics are observed (they are read per step), on a CPU or for a policy whose
+        steps cannot be captured unless asked (``static=True``), and when an observation window is not full yet
+        (its shape would still change)."""
         spec = generation.spec
         cuda = generation.loaded.device.type == "cuda"
         if spec.static is False or spec.stats is not None or (spec.static is None and not cuda):
             return None
+        if spec.static is None and not spec.policy.capturable:
+            return None  # uncaptured static steps would only be slower than eager ones
         heap = generation.cache
         if heap.query_window and any(layer.recent_queries is None or layer.recent_queries.shape[2] < heap.query_window
                                      for layer in heap.layers):
@@ -65,6 +69,7 @@ class StaticDecoder:
         generation = self.generation
         spec = generation.spec
         tokens = logits.argmax(dim=-1).tolist()
+        generation.token_times.append(time.perf_counter())
         finished = torch.zeros(generation.batch_size, dtype=torch.bool)
         for index in range(spec.max_new_tokens):
             finished |= torch.tensor([token in generation.stops for token in tokens])
@@ -77,6 +82,7 @@ class StaticDecoder:
             yield generation._event("decode", step + index, token_ids=tokens)
             assert self.ids is not None
             tokens = self.ids.view(-1).tolist()
+            generation.token_times.append(time.perf_counter())
 
     def _start(self, tokens: list[int]) -> None:
         """The device tensors the steps advance: the current token of each sequence and its position."""

@@ -145,8 +145,8 @@ class KVHeap:
     """The KV cache of one generation (one or several same-length sequences), layer by layer.
 
     ``capacities`` are the planned slots per layer. ``room`` is how many tokens the run may still write between two
-    evictions; a compaction sizes the layer to its survivors plus that room, and, with ``keep_planned`` (streaming
-    mode, where the plan is the steady size: budget + chunk), never below the plan.
+    evictions; a compaction sizes the layer to its survivors plus that room, or, with ``keep_planned`` (streaming
+    mode, where the plan already is the steady size: budget + chunk, or the whole run when shorter), to the plan.
     """
 
     def __init__(self, capacities: list[int], *, layout: HeapLayout = HeapLayout(), track_scores: bool = False,
@@ -271,9 +271,10 @@ class KVHeap:
         clock = _Clock.start(layer.positions.device) if not self.static else None
         positions = layer.positions
         order = positions.masked_fill(positions < 0, _LAST).argsort(dim=-1)[..., :layer.live]
-        capacity = layer.capacity if self.static else max(layer.live + self.room, 1)
-        if self.keep_planned and not self.static:
-            capacity = max(capacity, layer.planned)
+        if self.static:
+            capacity = layer.capacity
+        else:
+            capacity = max(layer.planned, layer.live) if self.keep_planned else max(layer.live + self.room, 1)
         gathered = {name: _gather_slots(getattr(layer, name), order)
                     for name in ("keys", "values", "positions", "scores") if getattr(layer, name) is not None}
         fresh = capacity != layer.capacity or bool(layer.shared & set(gathered))

@@ -76,7 +76,9 @@ def run_config(loaded: LoadedModel, spec: RunSpec, *, task: str, task_hash: str,
         policy_params=spec.policy.params(), weights_hash=loaded.weights_hash, tokenizer_hash=loaded.tokenizer_hash,
         task_hash=task_hash, keep=None if budget is None else budget.keep,
         budget_tokens=None if budget is None else budget.tokens, chunk=spec.chunk,
-        compression_interval=spec.compression_interval, context_length=context_length, query_aware=query_aware,
+        compression_interval=spec.compression_interval, layout=spec.layout,
+        compact_at=spec.compact_at if spec.layout == "threshold" else None,
+        context_length=context_length, query_aware=query_aware,
         max_new_tokens=spec.max_new_tokens, stop_rule=stop_rule, seed=spec.seed, device=loaded.device_kind,
         dtype=loaded.dtype_name,
     )
@@ -84,12 +86,16 @@ def run_config(loaded: LoadedModel, spec: RunSpec, *, task: str, task_hash: str,
 
 @dataclass(frozen=True)
 class Measured:
-    """What one sequence of a generation held and took: bytes of its KV cache (at the end and at the peak), tokens
-    kept per layer (mean), the device's peak allocation, and seconds of prefill and decoding."""
+    """What one sequence of a generation held and took: bytes of its KV cache in use and reserved (at the end and
+    at the peak), the heap's compactions, tokens kept per layer (mean), the device's peak allocation, and seconds of
+    prefill and decoding."""
 
     kept_tokens: int
     kv_bytes: int
     peak_kv_bytes: int
+    kv_reserved_bytes: int
+    peak_kv_reserved_bytes: int
+    compactions: int
     peak_gpu_bytes: int | None
     prefill_s: float
     decode_s: float
@@ -104,7 +110,8 @@ def trial(key: str, task_id: str, context_ids: Sequence[int], question_ids: Sequ
         correct=verdict.contains, exact=verdict.exact, depth=depth, expected=answer, output=output,
         kept_tokens=measured.kept_tokens, kv_bytes=measured.kv_bytes, peak_kv_bytes=measured.peak_kv_bytes,
         peak_gpu_bytes=measured.peak_gpu_bytes, prefill_s=measured.prefill_s, decode_s=measured.decode_s,
-        item_hash=item_hash(context_ids, question_ids, answer),
+        item_hash=item_hash(context_ids, question_ids, answer), kv_reserved_bytes=measured.kv_reserved_bytes,
+        peak_kv_reserved_bytes=measured.peak_kv_reserved_bytes, compactions=measured.compactions,
     )
 
 
@@ -116,6 +123,8 @@ def batch_trials(batch: Sequence[tuple[str, TaskItem]], result: Any, prefill_s: 
     measured = Measured(
         kept_tokens=round(sum(result.kept_per_layer) / len(result.kept_per_layer)),
         kv_bytes=result.kv_bytes // size, peak_kv_bytes=result.peak_kv_bytes // size,
+        kv_reserved_bytes=result.kv_reserved_bytes // size,
+        peak_kv_reserved_bytes=result.peak_kv_reserved_bytes // size, compactions=result.compactions,
         peak_gpu_bytes=result.peak_gpu_bytes, prefill_s=prefill_s / size, decode_s=result.decode_seconds / size,
     )
     return [trial(key, item.task_id, item.context_ids, item.question_ids, item.answer, text, measured, item.depth)

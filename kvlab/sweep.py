@@ -21,6 +21,7 @@ import torch
 from kvlab.budget import Budget, check_budget
 from kvlab.engine import MODES, GenerationResult, Prefilled, RunSpec, generate, prefill_once
 from kvlab.errors import KvlabError
+from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
 from kvlab.limits import check_seed
 from kvlab.models import LoadedModel, shown_name
 from kvlab.policies import Policy, make_policy
@@ -64,6 +65,9 @@ class SweepGrid:
     max_new_tokens: int = 24
     batch_size: int = 8
     share_prefill: bool = True
+    layout: str = DEFAULT_LAYOUT
+    compact_at: float = DEFAULT_COMPACT_AT
+    static: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -79,6 +83,7 @@ class SweepGrid:
         if self.max_new_tokens < 1:
             raise KvlabError(f"A sweep must generate at least one token per answer, not {self.max_new_tokens}.")
         check_seed(self.seed)
+        HeapLayout(self.layout, self.compact_at)  # type: ignore[arg-type]
         if self.trials < 1:
             raise KvlabError(f"A sweep needs at least one trial per cell, not {self.trials}.")
         if self.batch_size < 1:
@@ -201,7 +206,8 @@ class SweepRunner:
     def _spec(self, cell: Cell) -> RunSpec:
         budget = Budget(keep=cell.keep) if cell.keep is not None else None
         return RunSpec(cell.policy, budget, mode=cell.mode, chunk=self.grid.chunk, max_new_tokens=self.grid.max_new_tokens,
-                       stop_token_ids=self.stops.token_ids, seed=self.grid.seed)
+                       stop_token_ids=self.stops.token_ids, seed=self.grid.seed, layout=self.grid.layout,
+                       compact_at=self.grid.compact_at, static=self.grid.static)
 
     def _store(self, run_id: int, batch: Sequence[tuple[str, TaskItem]], result: GenerationResult,
                prefill_s: float, label: str, counted: int) -> None:

@@ -6,6 +6,7 @@ import streamlit as st
 
 from kvlab.budget import Budget
 from kvlab.errors import KvlabError
+from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUTS
 from kvlab.policies import POLICIES
 from kvlab.store import open_store
 from kvlab.tasks.facts import TEMPLATES
@@ -27,6 +28,9 @@ from kvlab.ui.text import plain
 
 RESULT_KEY = "live_result"
 BROWSER_INT = (1 << 53) - 1  # the largest whole number a browser's number field holds exactly
+LAYOUT_HELP = ("What becomes of evicted slots. compact: survivors gathered to the front after each eviction, memory "
+               "returned, at the cost of a copy. bitmask: slots marked free and refilled in place, no copy, memory "
+               "held. threshold: bitmask until the dead share reaches the threshold, then compact.")
 REDRAW_EVERY_DECODED = 4
 
 page_setup()
@@ -103,6 +107,10 @@ with run_column:
     max_new = int(st.number_input("Tokens to generate (at most)", min_value=1, max_value=256, value=24))
     query_aware = st.checkbox("Read the question before compressing", value=True,
                               help="Off: prefill mode compresses the text before it sees the question.")
+    heap_layout = st.selectbox("Heap layout", LAYOUTS, index=LAYOUTS.index(DEFAULT_LAYOUT), help=LAYOUT_HELP)
+    compact_at = st.slider("Compact at dead share", 0.05, 1.0, DEFAULT_COMPACT_AT, 0.05,
+                           disabled=heap_layout != "threshold",
+                           help="The threshold layout compacts a layer once this share of its slots in use is dead.")
     layers = loaded.arch.num_layers if loaded else 0
     layer = st.selectbox("3D view", [None, *range(layers)], format_func=figures.layer_name)
     run = st.button("Run", type="primary", disabled=loaded is None or task is None, icon=":material/play_arrow:")
@@ -134,7 +142,8 @@ if run and loaded is not None and task is not None:
     st.session_state.pop(RESULT_KEY, None)
     try:
         prompt = build_prompt(loaded, task)
-        settings = LiveSettings(policy, params, budget if evicts else None, mode, chunk, max_new, query_aware)
+        settings = LiveSettings(policy, params, budget if evicts else None, mode, chunk, max_new, query_aware,
+                                heap_layout, compact_at)
         live = LiveRun(loaded, prompt, settings)
         with live.on_device(DEVICE_QUEUE, waiting_notice(notice)) as events:
             notice.empty()
@@ -170,11 +179,16 @@ else:
         st.error(plain(filed.problem) + " The result is kept on this page: download it to keep it.")
         st.download_button("Download this run (CSV)", data=filed.record, file_name="kvlab-live-run.csv",
                            mime="text/csv", on_click="ignore", icon=":material/download:")
-    measured = st.columns(4)
+    measured = st.columns(6)
     measured[0].metric("Prompt tokens", f"{prompt.context_tokens:,}")
-    measured[1].metric("KV held (measured)", f"{outcome.kv_bytes / 2**20:,.2f} MiB")
-    measured[2].metric("Full cache (computed)", f"{outcome.kv_bytes_full / 2**20:,.2f} MiB")
-    measured[3].metric("Peak KV (measured)", f"{outcome.peak_kv_bytes / 2**20:,.2f} MiB")
+    measured[1].metric("KV in use (measured)", f"{outcome.kv_bytes / 2**20:,.2f} MiB",
+                       help="Bytes of the slots holding a token at the end.")
+    measured[2].metric("KV reserved (measured)", f"{outcome.kv_reserved_bytes / 2**20:,.2f} MiB",
+                       help="Bytes of the heap's tensors at the end: what the cache holds from the allocator.")
+    measured[3].metric("Full cache (computed)", f"{outcome.kv_bytes_full / 2**20:,.2f} MiB")
+    measured[4].metric("Peak KV in use (measured)", f"{outcome.peak_kv_bytes / 2**20:,.2f} MiB")
+    measured[5].metric("Dead share · compactions", f"{outcome.dead_share:.0%} · {outcome.compactions}",
+                       help="Free slots among those in use at the end, and how often the heap compacted.")
     kept = st.columns(4)
     kept[0].metric("Tokens kept per layer", f"{outcome.kept_tokens:,}", help="Mean over layers, per KV head.")
     needle = result.trace.needle_held()

@@ -111,7 +111,7 @@ def test_a_short_live_run_completes_and_is_stored(db):
     click(app, "Run")
     assert "stored as run 1" in app.main.caption[-1].value
     labels = {metric.label: metric.value for metric in app.metric}
-    assert labels["Prompt tokens"] == "256" and labels["KV held (measured)"].endswith("MiB")
+    assert labels["Prompt tokens"] == "256" and labels["KV in use (measured)"].endswith("MiB")
     titles = set(charts(app))
     assert {"KV cache bytes", "Cache map: surviving positions per layer", "Entropy per layer over the run",
             "Attention weight per key over the run (mean over layers)"} <= titles

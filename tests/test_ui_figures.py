@@ -146,9 +146,9 @@ def test_cache_map_shows_share_held_and_leaves_unread_positions_blank(trace):
 def test_memory_figure_labels_measured_and_computed_bytes(trace):
     figure = figures.memory_figure(trace)
     names = [series.name for series in figure.data]
-    assert "held (measured from tensors)" in names and "full cache (computed)" in names
+    assert names[:3] == ["full cache (computed)", "reserved (measured from tensors)", "in use (measured from tensors)"]
     assert figure.layout.yaxis.title.text == "KV bytes (KiB)"
-    assert list(figure.data[1].y)[-1] == pytest.approx(len(held_after(PROMPT)))
+    assert list(figure.data[2].y)[-1] == pytest.approx(len(held_after(PROMPT)))
 
 
 def test_sink_and_entropy_figures_read_the_latest_pass(trace):

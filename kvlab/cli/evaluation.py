@@ -11,9 +11,11 @@ from pathlib import Path
 from kvlab.cli.options import (
     add_db_argument,
     add_generation_arguments,
+    add_heap_arguments,
     add_model_arguments,
     add_policy_arguments,
     add_seed_argument,
+    heap_settings,
     numbers,
     policy_from_args,
     whole,
@@ -33,6 +35,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="a parameter of one listed policy, e.g. snapkv.window=16 (repeatable)")
     sweep.add_argument("--keep", default="", help="kept fractions, e.g. 0.1,0.3,0.5")
     sweep.add_argument("--mode", default="prefill", help="prefill, streaming, or both: prefill,streaming")
+    add_heap_arguments(sweep)
     sweep.add_argument("--contexts", required=True, help="context lengths in tokens, e.g. 1024,2048")
     sweep.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1], or 'random'")
     sweep.add_argument("--trials", type=whole(1, "--trials"), default=1,
@@ -56,6 +59,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(evaluate)
     evaluate.add_argument("--tasks", required=True, help="a JSONL file of tasks")
     add_policy_arguments(evaluate)
+    add_heap_arguments(evaluate)
     add_generation_arguments(evaluate, default=32)
     evaluate.add_argument("--query-agnostic", action="store_true", help="read the question after compression")
     evaluate.add_argument("--db", default=None, metavar="FILE", help="store the run in this database")
@@ -88,6 +92,7 @@ def sweep_grid(args: argparse.Namespace):
         depths=depths, trials=args.trials, modes=tuple(m.strip() for m in args.mode.split(",") if m.strip()),
         seed=args.seed, kind=NEEDLE_KINDS[args.task], chunk=args.chunk, query_aware=not args.query_agnostic,
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, share_prefill=not args.no_share_prefill,
+        **heap_settings(args),
     )
 
 
@@ -139,7 +144,7 @@ def run_eval(args: argparse.Namespace) -> int:
     store = open_store(args.db) if args.db else None
     stops = stops_for(loaded, one_line_answers=True)
     spec = RunSpec(policy, budget, mode=args.mode, chunk=args.chunk, max_new_tokens=args.max_new_tokens,
-                   stop_token_ids=stops.token_ids, seed=args.seed)
+                   stop_token_ids=stops.token_ids, seed=args.seed, **heap_settings(args))
     query_aware = not args.query_agnostic
     run_id = None
     if store is not None:

@@ -8,7 +8,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-from kvlab.cli.options import add_generation_arguments, add_model_arguments, add_policy_arguments, policy_from_args
+from kvlab.cli.options import (
+    add_generation_arguments,
+    add_heap_arguments,
+    add_model_arguments,
+    add_policy_arguments,
+    heap_settings,
+    policy_from_args,
+)
 from kvlab.errors import KvlabError
 
 
@@ -20,6 +27,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     prompt.add_argument("--prompt", help="the prompt text")
     prompt.add_argument("--prompt-file", help="a UTF-8 file holding the prompt")
     add_policy_arguments(generate)
+    add_heap_arguments(generate)
     add_generation_arguments(generate, default=32)
     generate.add_argument("--json", action="store_true", help="print one JSON object with the figures")
     generate.set_defaults(func=run_generate)
@@ -56,7 +64,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     policy, budget = policy_from_args(args)
     spec = RunSpec(policy, budget, mode=args.mode, chunk=args.chunk, max_new_tokens=args.max_new_tokens,
-                   seed=args.seed)
+                   seed=args.seed, **heap_settings(args))
     prompt = _read_prompt(args)
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     loaded.limits.check_text(prompt, "The prompt")
@@ -69,9 +77,11 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         print(result.texts[0])
         print(
-            f"[{policy.name}, {spec.mode}] context {result.context_tokens} tokens, budget "
-            f"{result.budget_tokens or 'none'}; KV held {result.kv_bytes:,} B of {result.kv_bytes_full:,} B full, "
-            f"peak {result.peak_kv_bytes:,} B (measured from the cache tensors on {result.device})",
+            f"[{policy.name}, {spec.mode}, {spec.layout}] context {result.context_tokens} tokens, budget "
+            f"{result.budget_tokens or 'none'}; KV in use {result.kv_bytes:,} B of {result.kv_bytes_full:,} B full, "
+            f"peak {result.peak_kv_bytes:,} B; reserved {result.kv_reserved_bytes:,} B, dead share "
+            f"{result.dead_share:.0%}, {result.compactions} compactions (measured from the cache tensors on "
+            f"{result.device})",
             file=sys.stderr,
         )
     return 0

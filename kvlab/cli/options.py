@@ -67,6 +67,20 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     add_seed_argument(parser)
 
 
+def add_heap_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the KV heap: its layout, the threshold layout's dead share, and eager decoding."""
+    from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUTS
+
+    parser.add_argument("--layout", default=DEFAULT_LAYOUT, choices=LAYOUTS,
+                        help="what becomes of evicted slots: compact (survivors gathered, memory returned), bitmask "
+                             "(slots refilled in place, memory held), threshold (bitmask until --compact-at of the "
+                             f"slots in use are dead, then compact); default {DEFAULT_LAYOUT}")
+    parser.add_argument("--compact-at", type=fraction, default=DEFAULT_COMPACT_AT,
+                        help=f"the threshold layout's dead share, in (0, 1] (default {DEFAULT_COMPACT_AT})")
+    parser.add_argument("--eager", action="store_true",
+                        help="decode one eager forward pass per token instead of replaying CUDA graphs on a GPU")
+
+
 def add_seed_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed, default=0, help="seed of random eviction and of generated tasks")
 
@@ -94,6 +108,11 @@ def policy_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
     if budget is None or budget.tokens is not None or not policy.evicts():
         check_budget(policy, budget, context_tokens=0)
     return policy, budget
+
+
+def heap_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``RunSpec`` fields of the heap options."""
+    return {"layout": args.layout, "compact_at": args.compact_at, "static": False if args.eager else None}
 
 
 def numbers(text: str, kind: type, what: str) -> tuple[Any, ...]:

@@ -35,6 +35,7 @@ class RunConfig:
     ``task_hash`` identifies their content (the items themselves, or for generated needles everything they are
     generated from), so a changed file or haystack is a different run. ``context_length`` is the target length when
     the run has one. ``stop_rule`` says which tokens end an answer (``eos``, or ``eos+line`` for one-line answers).
+    ``layout`` is the KV heap's layout and ``compact_at`` the threshold layout's dead share (``None`` otherwise).
     Build them with :mod:`kvlab.records`, which fills every field from the loaded model and the engine's settings.
     """
 
@@ -50,6 +51,8 @@ class RunConfig:
     budget_tokens: int | None = None
     chunk: int | None = None
     compression_interval: int | None = None
+    layout: str | None = None
+    compact_at: float | None = None
     context_length: int | None = None
     query_aware: bool | None = None
     max_new_tokens: int | None = None
@@ -64,8 +67,10 @@ class Trial:
     """One answered prompt of a run. ``trial_key`` identifies it within the run, so a resumed sweep can skip it;
     ``item_hash`` is the hash of the prompt and answer it was measured on.
 
-    Byte counts are of the KV cache as physically held (``kv_bytes``, at the end of the trial) and at its peak;
-    ``peak_gpu_bytes`` is the device's peak allocation where there is a GPU.
+    Byte counts are of the KV cache as physically held: ``kv_bytes`` of the slots holding a token at the end of the
+    trial and ``peak_kv_bytes`` at the most; ``kv_reserved_bytes`` and ``peak_kv_reserved_bytes`` of the heap's
+    tensors; ``compactions`` counts the heap's compactions. ``peak_gpu_bytes`` is the device's peak allocation where
+    there is a GPU.
     """
 
     trial_key: str
@@ -83,6 +88,9 @@ class Trial:
     prefill_s: float | None = None
     decode_s: float | None = None
     item_hash: str | None = None
+    kv_reserved_bytes: int | None = None
+    peak_kv_reserved_bytes: int | None = None
+    compactions: int | None = None
 
 
 @dataclass(frozen=True)

@@ -191,9 +191,24 @@ def v5_identity_and_marker(cursor: Cursor) -> None:
     )
 
 
+def v6_heap_layouts(cursor: Cursor) -> None:
+    """The KV heap: each run records its layout (``compact``, ``bitmask`` or ``threshold``) and the threshold's dead
+    share, and each trial the bytes the heap reserved (at the end and at the most) besides those it used, and how
+    often it compacted. Older runs (NULL) held their cache as ``compact`` does, without room reserved."""
+    cursor.execute(
+        """
+        ALTER TABLE runs ADD COLUMN layout VARCHAR;
+        ALTER TABLE runs ADD COLUMN compact_at DOUBLE;
+        ALTER TABLE trials ADD COLUMN kv_reserved_bytes BIGINT;
+        ALTER TABLE trials ADD COLUMN peak_kv_reserved_bytes BIGINT;
+        ALTER TABLE trials ADD COLUMN compactions BIGINT;
+        """
+    )
+
+
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
 MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
-    v1_initial, v2_resumable_sweeps, v3_exact_match, v4_sweeps, v5_identity_and_marker,
+    v1_initial, v2_resumable_sweeps, v3_exact_match, v4_sweeps, v5_identity_and_marker, v6_heap_layouts,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The first version with the marker; older kvlab databases are recognised by their tables and columns.

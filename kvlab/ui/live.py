@@ -27,6 +27,7 @@ from kvlab.attention import StatsRequest
 from kvlab.budget import Budget
 from kvlab.engine import Event, Generation, Mode, RunSpec
 from kvlab.errors import KvlabError
+from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.limits import check_seed
 from kvlab.models import LoadedModel
 from kvlab.policies import make_policy
@@ -146,6 +147,7 @@ class LiveSettings:
 
     ``query_aware`` reads the question with the context, before any compression (what kvlab's sweeps do);
     otherwise the question is read after prefill mode's compression, which the cache must then serve blind.
+    ``layout`` and ``compact_at`` choose what the KV heap does with evicted slots (:mod:`kvlab.heap`).
     """
 
     policy: str
@@ -155,6 +157,8 @@ class LiveSettings:
     chunk: int = 256
     max_new_tokens: int = 24
     query_aware: bool = True
+    layout: str = DEFAULT_LAYOUT
+    compact_at: float = DEFAULT_COMPACT_AT
     n_bins: int = 128
     n_sink: int = 4
 
@@ -182,12 +186,17 @@ class ObservedStep:
 
 @dataclass(frozen=True)
 class MemoryPoint:
-    """Bytes after one event: ``kv_bytes`` measured from the K/V tensors held, ``kv_bytes_full`` computed."""
+    """The heap after one event: ``kv_bytes`` in the slots holding a token and ``kv_reserved_bytes`` in its
+    tensors (both measured from the tensors held), ``kv_bytes_full`` computed; the dead share and the compactions
+    so far."""
 
     kind: str
     seen_tokens: int
     kv_bytes: int
     kv_bytes_full: int
+    kv_reserved_bytes: int = 0
+    dead_share: float = 0.0
+    compactions: int = 0
 
 
 @dataclass
@@ -263,7 +272,8 @@ class LiveTrace:
                 entropy=event.stats["entropy"][:, 0, :].float().numpy(),
                 sink_mass=event.stats["sink_mass"][:, 0, :].float().numpy(),
             ))
-        self.memory.append(MemoryPoint(event.kind, event.seen_tokens, event.kv_bytes, event.kv_bytes_full))
+        self.memory.append(MemoryPoint(event.kind, event.seen_tokens, event.kv_bytes, event.kv_bytes_full,
+                                       event.kv_reserved_bytes, event.dead_share, event.compactions))
         self.survivors = [positions[0].numpy() for positions in event.survivors()]
         self.seen_tokens = event.seen_tokens
         if event.kind == "decode" and event.token_ids:
@@ -292,6 +302,10 @@ class LiveOutcome:
     kv_bytes: int
     kv_bytes_full: int
     peak_kv_bytes: int
+    kv_reserved_bytes: int
+    peak_kv_reserved_bytes: int
+    dead_share: float
+    compactions: int
     peak_gpu_bytes: int | None
     kept_tokens: int
     prefill_seconds: float
@@ -307,7 +321,8 @@ class LiveRun:
         self.stops = stops_for(loaded, one_line_answers=prompt.answer is not None or bool(prompt.question_ids))
         self.spec = RunSpec(policy, budget, mode=cast(Mode, settings.mode), chunk=settings.chunk,  # RunSpec checks it
                             max_new_tokens=settings.max_new_tokens, stop_token_ids=self.stops.token_ids,
-                            seed=prompt.seed or 0, stats=StatsRequest(settings.n_sink, settings.n_bins))
+                            seed=prompt.seed or 0, stats=StatsRequest(settings.n_sink, settings.n_bins),
+                            layout=settings.layout, compact_at=settings.compact_at)
         together = settings.query_aware or not prompt.question_ids
         context = prompt.context_ids + prompt.question_ids if together else prompt.context_ids
         suffix = None if together else torch.tensor([prompt.question_ids])
@@ -369,6 +384,8 @@ class LiveRun:
             text=text, contains=None if verdict is None else verdict.contains,
             exact=None if verdict is None else verdict.exact, kv_bytes=last.kv_bytes,
             kv_bytes_full=last.kv_bytes_full, peak_kv_bytes=self.generation.peak_kv_bytes,
+            kv_reserved_bytes=last.kv_reserved_bytes, peak_kv_reserved_bytes=self.generation.peak_kv_reserved_bytes,
+            dead_share=last.dead_share, compactions=last.compactions,
             peak_gpu_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             kept_tokens=round(sum(kept) / len(kept)) if kept else 0,
             prefill_seconds=trace.prefill_seconds, decode_seconds=trace.decode_seconds,
@@ -409,8 +426,10 @@ def live_trial(live: LiveRun, outcome: LiveOutcome) -> Trial | None:
     if prompt.answer is None:
         return None
     measured = Measured(kept_tokens=outcome.kept_tokens, kv_bytes=outcome.kv_bytes,
-                        peak_kv_bytes=outcome.peak_kv_bytes, peak_gpu_bytes=outcome.peak_gpu_bytes,
-                        prefill_s=outcome.prefill_seconds, decode_s=outcome.decode_seconds)
+                        peak_kv_bytes=outcome.peak_kv_bytes, kv_reserved_bytes=outcome.kv_reserved_bytes,
+                        peak_kv_reserved_bytes=outcome.peak_kv_reserved_bytes, compactions=outcome.compactions,
+                        peak_gpu_bytes=outcome.peak_gpu_bytes, prefill_s=outcome.prefill_seconds,
+                        decode_s=outcome.decode_seconds)
     return trial(prompt.trial_key, prompt.task_id, prompt.context_ids, prompt.question_ids, prompt.answer,
                  outcome.text, measured, prompt.depth)
 

@@ -22,6 +22,7 @@ WEIGHT_FLOOR = 1e-6
 PILLAR_RATIO = 3.0
 
 EVICTED_COLOUR = "#f2c4c4"
+RESERVED_COLOUR = "#E4A11B"
 HELD_COLOUR = "#1f4e9c"
 SINK_COLOUR = "#e45756"
 PILLAR_COLOUR = "#f58518"
@@ -335,20 +336,32 @@ def cache_map(trace: LiveTrace | None, max_columns: int = MAX_COLUMNS) -> go.Fig
 
 
 def memory_figure(trace: LiveTrace | None) -> go.Figure:
-    """KV bytes after every event: measured from the K/V tensors held, against what a full cache of the same dtype
-    and shapes would hold (computed)."""
+    """The KV heap after every event: bytes of the slots holding a token and of the tensors reserved (both measured
+    from the tensors held) against what a full cache of the same dtype and shapes would hold (computed), with the
+    dead share in the hover and a mark where the heap compacted."""
     title = "KV cache bytes"
     if trace is None or not trace.memory:
         return _placeholder(title, IDLE if trace is None else WAITING)
-    seen = [point.seen_tokens for point in trace.memory]
-    divisor, unit = byte_unit(max(max(p.kv_bytes_full for p in trace.memory), 1))
+    points = trace.memory
+    seen = [point.seen_tokens for point in points]
+    divisor, unit = byte_unit(max(max(max(p.kv_bytes_full, p.kv_reserved_bytes) for p in points), 1))
     figure = go.Figure()
-    figure.add_trace(go.Scatter(x=seen, y=[p.kv_bytes_full / divisor for p in trace.memory], mode="lines",
+    figure.add_trace(go.Scatter(x=seen, y=[p.kv_bytes_full / divisor for p in points], mode="lines",
                                 name="full cache (computed)", line=dict(dash="dash", color="#888888")))
+    dead = [f"{p.kind}; {p.dead_share:.0%} of the slots in use are dead" for p in points]
     hover = f"after %{{customdata}}, %{{x}} tokens<br>%{{y:.2f}} {unit}<extra></extra>"
-    figure.add_trace(go.Scatter(x=seen, y=[p.kv_bytes / divisor for p in trace.memory], mode="lines+markers",
-                                name="held (measured from tensors)", line=dict(color=HELD_COLOUR),
-                                marker=dict(size=4), customdata=[p.kind for p in trace.memory], hovertemplate=hover))
+    figure.add_trace(go.Scatter(x=seen, y=[p.kv_reserved_bytes / divisor for p in points], mode="lines",
+                                name="reserved (measured from tensors)", line=dict(color=RESERVED_COLOUR, shape="hv"),
+                                customdata=dead, hovertemplate=hover))
+    figure.add_trace(go.Scatter(x=seen, y=[p.kv_bytes / divisor for p in points], mode="lines+markers",
+                                name="in use (measured from tensors)", line=dict(color=HELD_COLOUR),
+                                marker=dict(size=4), customdata=dead, hovertemplate=hover))
+    compacted = [i for i in range(len(points)) if points[i].compactions > (points[i - 1].compactions if i else 0)]
+    if compacted:
+        figure.add_trace(go.Scatter(
+            x=[seen[i] for i in compacted], y=[points[i].kv_reserved_bytes / divisor for i in compacted],
+            mode="markers", name="compacted", marker=dict(symbol="triangle-down", size=9, color=RESERVED_COLOUR),
+            hovertemplate="compacted after %{x} tokens<extra></extra>"))
     figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
                          xaxis=dict(title="tokens read", rangemode="tozero"),
                          yaxis=dict(title=f"KV bytes ({unit})", rangemode="tozero"),

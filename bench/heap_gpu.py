@@ -1,0 +1,294 @@
+"""The KV heap on one GPU: decode speed against the memory roofline, the three layouts side by side, prefill cost of
+H2O's observation, peak memory, and a fixed-budget stream over millions of tokens.
+
+A Llama-3-8B-shaped model with random bf16 weights (built from a config, nothing downloaded), batch 1, keep 10%.
+Everything is measured in one process on one device, through ``kvlab.engine.generate`` as users run it, beside
+transformers' own ``generate`` (dynamic cache, SDPA without cuDNN) and its static cache compiled with
+``torch.compile`` (``cache_implementation="static"``), and the device's copy bandwidth measured with a large copy.
+
+Parts (each fits one call of ten minutes):
+
+* ``check``: on a small float32 model, decoding in captured CUDA graphs gives the tokens of eager decoding, for
+  every policy, layout and mode;
+* ``decode``: per context length (``--contexts``), kvlab ``full`` and every evicting policy in streaming mode, the
+  three layouts, SnapKV in prefill mode and eager decoding for comparison, and the transformers baselines (``--hf``);
+  each configuration runs twice at the same shapes and the second run is reported (decode: the median of the
+  steady half of its per-token times);
+* ``long``: StreamingLLM in streaming mode with a fixed budget of 4,096 tokens over ``--long-contexts`` tokens:
+  prefill rate and peak memory.
+
+Usage: ``python bench/heap_gpu.py --part decode --contexts 8192,32768 --hf --out $OUT/decode.json``
+(``--layers 2 --cpu`` runs the same code on a CPU with a two-layer model, to check the script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kvlab.budget import Budget  # noqa: E402
+from kvlab.engine import RunSpec, generate  # noqa: E402
+from kvlab.heap import LAYOUTS  # noqa: E402
+from kvlab.models import wrap_model  # noqa: E402
+from kvlab.policies import POLICIES, make_policy  # noqa: E402
+
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=False)
+SMALL = dict(vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=2)
+EVICTING = ("streaming", "h2o", "snapkv", "tova")
+NEW_TOKENS = 64
+KEEP = 0.1
+
+
+def build(shape: dict[str, Any], positions: int, dtype: torch.dtype, device: str, layers: int | None):
+    """A random-weight Llama of ``shape`` (normal 0.02), wrapped for kvlab."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{**shape, **({"num_hidden_layers": layers} if layers else {})},
+                         max_position_embeddings=positions)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.02)
+    model.generation_config.eos_token_id = None
+    return model, wrap_model(model)
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str) -> float:
+    """Bytes per second of a large device-to-device copy (read + write), the median of 10."""
+    if device != "cuda":
+        return float("nan")
+    source = torch.randn(1 << 30, device="cuda", dtype=torch.float16)  # 2 GiB
+    target = torch.empty_like(source)
+    times = []
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        target.copy_(source)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    del source, target
+    return 2 * (1 << 30) * 2 / statistics.median(times[2:])
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def steady_ms(token_seconds: list[float]) -> float:
+    """Milliseconds per token over the steady half of a decode (after warm-up and graph capture)."""
+    steady = token_seconds[len(token_seconds) // 2:] or token_seconds
+    return 1000 * statistics.median(steady)
+
+
+REPEATS = 2
+
+
+def kvlab_row(loaded, ids: torch.Tensor, label: str, spec: RunSpec, roofline_base: int, bandwidth: float
+              ) -> dict[str, Any]:
+    """A configuration run :data:`REPEATS` times at the same shapes; the last run reported."""
+    for _ in range(REPEATS):
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        result = generate(loaded, ids, spec)
+    decode_ms = steady_ms(result.token_seconds)
+    kept_kv = result.kv_bytes
+    roofline_ms = 1000 * (roofline_base + kept_kv) / bandwidth
+    row = {"config": label, "policy": spec.policy.name, "mode": spec.mode, "layout": spec.layout,
+           "static": spec.static, "decode_ms": round(decode_ms, 3),
+           "decode_ms_all_tokens": round(1000 * result.decode_seconds / max(1, len(result.tokens[0]) - 1), 3),
+           "roofline_ms": round(roofline_ms, 3), "vs_roofline": round(decode_ms / roofline_ms, 3),
+           "prefill_s": round(result.prefill_seconds, 3), "peak_gpu_gib": _gib(result.peak_gpu_bytes),
+           "kv_live_gib": _gib(result.kv_bytes), "kv_reserved_gib": _gib(result.kv_reserved_bytes),
+           "peak_kv_reserved_gib": _gib(result.peak_kv_reserved_bytes), "dead_share": round(result.dead_share, 4),
+           "compactions": result.compactions, "compaction_s": round(result.compaction_seconds, 4),
+           "decode_graphs": result.decode_graphs, "tokens": len(result.tokens[0])}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _gib(value: int | None) -> float | None:
+    return None if value is None else round(value / 2**30, 3)
+
+
+def hf_rows(model, ids: torch.Tensor, compiled: bool, bandwidth: float, roofline_base: int,
+            kv_per_token: int) -> list[dict[str, Any]]:
+    """transformers' generate: dynamic cache with SDPA (cuDNN off), and, with ``compiled``, its static cache with
+    torch.compile; decode per token from the difference of a 1-token and a (1 + NEW_TOKENS)-token generate, each
+    timed on its second run."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model.set_attn_implementation("sdpa")
+    rows = []
+    variants = [("transformers generate (dynamic cache)", {})]
+    if compiled:
+        variants.append(("transformers generate (static cache, torch.compile)", {"cache_implementation": "static"}))
+    try:
+        for label, extra in variants:
+            def timed(new: int) -> tuple[float, int | None]:
+                seconds, peak = 0.0, None
+                for _ in range(2):
+                    gc.collect()
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+                        torch.cuda.reset_peak_memory_stats()
+                    synchronize()
+                    started = time.perf_counter()
+                    with torch.inference_mode(), sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                                              SDPBackend.MATH]):
+                        model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                       pad_token_id=0, **extra)
+                    synchronize()
+                    seconds = time.perf_counter() - started
+                    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+                return seconds, peak
+            one, _ = timed(1)
+            many, peak = timed(1 + NEW_TOKENS)
+            decode_ms = 1000 * (many - one) / NEW_TOKENS
+            roofline_ms = 1000 * (roofline_base + kv_per_token * ids.shape[1]) / bandwidth
+            row = {"config": label, "decode_ms": round(decode_ms, 3), "roofline_ms": round(roofline_ms, 3),
+                   "vs_roofline": round(decode_ms / roofline_ms, 3), "prefill_s": round(one, 3),
+                   "peak_gpu_gib": _gib(peak)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        model.set_attn_implementation("kvlab")
+    return rows
+
+
+def part_check(device: str) -> dict[str, Any]:
+    """Graph decoding gives the tokens of eager decoding (float32, small model), every policy, layout and mode."""
+    _, loaded = build(SMALL, 8192, torch.float32, device, None)
+    ids = torch.randint(10, SMALL["vocab_size"], (2, 700), device=device, generator=None)
+    results = []
+    for policy_name in POLICIES:
+        params = {"window": 16} if policy_name in ("snapkv", "pyramidkv") else {}
+        for mode in ("prefill", "streaming"):
+            for layout in LAYOUTS:
+                def run(static: bool | None):
+                    budget = None if policy_name == "full" else Budget(keep=0.2)
+                    spec = RunSpec(make_policy(policy_name, **params), budget, mode=mode, chunk=128,
+                                   max_new_tokens=24, stop_token_ids=(), layout=layout, static=static)
+                    return generate(loaded, ids, spec)
+                eager, graphed = run(False), run(None)
+                same = eager.tokens == graphed.tokens and eager.kept_per_layer == graphed.kept_per_layer
+                results.append({"policy": policy_name, "mode": mode, "layout": layout, "same_tokens": same,
+                                "graphs": graphed.decode_graphs, "eager_ms": round(steady_ms(eager.token_seconds), 3),
+                                "graph_ms": round(steady_ms(graphed.token_seconds), 3)})
+                print(json.dumps(results[-1]), flush=True)
+    return {"rows": results, "all_same": all(row["same_tokens"] for row in results)}
+
+
+def part_decode(device: str, contexts: list[int], layers: int | None, hf: bool, compiled: bool) -> dict[str, Any]:
+    model, loaded = build(LLAMA3_8B, max(contexts) + 1024, torch.bfloat16, device, layers)
+    bandwidth = copy_bandwidth(device)
+    weights = weight_bytes(model)
+    arch = loaded.arch
+    kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 2
+    print(json.dumps({"bandwidth_gb_s": round(bandwidth / 1e9, 1), "weight_gib": _gib(weights)}), flush=True)
+    table: dict[str, Any] = {"bandwidth_bytes_per_s": bandwidth, "weight_bytes": weights, "contexts": {}}
+    for context in contexts:
+        ids = torch.randint(10, 1000, (1, context), device=device)
+        budget = Budget(keep=KEEP)
+        rows = [kvlab_row(loaded, ids, "full", RunSpec(make_policy("full"), max_new_tokens=NEW_TOKENS,
+                                                       stop_token_ids=()), weights, bandwidth),
+                kvlab_row(loaded, ids, "full (eager decode)",
+                          RunSpec(make_policy("full"), max_new_tokens=NEW_TOKENS, stop_token_ids=(), static=False),
+                          weights, bandwidth)]
+        for name in EVICTING:
+            params = {"window": 32} if name == "snapkv" else {}
+            rows.append(kvlab_row(loaded, ids, f"{name} streaming", RunSpec(
+                make_policy(name, **params), budget, mode="streaming", chunk=1024, max_new_tokens=NEW_TOKENS,
+                stop_token_ids=()), weights, bandwidth))
+        for layout in ("compact", "bitmask"):
+            rows.append(kvlab_row(loaded, ids, f"streaming streaming {layout}", RunSpec(
+                make_policy("streaming"), budget, mode="streaming", chunk=1024, max_new_tokens=NEW_TOKENS,
+                stop_token_ids=(), layout=layout), weights, bandwidth))
+        rows.append(kvlab_row(loaded, ids, "h2o streaming (eager decode)", RunSpec(
+            make_policy("h2o"), budget, mode="streaming", chunk=1024, max_new_tokens=NEW_TOKENS, stop_token_ids=(),
+            static=False), weights, bandwidth))
+        for layout in LAYOUTS:
+            rows.append(kvlab_row(loaded, ids, f"snapkv prefill {layout}", RunSpec(
+                make_policy("snapkv", window=32), budget, mode="prefill", max_new_tokens=NEW_TOKENS,
+                stop_token_ids=(), layout=layout), weights, bandwidth))
+        if hf:
+            rows += hf_rows(model, ids, compiled, bandwidth, weights, kv_per_token)
+        table["contexts"][str(context)] = rows
+        del ids
+    return table
+
+
+def part_long(device: str, contexts: list[int], layers: int | None) -> dict[str, Any]:
+    """StreamingLLM, streaming mode, a fixed budget of 4,096 tokens, chunks of 4,096: prefill rate and peak memory."""
+    model, loaded = build(LLAMA3_8B, max(contexts) + 1024, torch.bfloat16, device, layers)
+    rows = []
+    for context in contexts:
+        ids = torch.randint(10, 1000, (1, context), device=device)
+        spec = RunSpec(make_policy("streaming"), Budget(tokens=4096), mode="streaming", chunk=4096,
+                       max_new_tokens=8, stop_token_ids=())
+        gc.collect()
+        result = generate(loaded, ids, spec)
+        row = {"context": context, "prefill_s": round(result.prefill_seconds, 2),
+               "prefill_tokens_per_s": round(context / result.prefill_seconds), "peak_gpu_gib":
+               _gib(result.peak_gpu_bytes), "kv_reserved_gib": _gib(result.kv_reserved_bytes),
+               "weight_gib": _gib(weight_bytes(model))}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del ids, result
+    return {"rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("check", "decode", "long"), required=True)
+    parser.add_argument("--contexts", default="8192,32768")
+    parser.add_argument("--long-contexts", default="131072,4194304")
+    parser.add_argument("--layers", type=int, default=None, help="fewer layers (for checking the script)")
+    parser.add_argument("--hf", action="store_true", help="also time transformers' own generate")
+    parser.add_argument("--compiled", action="store_true", help="also transformers' static cache with torch.compile")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per configuration at the same shapes")
+    parser.add_argument("--cpu", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    global REPEATS
+    REPEATS = args.repeats
+    device = "cpu" if args.cpu else "cuda"
+    header = {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+              "torch": torch.__version__, "python": platform.python_version(), "repeats": args.repeats}
+    import transformers
+
+    header["transformers"] = transformers.__version__
+    print(json.dumps(header), flush=True)
+    if args.part == "check":
+        body = part_check(device)
+    elif args.part == "decode":
+        body = part_decode(device, [int(c) for c in args.contexts.split(",")], args.layers, args.hf, args.compiled)
+    else:
+        body = part_long(device, [int(c) for c in args.long_contexts.split(",")], args.layers)
+    if args.out is not None:
+        args.out.write_text(json.dumps({**header, "part": args.part, **body}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
