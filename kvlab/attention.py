@@ -191,9 +191,9 @@ def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: tor
 def _logits(grouped: torch.Tensor, keys_t: torch.Tensor, layer: HeapLayer) -> torch.Tensor:
     """Scaled (and, where the model does it, soft-capped) attention logits in float32, from products taken in the
     model's dtype as transformers' eager attention does."""
-    logits = torch.matmul(grouped, keys_t).float() * layer.scaling
+    logits = torch.matmul(grouped, keys_t).float().mul_(layer.scaling)  # in place: the block is the largest tensor
     if layer.softcap is not None:
-        logits = torch.tanh(logits / layer.softcap) * layer.softcap
+        logits = logits.div_(layer.softcap).tanh_().mul_(layer.softcap)
     return logits
 
 
@@ -206,7 +206,7 @@ def _decode_attention(query: torch.Tensor, layer: HeapLayer, span: int, mask: to
     keys, values = layer.keys[:, :, :span], layer.values[:, :, :span]
     kv_heads = keys.shape[1]
     grouped = query.reshape(batch, kv_heads, q_heads // kv_heads, head_dim)
-    logits = _logits(grouped, keys.transpose(-1, -2), layer).masked_fill(~mask, float("-inf"))
+    logits = _logits(grouped, keys.transpose(-1, -2), layer).masked_fill_(~mask, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     output = torch.matmul(probs.to(values.dtype), values)
     if layer.scores is not None:
@@ -249,8 +249,9 @@ def _blocked_attention(query: torch.Tensor, layer: HeapLayer, layer_idx: int, sp
         else:
             block_mask = None
         if block_mask is not None:
-            logits = logits.masked_fill(~block_mask, float("-inf"))
+            logits.masked_fill_(~block_mask, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
+        del logits
         if output:
             outputs.append(torch.matmul(probs.to(values.dtype), values_g[:, :, :, :visible]))
         if layer.scores is not None:
@@ -331,17 +332,15 @@ def kvlab_attention(
 
 def window_attention(layer: HeapLayer, span: int) -> torch.Tensor:
     """Attention of the remembered query window over the first ``span`` slots, summed over the window and over the
-    query heads of each KV head: ``(batch, kv_heads, span)`` (zero on free slots). Used by SnapKV, PyramidKV and
-    TOVA."""
+    query heads of each KV head: ``(batch, kv_heads, span)`` (zero on free slots). Logits are taken as the model's
+    own attention takes them (products in its dtype, softmax in float32). Used by SnapKV, PyramidKV and TOVA."""
     assert layer.recent_queries is not None and layer.keys is not None and layer.positions is not None
     queries = layer.recent_queries
     batch, q_heads, window, head_dim = queries.shape
     keys, positions = layer.keys[:, :, :span], layer.positions[:, :, :span]
     kv_heads = keys.shape[1]
-    grouped = queries.reshape(batch, kv_heads, q_heads // kv_heads, window, head_dim).float()
-    logits = torch.matmul(grouped, keys.transpose(-1, -2).unsqueeze(2).float()) * layer.scaling
-    if layer.softcap is not None:
-        logits = torch.tanh(logits / layer.softcap) * layer.softcap
+    grouped = queries.reshape(batch, kv_heads, q_heads // kv_heads, window, head_dim)
+    logits = _logits(grouped, keys.transpose(-1, -2).unsqueeze(2), layer)
     allowed = allowed_keys(positions, layer.recent_query_positions, layer.sliding_window)
     logits = logits.masked_fill(~allowed.unsqueeze(2), float("-inf"))
     return torch.softmax(logits, dim=-1).nan_to_num(0.0).sum(dim=(2, 3))

@@ -59,7 +59,7 @@ class LayerView:
         """``along_positions`` applied to ``values`` (``(batch, kv_heads, span)``, one per slot) as if the slots were
         in position order (free ones last), and the result put back in slot order: what pools or draws along the
         sequence gives the same answer in every layout."""
-        if self.cache.ordered and self.cache.dead == 0 and self.span == self.cache.used:
+        if self.cache.ordered and self.cache.dead == 0:  # live slots first, in position order, free ones after
             return along_positions(values)
         order = self.positions.masked_fill(self.positions < 0, torch.iinfo(torch.int32).max).argsort(dim=-1)
         return torch.empty_like(values).scatter_(2, order, along_positions(values.gather(2, order)))
@@ -196,7 +196,11 @@ def evict_layer(heap: KVHeap, layer_idx: int, policy: Policy, view: LayerView) -
     if window is not None:
         scores = scores.masked_fill(positions <= view.next_position - window, float("-inf"))
     scores = scores.masked_fill(positions == FREE, float("inf"))  # free slots are not victims
-    victims = by_score_then_position(scores, positions).topk(count, dim=-1, largest=False, sorted=False).indices
+    order = by_score_then_position(scores, positions)
+    if count == 1:  # the steady decoding step: one reduction instead of a selection
+        victims = order.argmin(dim=-1, keepdim=True)
+    else:
+        victims = order.topk(count, dim=-1, largest=False, sorted=False).indices
     heap.evict(layer_idx, victims)
 
 
