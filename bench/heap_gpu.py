@@ -200,7 +200,32 @@ def part_check(device: str) -> dict[str, Any]:
     return {"rows": results, "all_same": all(row["same_tokens"] for row in results)}
 
 
-def part_decode(device: str, contexts: list[int], layers: int | None, hf: bool, compiled: bool) -> dict[str, Any]:
+def decode_configs() -> list[tuple[str, RunSpec]]:
+    """The kvlab configurations of the decode part, by label."""
+    budget = Budget(keep=KEEP)
+    configs = [("full", RunSpec(make_policy("full"), max_new_tokens=NEW_TOKENS, stop_token_ids=())),
+               ("full (eager decode)", RunSpec(make_policy("full"), max_new_tokens=NEW_TOKENS, stop_token_ids=(),
+                                               static=False))]
+    for name in EVICTING:
+        params = {"window": 32} if name == "snapkv" else {}
+        configs.append((f"{name} streaming", RunSpec(make_policy(name, **params), budget, mode="streaming",
+                                                     chunk=1024, max_new_tokens=NEW_TOKENS, stop_token_ids=())))
+    for layout in ("compact", "bitmask"):
+        configs.append((f"streaming streaming {layout}", RunSpec(
+            make_policy("streaming"), budget, mode="streaming", chunk=1024, max_new_tokens=NEW_TOKENS,
+            stop_token_ids=(), layout=layout)))
+    configs.append(("h2o streaming (eager decode)", RunSpec(
+        make_policy("h2o"), budget, mode="streaming", chunk=1024, max_new_tokens=NEW_TOKENS, stop_token_ids=(),
+        static=False)))
+    for layout in LAYOUTS:
+        configs.append((f"snapkv prefill {layout}", RunSpec(
+            make_policy("snapkv", window=32), budget, mode="prefill", max_new_tokens=NEW_TOKENS, stop_token_ids=(),
+            layout=layout)))
+    return configs
+
+
+def part_decode(device: str, contexts: list[int], layers: int | None, hf: bool, compiled: bool,
+                only: list[str] | None) -> dict[str, Any]:
     model, loaded = build(LLAMA3_8B, max(contexts) + 1024, torch.bfloat16, device, layers)
     bandwidth = copy_bandwidth(device)
     weights = weight_bytes(model)
@@ -208,30 +233,10 @@ def part_decode(device: str, contexts: list[int], layers: int | None, hf: bool, 
     kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 2
     print(json.dumps({"bandwidth_gb_s": round(bandwidth / 1e9, 1), "weight_gib": _gib(weights)}), flush=True)
     table: dict[str, Any] = {"bandwidth_bytes_per_s": bandwidth, "weight_bytes": weights, "contexts": {}}
+    configs = [(label, spec) for label, spec in decode_configs() if only is None or label in only]
     for context in contexts:
         ids = torch.randint(10, 1000, (1, context), device=device)
-        budget = Budget(keep=KEEP)
-        rows = [kvlab_row(loaded, ids, "full", RunSpec(make_policy("full"), max_new_tokens=NEW_TOKENS,
-                                                       stop_token_ids=()), weights, bandwidth),
-                kvlab_row(loaded, ids, "full (eager decode)",
-                          RunSpec(make_policy("full"), max_new_tokens=NEW_TOKENS, stop_token_ids=(), static=False),
-                          weights, bandwidth)]
-        for name in EVICTING:
-            params = {"window": 32} if name == "snapkv" else {}
-            rows.append(kvlab_row(loaded, ids, f"{name} streaming", RunSpec(
-                make_policy(name, **params), budget, mode="streaming", chunk=1024, max_new_tokens=NEW_TOKENS,
-                stop_token_ids=()), weights, bandwidth))
-        for layout in ("compact", "bitmask"):
-            rows.append(kvlab_row(loaded, ids, f"streaming streaming {layout}", RunSpec(
-                make_policy("streaming"), budget, mode="streaming", chunk=1024, max_new_tokens=NEW_TOKENS,
-                stop_token_ids=(), layout=layout), weights, bandwidth))
-        rows.append(kvlab_row(loaded, ids, "h2o streaming (eager decode)", RunSpec(
-            make_policy("h2o"), budget, mode="streaming", chunk=1024, max_new_tokens=NEW_TOKENS, stop_token_ids=(),
-            static=False), weights, bandwidth))
-        for layout in LAYOUTS:
-            rows.append(kvlab_row(loaded, ids, f"snapkv prefill {layout}", RunSpec(
-                make_policy("snapkv", window=32), budget, mode="prefill", max_new_tokens=NEW_TOKENS,
-                stop_token_ids=(), layout=layout), weights, bandwidth))
+        rows = [kvlab_row(loaded, ids, label, spec, weights, bandwidth) for label, spec in configs]
         if hf:
             rows += hf_rows(model, ids, compiled, bandwidth, weights, kv_per_token)
         table["contexts"][str(context)] = rows
@@ -259,14 +264,91 @@ def part_long(device: str, contexts: list[int], layers: int | None) -> dict[str,
     return {"rows": rows}
 
 
+def part_profile(device: str, context: int, layers: int | None, policy_name: str) -> dict[str, Any]:
+    """Where the time of a static decode step goes: the step's kernels run eagerly (not captured), under the
+    profiler, with the model's forward and the eviction marked, for ``policy_name`` in streaming mode."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from kvlab.engine import Generation
+    from kvlab.policies import POLICIES as REGISTRY
+
+    model, loaded = build(LLAMA3_8B, context + 1024, torch.bfloat16, device, layers)
+    uncaptured = type(f"Uncaptured{policy_name}", (REGISTRY[policy_name],), {"capturable": False})
+    budget = None if policy_name == "full" else Budget(keep=KEEP)
+    spec = RunSpec(uncaptured(), budget, mode="prefill" if budget is None else "streaming", chunk=1024,
+                   max_new_tokens=24, stop_token_ids=(), static=True)
+    generation = Generation(loaded, spec, torch.randint(10, 1000, (1, context), device=device))
+    forward, evict = generation.model_forward, generation.evict
+
+    def marked_forward(*args, **kwargs):
+        with record_function("kvlab: model forward"):
+            return forward(*args, **kwargs)
+
+    def marked_evict(*args, **kwargs):
+        with record_function("kvlab: eviction"):
+            return evict(*args, **kwargs)
+
+    generation.model_forward, generation.evict = marked_forward, marked_evict
+    events = generation.events()
+    decoded = 0
+    for event in events:
+        decoded += event.kind == "decode"
+        if decoded == 8:
+            break
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(8):
+            next(events)
+        synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    print(table, flush=True)
+    rows = [{"name": item.key, "count": item.count, "cuda_us": round(item.device_time_total, 1)}
+            for item in prof.key_averages() if item.device_time_total > 0]
+    return {"policy": policy_name, "context": context, "steps": 8, "kernels": sorted(rows, key=lambda r: -r["cuda_us"])}
+
+
+def part_attention(device: str) -> dict[str, Any]:
+    """One decode query's output P . V over S slots (8 KV heads, 4 query heads each, head dim 128, bf16), written
+    two ways, against SDPA without a mask: microseconds per call, median of 50 after warm-up."""
+    rows = []
+    for slots in (4301, 14117, 32832, 131136):
+        probs = torch.softmax(torch.randn(1, 8, 4, slots, device=device), -1).to(torch.bfloat16)
+        values = torch.randn(1, 8, slots, 128, device=device, dtype=torch.bfloat16)
+        query = torch.randn(1, 32, 1, 128, device=device, dtype=torch.bfloat16)
+        keys = torch.randn(1, 8, slots, 128, device=device, dtype=torch.bfloat16)
+        ways = {
+            "P.V": lambda: torch.matmul(probs, values),
+            "(V^T.P^T)^T": lambda: torch.matmul(values.transpose(-1, -2), probs.transpose(-1, -2)).transpose(-1, -2),
+            "sdpa (no mask)": lambda: torch.nn.functional.scaled_dot_product_attention(query, keys, values,
+                                                                                       enable_gqa=True),
+        }
+        row: dict[str, Any] = {"slots": slots}
+        for name, way in ways.items():
+            for _ in range(5):
+                way()
+            times = []
+            for _ in range(50):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                way()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1000)
+            row[name] = round(statistics.median(times), 1)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return {"rows": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("check", "decode", "long"), required=True)
+    parser.add_argument("--part", choices=("check", "decode", "long", "profile", "attention"), required=True)
+    parser.add_argument("--policy", default="streaming", help="the policy --part profile profiles")
     parser.add_argument("--contexts", default="8192,32768")
     parser.add_argument("--long-contexts", default="131072,4194304")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers (for checking the script)")
     parser.add_argument("--hf", action="store_true", help="also time transformers' own generate")
     parser.add_argument("--compiled", action="store_true", help="also transformers' static cache with torch.compile")
+    parser.add_argument("--only", default=None, help="run only these kvlab configurations (labels, '|'-separated)")
     parser.add_argument("--repeats", type=int, default=2, help="runs per configuration at the same shapes")
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
@@ -283,7 +365,13 @@ def main() -> None:
     if args.part == "check":
         body = part_check(device)
     elif args.part == "decode":
-        body = part_decode(device, [int(c) for c in args.contexts.split(",")], args.layers, args.hf, args.compiled)
+        only = args.only.split("|") if args.only is not None else None
+        body = part_decode(device, [int(c) for c in args.contexts.split(",")], args.layers, args.hf, args.compiled,
+                           only)
+    elif args.part == "attention":
+        body = part_attention(device)
+    elif args.part == "profile":
+        body = part_profile(device, int(args.contexts.split(",")[0]), args.layers, args.policy)
     else:
         body = part_long(device, [int(c) for c in args.long_contexts.split(",")], args.layers)
     if args.out is not None:
