@@ -179,23 +179,25 @@ else:
         st.error(plain(filed.problem) + " The result is kept on this page: download it to keep it.")
         st.download_button("Download this run (CSV)", data=filed.record, file_name="kvlab-live-run.csv",
                            mime="text/csv", on_click="ignore", icon=":material/download:")
-    measured = st.columns(6)
-    measured[0].metric("Prompt tokens", f"{prompt.context_tokens:,}")
-    measured[1].metric("KV in use (measured)", f"{outcome.kv_bytes / 2**20:,.2f} MiB",
-                       help="Bytes of the slots holding a token at the end.")
-    measured[2].metric("KV reserved (measured)", f"{outcome.kv_reserved_bytes / 2**20:,.2f} MiB",
-                       help="Bytes of the heap's tensors at the end: what the cache holds from the allocator.")
-    measured[3].metric("Full cache (computed)", f"{outcome.kv_bytes_full / 2**20:,.2f} MiB")
-    measured[4].metric("Peak KV in use (measured)", f"{outcome.peak_kv_bytes / 2**20:,.2f} MiB")
-    measured[5].metric("Dead share · compactions", f"{outcome.dead_share:.0%} · {outcome.compactions}",
-                       help="Free slots among those in use at the end, and how often the heap compacted.")
+    memory = st.columns(4)
+    memory[0].metric("Prompt tokens", f"{prompt.context_tokens:,}")
+    memory[1].metric("KV in use (measured)", f"{outcome.kv_bytes / 2**20:,.2f} MiB",
+                     help="Bytes of the slots holding a token at the end.")
+    memory[2].metric("KV reserved (measured)", f"{outcome.kv_reserved_bytes / 2**20:,.2f} MiB",
+                     help="Bytes of the heap's tensors at the end: what the cache holds from the allocator.")
+    memory[3].metric("Full cache (computed)", f"{outcome.kv_bytes_full / 2**20:,.2f} MiB")
+    heap = st.columns(4)
+    heap[0].metric("Peak KV in use", f"{outcome.peak_kv_bytes / 2**20:,.2f} MiB", help="Measured after each forward "
+                   "pass, before eviction.")
+    heap[1].metric("Dead share", f"{outcome.dead_share:.0%}", help="Free slots among those in use at the end.")
+    heap[2].metric("Compactions", f"{outcome.compactions:,}", help="How often a layer of the heap was compacted.")
+    heap[3].metric("Tokens kept per layer", f"{outcome.kept_tokens:,}", help="Mean over layers, per KV head.")
     kept = st.columns(4)
-    kept[0].metric("Tokens kept per layer", f"{outcome.kept_tokens:,}", help="Mean over layers, per KV head.")
     needle = result.trace.needle_held()
-    kept[1].metric("Needle tokens held", "—" if needle is None else f"{needle:.0%}",
+    kept[0].metric("Needle tokens held", "—" if needle is None else f"{needle:.0%}",
                    help="Share of the fact sentence's tokens still in the cache (any KV head), mean over layers.")
-    kept[2].metric("Prefill (model)", f"{outcome.prefill_seconds:.2f} s", help="Time in the model; drawing excluded.")
-    kept[3].metric("Decode (model)", f"{outcome.decode_seconds:.2f} s", help="Time in the model; drawing excluded.")
+    kept[1].metric("Prefill (model)", f"{outcome.prefill_seconds:.2f} s", help="Time in the model; drawing excluded.")
+    kept[2].metric("Decode (model)", f"{outcome.decode_seconds:.2f} s", help="Time in the model; drawing excluded.")
     stored = "not stored" if filed.run_id is None else f"stored as run {filed.run_id}"
     st.caption(f"Question: {plain(prompt.question or '(none)')} · {stored}. KV bytes are read from the K/V tensors the "
                f"cache holds; the full-cache figure is computed for the same dtype and shapes. Tokens kept per "
