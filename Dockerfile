@@ -1,10 +1,13 @@
 # kvlab dashboard for a team: build with `docker build -t kvlab .` (GPU, through the CUDA libraries that the torch
 # wheel brings) or `docker build --build-arg KVLAB_TORCH_INDEX=https://download.pytorch.org/whl/cpu -t kvlab:cpu .`
-# (CPU only). It installs through scripts/install.sh, the script CI runs, so the image holds what CI tested.
+# (CPU only). It installs kvlab with its dashboard extra through scripts/install.sh, the script CI runs, so the image
+# holds what CI tested. PIP_FIND_LINKS names a directory of wheels to take first (mounted into the build with
+# `buildah bud -v` or `docker buildx build --mount`), e.g. a torch wheel already on the building machine.
 ARG PYTHON_VERSION=3.11
 FROM python:${PYTHON_VERSION}-slim-bookworm
 
 ARG KVLAB_TORCH_INDEX=""
+ARG PIP_FIND_LINKS
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     KVLAB_VENV=/opt/kvlab/venv \
@@ -19,13 +22,16 @@ ENV PYTHONUNBUFFERED=1 \
 RUN groupadd --system --gid 10001 kvlab \
     && useradd --system --uid 10001 --gid kvlab --create-home --home-dir /home/kvlab kvlab \
     && mkdir -p /app /data /cache/huggingface /opt/kvlab \
-    && chown -R kvlab:kvlab /data /cache /opt/kvlab
+    && chown -R kvlab:kvlab /app /data /cache /opt/kvlab
 
 WORKDIR /app
-COPY --chown=kvlab:kvlab requirements.txt /app/requirements.txt
+# What the install reads (the package metadata and its version) first, so that a change to the code alone does not
+# reinstall the dependencies; the editable install then finds the rest of the package once it is copied in.
+COPY --chown=kvlab:kvlab pyproject.toml README.md /app/
+COPY --chown=kvlab:kvlab kvlab/__init__.py /app/kvlab/__init__.py
 COPY --chown=kvlab:kvlab scripts/install.sh /app/scripts/install.sh
 USER 10001:10001
-RUN KVLAB_TORCH_INDEX="${KVLAB_TORCH_INDEX}" bash /app/scripts/install.sh
+RUN KVLAB_EXTRAS=dashboard KVLAB_TORCH_INDEX="${KVLAB_TORCH_INDEX}" bash /app/scripts/install.sh
 COPY --chown=kvlab:kvlab . /app
 
 VOLUME ["/data", "/cache/huggingface"]

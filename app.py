@@ -10,13 +10,16 @@ from kvlab.ui.session import access_sidebar, guarded, logged_in, login_page, mod
 st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
 own_name = right_host()
 admitted = own_name and logged_in()
-page = st.navigation([
-    st.Page("pages/live.py", title="Live run", icon=":material/play_circle:"),
-    st.Page("pages/needle_grid.py", title="Needle grid", icon=":material/grid_on:"),
-    st.Page("pages/frontier.py", title="Frontier", icon=":material/show_chart:"),
-    st.Page("pages/costs.py", title="Cost calculator", icon=":material/payments:"),
-    st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:"),
-], position="sidebar" if admitted else "hidden")
+page = st.navigation(
+    [
+        st.Page("pages/live.py", title="Live run", icon=":material/play_circle:"),
+        st.Page("pages/needle_grid.py", title="Needle grid", icon=":material/grid_on:"),
+        st.Page("pages/frontier.py", title="Frontier", icon=":material/show_chart:"),
+        st.Page("pages/costs.py", title="Cost calculator", icon=":material/payments:"),
+        st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:"),
+    ],
+    position="sidebar" if admitted else "hidden",
+)
 if not own_name:  # the pages are declared but hidden, and none runs for a page reached by another site's name
     st.stop()
 if not admitted:  # the pages are declared (so their addresses resolve) but none runs before the login

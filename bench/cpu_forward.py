@@ -55,7 +55,7 @@ def main() -> None:
         "seconds": [round(s, 3) for s in seconds],
         "median_s": round(statistics.median(seconds), 3),
         "machine": f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
-                   f"torch {torch.__version__} with {torch.get_num_threads()} threads",
+        f"torch {torch.__version__} with {torch.get_num_threads()} threads",
     }
     print(json.dumps(result, indent=2))
     out = args.out or ROOT / "bench" / ("cpu_forward.json" if args.attn == "sdpa" else "cpu_forward_eager.json")

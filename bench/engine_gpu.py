@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,36 +33,53 @@ from kvlab.models import wrap_model  # noqa: E402
 from kvlab.policies import make_policy  # noqa: E402
 
 LLAMA3_8B = dict(
-    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-    num_key_value_heads=8, max_position_embeddings=32768 + 1024, rope_theta=500000.0, tie_word_embeddings=False,
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=32768 + 1024,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
 )
 
 
 def build_model(layers: int | None):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**{**LLAMA3_8B, **({"num_hidden_layers": layers} if layers else {})})
+    shape: dict[str, Any] = {**LLAMA3_8B, **({"num_hidden_layers": layers} if layers else {})}
+    config = LlamaConfig(**shape)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
+        model: Any = LlamaForCausalLM(config)
+        model = model.to(torch.bfloat16)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.normal_(0.0, 0.02)
     return wrap_model(model)
 
 
-def decode_ms(loaded, ids, spec: RunSpec, repeats: int) -> dict[str, float]:
+def decode_ms(loaded, ids, spec: RunSpec, repeats: int) -> dict[str, Any]:
     """Median decode time per token over ``repeats`` runs, after one untimed run at the same shapes (kernels and
     allocator warm), with the prefill and peak memory of the last one."""
     generate(loaded, ids, spec)
-    per_token, prefill, peak, kv = [], [], 0, 0
+    per_token: list[float] = []
+    prefill: list[float] = []
+    peak: int | None = None
+    kv = 0
     for _ in range(repeats):
         result = generate(loaded, ids, spec)
         per_token.append(1000 * result.decode_seconds / (len(result.tokens[0]) - 1))
         prefill.append(result.prefill_seconds)
         peak, kv = result.peak_gpu_bytes, result.peak_kv_bytes
-    return {"decode_ms_per_token": statistics.median(per_token), "decode_ms_runs": per_token,
-            "prefill_s": statistics.median(prefill), "peak_gpu_bytes": peak, "peak_kv_bytes": kv}
+    return {
+        "decode_ms_per_token": statistics.median(per_token),
+        "decode_ms_runs": per_token,
+        "prefill_s": statistics.median(prefill),
+        "peak_gpu_bytes": peak,
+        "peak_kv_bytes": kv,
+    }
 
 
 def activation_peak(loaded, chunk: int) -> int:
@@ -71,6 +89,7 @@ def activation_peak(loaded, chunk: int) -> int:
     torch.cuda.synchronize()
     result = generate(loaded, ids, spec)
     kv_of_chunk = result.peak_kv_bytes
+    assert result.peak_gpu_bytes is not None, "peak GPU memory is measured on a CUDA device only"
     return result.peak_gpu_bytes - weight_bytes(loaded) - kv_of_chunk
 
 
@@ -81,6 +100,7 @@ def weight_bytes(loaded) -> int:
 def hf_generate_ms(loaded, ids, new_tokens: int) -> float:
     """Decode ms per token of plain ``model.generate`` (transformers' own cache and SDPA, with PyTorch's default
     choice of SDPA kernels), after one untimed run at the same shapes."""
+
     def run(n: int) -> float:
         torch.cuda.synchronize()
         started = time.perf_counter()
@@ -96,12 +116,15 @@ def configurations(context: int, chunk: int, keep: float) -> list[tuple[str, Run
     """What is timed at one context length (H2O in prefill mode only at 8k: it needs the exact attention of every
     context query, computed in blocks, which at 32k costs minutes rather than seconds)."""
     budget = Budget(keep=keep)
-    rows = [("full/prefill", RunSpec(make_policy("full"))),
-            ("full/chunked", RunSpec(make_policy("full"), chunk=chunk))]
+    rows = [("full/prefill", RunSpec(make_policy("full"))), ("full/chunked", RunSpec(make_policy("full"), chunk=chunk))]
     for name in ("streaming", "h2o", "snapkv"):
         rows.append((f"{name}/streaming", RunSpec(make_policy(name), budget, mode="streaming", chunk=chunk)))
-        rows.append((f"{name}/streaming-interval16", RunSpec(make_policy(name), budget, mode="streaming",
-                                                              chunk=chunk, compression_interval=16)))
+        rows.append(
+            (
+                f"{name}/streaming-interval16",
+                RunSpec(make_policy(name), budget, mode="streaming", chunk=chunk, compression_interval=16),
+            )
+        )
         if name != "h2o" or context <= 8192:
             rows.append((f"{name}/prefill", RunSpec(make_policy(name), budget)))
     return rows
@@ -121,9 +144,16 @@ def main() -> None:
     loaded = build_model(args.layers)
     weights = weight_bytes(loaded)
     results = {
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
-        "model": "Llama-3-8B shape, random bf16 weights", "layers": loaded.arch.num_layers, "keep": args.keep,
-        "chunk": args.chunk, "new_tokens": args.new_tokens, "repeats": args.repeats, "weight_bytes": weights,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "model": "Llama-3-8B shape, random bf16 weights",
+        "layers": loaded.arch.num_layers,
+        "keep": args.keep,
+        "chunk": args.chunk,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "weight_bytes": weights,
         "contexts": {},
     }
     warm = torch.randint(0, 1000, (1, 2048), device="cuda")
@@ -145,9 +175,13 @@ def main() -> None:
         expected = weights + (budget_tokens + args.chunk) * per_token_kv + act
         measured = rows["streaming/streaming"]["peak_gpu_bytes"]
         rows["streaming_memory_model"] = {
-            "budget_tokens": budget_tokens, "weights": weights,
-            "kv_budget_plus_chunk": (budget_tokens + args.chunk) * per_token_kv, "activations_one_chunk": act,
-            "expected_peak": expected, "measured_peak_streaming_mode": measured, "ratio": measured / expected,
+            "budget_tokens": budget_tokens,
+            "weights": weights,
+            "kv_budget_plus_chunk": (budget_tokens + args.chunk) * per_token_kv,
+            "activations_one_chunk": act,
+            "expected_peak": expected,
+            "measured_peak_streaming_mode": measured,
+            "ratio": measured / expected,
         }
         results["contexts"][str(context)] = rows
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -155,11 +189,19 @@ def main() -> None:
     for context, rows in results["contexts"].items():
         for label, row in rows.items():
             if "decode_ms_per_token" in row:
-                print(f"{context:>6} {label:32s} decode {row['decode_ms_per_token']:7.2f} ms/token"
-                      + (f"  prefill {row['prefill_s']:6.2f} s  peak {row['peak_gpu_bytes'] / 2**30:6.2f} GiB"
-                         if "prefill_s" in row else ""))
-        print(context, "streaming-mode peak / (weights + (budget+chunk) KV + activations):",
-              f"{rows['streaming_memory_model']['ratio']:.3f}")
+                print(
+                    f"{context:>6} {label:32s} decode {row['decode_ms_per_token']:7.2f} ms/token"
+                    + (
+                        f"  prefill {row['prefill_s']:6.2f} s  peak {row['peak_gpu_bytes'] / 2**30:6.2f} GiB"
+                        if "prefill_s" in row
+                        else ""
+                    )
+                )
+        print(
+            context,
+            "streaming-mode peak / (weights + (budget+chunk) KV + activations):",
+            f"{rows['streaming_memory_model']['ratio']:.3f}",
+        )
 
 
 if __name__ == "__main__":

@@ -30,23 +30,39 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine import RunSpec, generate  # noqa: E402
+from kvlab.engine import Mode, RunSpec, generate  # noqa: E402
 from kvlab.heap import LAYOUTS  # noqa: E402
 from kvlab.models import wrap_model  # noqa: E402
 from kvlab.policies import POLICIES, make_policy  # noqa: E402
 
-LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=False)
-SMALL = dict(vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=2)
+LLAMA3_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+)
+SMALL = dict(
+    vocab_size=4096,
+    hidden_size=512,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+)
 EVICTING = ("streaming", "h2o", "snapkv", "tova")
 NEW_TOKENS = 64
 KEEP = 0.1
@@ -56,11 +72,13 @@ def build(shape: dict[str, Any], positions: int, dtype: torch.dtype, device: str
     """A random-weight Llama of ``shape`` (normal 0.02), wrapped for kvlab."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**{**shape, **({"num_hidden_layers": layers} if layers else {})},
-                         max_position_embeddings=positions)
+    config = LlamaConfig(
+        **{**shape, **({"num_hidden_layers": layers} if layers else {})}, max_position_embeddings=positions
+    )
     torch.manual_seed(0)
     with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
+        model: Any = LlamaForCausalLM(config)
+        model = model.to(dtype)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.normal_(0.0, 0.02)
@@ -97,15 +115,16 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 def steady_ms(token_seconds: list[float]) -> float:
     """Milliseconds per token over the steady half of a decode (after warm-up and graph capture)."""
-    steady = token_seconds[len(token_seconds) // 2:] or token_seconds
+    steady = token_seconds[len(token_seconds) // 2 :] or token_seconds
     return 1000 * statistics.median(steady)
 
 
 REPEATS = 2
 
 
-def kvlab_row(loaded, ids: torch.Tensor, label: str, spec: RunSpec, roofline_base: int, bandwidth: float
-              ) -> dict[str, Any]:
+def kvlab_row(
+    loaded, ids: torch.Tensor, label: str, spec: RunSpec, roofline_base: int, bandwidth: float
+) -> dict[str, Any]:
     """A configuration run :data:`REPEATS` times at the same shapes; the last run reported."""
     for _ in range(REPEATS):
         gc.collect()
@@ -115,15 +134,27 @@ def kvlab_row(loaded, ids: torch.Tensor, label: str, spec: RunSpec, roofline_bas
     decode_ms = steady_ms(result.token_seconds)
     kept_kv = result.kv_bytes
     roofline_ms = 1000 * (roofline_base + kept_kv) / bandwidth
-    row = {"config": label, "policy": spec.policy.name, "mode": spec.mode, "layout": spec.layout,
-           "static": spec.static, "decode_ms": round(decode_ms, 3),
-           "decode_ms_all_tokens": round(1000 * result.decode_seconds / max(1, len(result.tokens[0]) - 1), 3),
-           "roofline_ms": round(roofline_ms, 3), "vs_roofline": round(decode_ms / roofline_ms, 3),
-           "prefill_s": round(result.prefill_seconds, 3), "peak_gpu_gib": _gib(result.peak_gpu_bytes),
-           "kv_live_gib": _gib(result.kv_bytes), "kv_reserved_gib": _gib(result.kv_reserved_bytes),
-           "peak_kv_reserved_gib": _gib(result.peak_kv_reserved_bytes), "dead_share": round(result.dead_share, 4),
-           "compactions": result.compactions, "compaction_s": round(result.compaction_seconds, 4),
-           "decode_graphs": result.decode_graphs, "tokens": len(result.tokens[0])}
+    row = {
+        "config": label,
+        "policy": spec.policy.name,
+        "mode": spec.mode,
+        "layout": spec.layout,
+        "static": spec.static,
+        "decode_ms": round(decode_ms, 3),
+        "decode_ms_all_tokens": round(1000 * result.decode_seconds / max(1, len(result.tokens[0]) - 1), 3),
+        "roofline_ms": round(roofline_ms, 3),
+        "vs_roofline": round(decode_ms / roofline_ms, 3),
+        "prefill_s": round(result.prefill_seconds, 3),
+        "peak_gpu_gib": _gib(result.peak_gpu_bytes),
+        "kv_live_gib": _gib(result.kv_bytes),
+        "kv_reserved_gib": _gib(result.kv_reserved_bytes),
+        "peak_kv_reserved_gib": _gib(result.peak_kv_reserved_bytes),
+        "dead_share": round(result.dead_share, 4),
+        "compactions": result.compactions,
+        "compaction_s": round(result.compaction_seconds, 4),
+        "decode_graphs": result.decode_graphs,
+        "tokens": len(result.tokens[0]),
+    }
     print(json.dumps(row), flush=True)
     return row
 
@@ -132,8 +163,9 @@ def _gib(value: int | None) -> float | None:
     return None if value is None else round(value / 2**30, 3)
 
 
-def hf_rows(model, ids: torch.Tensor, compiled: bool, bandwidth: float, roofline_base: int,
-            kv_per_token: int) -> list[dict[str, Any]]:
+def hf_rows(
+    model, ids: torch.Tensor, compiled: bool, bandwidth: float, roofline_base: int, kv_per_token: int
+) -> list[dict[str, Any]]:
     """transformers' generate: dynamic cache with SDPA (cuDNN off), and, with ``compiled``, its static cache with
     torch.compile; decode per token from the difference of a 1-token and a (1 + NEW_TOKENS)-token generate, each
     timed on its second run."""
@@ -141,12 +173,13 @@ def hf_rows(model, ids: torch.Tensor, compiled: bool, bandwidth: float, roofline
 
     model.set_attn_implementation("sdpa")
     rows = []
-    variants = [("transformers generate (dynamic cache)", {})]
+    variants: list[tuple[str, dict[str, Any]]] = [("transformers generate (dynamic cache)", {})]
     if compiled:
         variants.append(("transformers generate (static cache, torch.compile)", {"cache_implementation": "static"}))
     try:
         for label, extra in variants:
-            def timed(new: int) -> tuple[float, int | None]:
+
+            def timed(new: int, extra: dict[str, Any] = extra) -> tuple[float, int | None]:
                 seconds, peak = 0.0, None
                 for _ in range(2):
                     gc.collect()
@@ -155,21 +188,30 @@ def hf_rows(model, ids: torch.Tensor, compiled: bool, bandwidth: float, roofline
                         torch.cuda.reset_peak_memory_stats()
                     synchronize()
                     started = time.perf_counter()
-                    with torch.inference_mode(), sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                                                              SDPBackend.MATH]):
-                        model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                       pad_token_id=0, **extra)
+                    with (
+                        torch.inference_mode(),
+                        sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]),
+                    ):
+                        model.generate(
+                            ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, **extra
+                        )
                     synchronize()
                     seconds = time.perf_counter() - started
                     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
                 return seconds, peak
+
             one, _ = timed(1)
             many, peak = timed(1 + NEW_TOKENS)
             decode_ms = 1000 * (many - one) / NEW_TOKENS
             roofline_ms = 1000 * (roofline_base + kv_per_token * ids.shape[1]) / bandwidth
-            row = {"config": label, "decode_ms": round(decode_ms, 3), "roofline_ms": round(roofline_ms, 3),
-                   "vs_roofline": round(decode_ms / roofline_ms, 3), "prefill_s": round(one, 3),
-                   "peak_gpu_gib": _gib(peak)}
+            row = {
+                "config": label,
+                "decode_ms": round(decode_ms, 3),
+                "roofline_ms": round(roofline_ms, 3),
+                "vs_roofline": round(decode_ms / roofline_ms, 3),
+                "prefill_s": round(one, 3),
+                "peak_gpu_gib": _gib(peak),
+            }
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
@@ -184,18 +226,43 @@ def part_check(device: str) -> dict[str, Any]:
     results = []
     for policy_name in POLICIES:
         params = {"window": 16} if policy_name in ("snapkv", "pyramidkv") else {}
+        budget = None if policy_name == "full" else Budget(keep=0.2)
         for mode in ("prefill", "streaming"):
             for layout in LAYOUTS:
-                def run(static: bool | None):
-                    budget = None if policy_name == "full" else Budget(keep=0.2)
-                    spec = RunSpec(make_policy(policy_name, **params), budget, mode=mode, chunk=128,
-                                   max_new_tokens=24, stop_token_ids=(), layout=layout, static=static)
+
+                def run(
+                    static: bool | None,
+                    name: str = policy_name,
+                    mode: str = mode,
+                    layout: str = layout,
+                    params: dict[str, Any] = params,
+                    budget: Budget | None = budget,
+                ):
+                    spec = RunSpec(
+                        make_policy(name, **params),
+                        budget,
+                        mode=cast(Mode, mode),
+                        chunk=128,
+                        max_new_tokens=24,
+                        stop_token_ids=(),
+                        layout=layout,
+                        static=static,
+                    )
                     return generate(loaded, ids, spec)
+
                 eager, graphed = run(False), run(None)
                 same = eager.tokens == graphed.tokens and eager.kept_per_layer == graphed.kept_per_layer
-                results.append({"policy": policy_name, "mode": mode, "layout": layout, "same_tokens": same,
-                                "graphs": graphed.decode_graphs, "eager_ms": round(steady_ms(eager.token_seconds), 3),
-                                "graph_ms": round(steady_ms(graphed.token_seconds), 3)})
+                results.append(
+                    {
+                        "policy": policy_name,
+                        "mode": mode,
+                        "layout": layout,
+                        "same_tokens": same,
+                        "graphs": graphed.decode_graphs,
+                        "eager_ms": round(steady_ms(eager.token_seconds), 3),
+                        "graph_ms": round(steady_ms(graphed.token_seconds), 3),
+                    }
+                )
                 print(json.dumps(results[-1]), flush=True)
     return {"rows": results, "all_same": all(row["same_tokens"] for row in results)}
 
@@ -203,29 +270,77 @@ def part_check(device: str) -> dict[str, Any]:
 def decode_configs() -> list[tuple[str, RunSpec]]:
     """The kvlab configurations of the decode part, by label."""
     budget = Budget(keep=KEEP)
-    configs = [("full", RunSpec(make_policy("full"), max_new_tokens=NEW_TOKENS, stop_token_ids=())),
-               ("full (eager decode)", RunSpec(make_policy("full"), max_new_tokens=NEW_TOKENS, stop_token_ids=(),
-                                               static=False))]
+    configs = [
+        ("full", RunSpec(make_policy("full"), max_new_tokens=NEW_TOKENS, stop_token_ids=())),
+        (
+            "full (eager decode)",
+            RunSpec(make_policy("full"), max_new_tokens=NEW_TOKENS, stop_token_ids=(), static=False),
+        ),
+    ]
     for name in EVICTING:
         params = {"window": 32} if name == "snapkv" else {}
-        configs.append((f"{name} streaming", RunSpec(make_policy(name, **params), budget, mode="streaming",
-                                                     chunk=1024, max_new_tokens=NEW_TOKENS, stop_token_ids=())))
+        configs.append(
+            (
+                f"{name} streaming",
+                RunSpec(
+                    make_policy(name, **params),
+                    budget,
+                    mode="streaming",
+                    chunk=1024,
+                    max_new_tokens=NEW_TOKENS,
+                    stop_token_ids=(),
+                ),
+            )
+        )
     for layout in ("compact", "bitmask"):
-        configs.append((f"streaming streaming {layout}", RunSpec(
-            make_policy("streaming"), budget, mode="streaming", chunk=1024, max_new_tokens=NEW_TOKENS,
-            stop_token_ids=(), layout=layout)))
-    configs.append(("h2o streaming (eager decode)", RunSpec(
-        make_policy("h2o"), budget, mode="streaming", chunk=1024, max_new_tokens=NEW_TOKENS, stop_token_ids=(),
-        static=False)))
+        configs.append(
+            (
+                f"streaming streaming {layout}",
+                RunSpec(
+                    make_policy("streaming"),
+                    budget,
+                    mode="streaming",
+                    chunk=1024,
+                    max_new_tokens=NEW_TOKENS,
+                    stop_token_ids=(),
+                    layout=layout,
+                ),
+            )
+        )
+    configs.append(
+        (
+            "h2o streaming (eager decode)",
+            RunSpec(
+                make_policy("h2o"),
+                budget,
+                mode="streaming",
+                chunk=1024,
+                max_new_tokens=NEW_TOKENS,
+                stop_token_ids=(),
+                static=False,
+            ),
+        )
+    )
     for layout in LAYOUTS:
-        configs.append((f"snapkv prefill {layout}", RunSpec(
-            make_policy("snapkv", window=32), budget, mode="prefill", max_new_tokens=NEW_TOKENS, stop_token_ids=(),
-            layout=layout)))
+        configs.append(
+            (
+                f"snapkv prefill {layout}",
+                RunSpec(
+                    make_policy("snapkv", window=32),
+                    budget,
+                    mode="prefill",
+                    max_new_tokens=NEW_TOKENS,
+                    stop_token_ids=(),
+                    layout=layout,
+                ),
+            )
+        )
     return configs
 
 
-def part_decode(device: str, contexts: list[int], layers: int | None, hf: bool, compiled: bool,
-                only: list[str] | None) -> dict[str, Any]:
+def part_decode(
+    device: str, contexts: list[int], layers: int | None, hf: bool, compiled: bool, only: list[str] | None
+) -> dict[str, Any]:
     model, loaded = build(LLAMA3_8B, max(contexts) + 1024, torch.bfloat16, device, layers)
     bandwidth = copy_bandwidth(device)
     weights = weight_bytes(model)
@@ -250,14 +365,24 @@ def part_long(device: str, contexts: list[int], layers: int | None) -> dict[str,
     rows = []
     for context in contexts:
         ids = torch.randint(10, 1000, (1, context), device=device)
-        spec = RunSpec(make_policy("streaming"), Budget(tokens=4096), mode="streaming", chunk=4096,
-                       max_new_tokens=8, stop_token_ids=())
+        spec = RunSpec(
+            make_policy("streaming"),
+            Budget(tokens=4096),
+            mode="streaming",
+            chunk=4096,
+            max_new_tokens=8,
+            stop_token_ids=(),
+        )
         gc.collect()
         result = generate(loaded, ids, spec)
-        row = {"context": context, "prefill_s": round(result.prefill_seconds, 2),
-               "prefill_tokens_per_s": round(context / result.prefill_seconds), "peak_gpu_gib":
-               _gib(result.peak_gpu_bytes), "kv_reserved_gib": _gib(result.kv_reserved_bytes),
-               "weight_gib": _gib(weight_bytes(model))}
+        row = {
+            "context": context,
+            "prefill_s": round(result.prefill_seconds, 2),
+            "prefill_tokens_per_s": round(context / result.prefill_seconds),
+            "peak_gpu_gib": _gib(result.peak_gpu_bytes),
+            "kv_reserved_gib": _gib(result.kv_reserved_bytes),
+            "weight_gib": _gib(weight_bytes(model)),
+        }
         print(json.dumps(row), flush=True)
         rows.append(row)
         del ids, result
@@ -275,8 +400,15 @@ def part_profile(device: str, context: int, layers: int | None, policy_name: str
     model, loaded = build(LLAMA3_8B, context + 1024, torch.bfloat16, device, layers)
     uncaptured = type(f"Uncaptured{policy_name}", (REGISTRY[policy_name],), {"capturable": False})
     budget = None if policy_name == "full" else Budget(keep=KEEP)
-    spec = RunSpec(uncaptured(), budget, mode="prefill" if budget is None else "streaming", chunk=1024,
-                   max_new_tokens=24, stop_token_ids=(), static=True)
+    spec = RunSpec(
+        uncaptured(),
+        budget,
+        mode="prefill" if budget is None else "streaming",
+        chunk=1024,
+        max_new_tokens=24,
+        stop_token_ids=(),
+        static=True,
+    )
     generation = Generation(loaded, spec, torch.randint(10, 1000, (1, context), device=device))
     forward, evict = generation.model_forward, generation.evict
 
@@ -288,7 +420,8 @@ def part_profile(device: str, context: int, layers: int | None, policy_name: str
         with record_function("kvlab: eviction"):
             return evict(*args, **kwargs)
 
-    generation.model_forward, generation.evict = marked_forward, marked_evict
+    setattr(generation, "model_forward", marked_forward)  # noqa: B010 (a method replaced on one instance)
+    setattr(generation, "evict", marked_evict)  # noqa: B010
     events = generation.events()
     decoded = 0
     for event in events:
@@ -301,9 +434,17 @@ def part_profile(device: str, context: int, layers: int | None, policy_name: str
         synchronize()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
     print(table, flush=True)
-    rows = [{"name": item.key, "count": item.count, "cuda_us": round(item.device_time_total, 1)}
-            for item in prof.key_averages() if item.device_time_total > 0]
+    rows = [
+        {"name": item.key, "count": item.count, "cuda_us": round(item.device_time_total, 1)}
+        for item in prof.key_averages()
+        if item.device_time_total > 0
+    ]
     return {"policy": policy_name, "context": context, "steps": 8, "kernels": sorted(rows, key=lambda r: -r["cuda_us"])}
+
+
+def transposed_product(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """P . V computed as (V^T . P^T)^T, the form kvlab's decode attention uses."""
+    return torch.matmul(values.transpose(-1, -2), probs.transpose(-1, -2)).transpose(-1, -2)
 
 
 def part_attention(device: str) -> dict[str, Any]:
@@ -315,11 +456,12 @@ def part_attention(device: str) -> dict[str, Any]:
         values = torch.randn(1, 8, slots, 128, device=device, dtype=torch.bfloat16)
         query = torch.randn(1, 32, 1, 128, device=device, dtype=torch.bfloat16)
         keys = torch.randn(1, 8, slots, 128, device=device, dtype=torch.bfloat16)
-        ways = {
-            "P.V": lambda: torch.matmul(probs, values),
-            "(V^T.P^T)^T": lambda: torch.matmul(values.transpose(-1, -2), probs.transpose(-1, -2)).transpose(-1, -2),
-            "sdpa (no mask)": lambda: torch.nn.functional.scaled_dot_product_attention(query, keys, values,
-                                                                                       enable_gqa=True),
+        ways: dict[str, Callable[[], torch.Tensor]] = {
+            "P.V": partial(torch.matmul, probs, values),
+            "(V^T.P^T)^T": partial(transposed_product, probs, values),
+            "sdpa (no mask)": partial(
+                torch.nn.functional.scaled_dot_product_attention, query, keys, values, enable_gqa=True
+            ),
         }
         row: dict[str, Any] = {"slots": slots}
         for name, way in ways.items():
@@ -356,8 +498,12 @@ def main() -> None:
     global REPEATS
     REPEATS = args.repeats
     device = "cpu" if args.cpu else "cuda"
-    header = {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
-              "torch": torch.__version__, "python": platform.python_version(), "repeats": args.repeats}
+    header = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "repeats": args.repeats,
+    }
     import transformers
 
     header["transformers"] = transformers.__version__
@@ -366,8 +512,9 @@ def main() -> None:
         body = part_check(device)
     elif args.part == "decode":
         only = args.only.split("|") if args.only is not None else None
-        body = part_decode(device, [int(c) for c in args.contexts.split(",")], args.layers, args.hf, args.compiled,
-                           only)
+        body = part_decode(
+            device, [int(c) for c in args.contexts.split(",")], args.layers, args.hf, args.compiled, only
+        )
     elif args.part == "attention":
         body = part_attention(device)
     elif args.part == "profile":

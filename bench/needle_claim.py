@@ -50,33 +50,62 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=25)
     parser.add_argument("--chunk", type=int, default=256, help="streaming-mode chunk")
     parser.add_argument("--policies", default=POLICIES)
-    parser.add_argument("--measure-sharing", action="store_true",
-                        help="also time the prefill-mode cells with and without one shared prefill, side by side")
-    parser.add_argument("--sharing-trials", type=int, default=None,
-                        help="trials per cell for the sharing measurement (default: --trials)")
+    parser.add_argument(
+        "--measure-sharing",
+        action="store_true",
+        help="also time the prefill-mode cells with and without one shared prefill, side by side",
+    )
+    parser.add_argument(
+        "--sharing-trials",
+        type=int,
+        default=None,
+        help="trials per cell for the sharing measurement (default: --trials)",
+    )
     parser.add_argument("--out-dir", default="bench/results/needle_claim")
     args = parser.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     loaded = load_model(args.model)
     keeps = tuple(round(1 - p, 2) for p in PRUNING)
-    grid = SweepGrid(policies=parse_policies(args.policies), keeps=keeps, contexts=(args.context,), depths=None,
-                     trials=args.trials, modes=("prefill", "streaming"), chunk=args.chunk, batch_size=args.batch_size)
-    report: dict = {"device": torch.cuda.get_device_name() if loaded.device.type == "cuda" else platform.processor()
-                    or "cpu", "torch_threads": torch.get_num_threads(), "model": loaded.name,
-                    "context": args.context, "trials_per_cell": args.trials, "batch_size": args.batch_size,
-                    "chunk": args.chunk, "keeps": keeps, "policies": args.policies}
+    grid = SweepGrid(
+        policies=parse_policies(args.policies),
+        keeps=keeps,
+        contexts=(args.context,),
+        depths=None,
+        trials=args.trials,
+        modes=("prefill", "streaming"),
+        chunk=args.chunk,
+        batch_size=args.batch_size,
+    )
+    report: dict = {
+        "device": torch.cuda.get_device_name() if loaded.device.type == "cuda" else platform.processor() or "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "model": loaded.name,
+        "context": args.context,
+        "trials_per_cell": args.trials,
+        "batch_size": args.batch_size,
+        "chunk": args.chunk,
+        "keeps": keeps,
+        "policies": args.policies,
+    }
     seconds, ran = timed_sweep(loaded, out / "trials.duckdb", grid)
     report["grid_seconds"], report["grid_trials"] = seconds, ran
     print(f"grid: {ran} trials in {seconds:.1f} s on {report['device']}", flush=True)
     if args.measure_sharing:
-        evicting = tuple(p for p in grid.policies if p.evicts())
+        evicting = tuple(p for p in grid.policies if p.evicts)
         for share in (True, False):
-            shared_grid = dataclasses.replace(grid, modes=("prefill",), policies=evicting, share_prefill=share,
-                                              trials=args.sharing_trials or args.trials)
+            shared_grid = dataclasses.replace(
+                grid,
+                modes=("prefill",),
+                policies=evicting,
+                share_prefill=share,
+                trials=args.sharing_trials or args.trials,
+            )
             seconds_share, ran_share = timed_sweep(loaded, out / f"sharing-{share}.duckdb", shared_grid)
             report[f"prefill_cells_seconds_{'shared' if share else 'separate'}"] = seconds_share
-            print(f"prefill-mode cells, shared prefill {share}: {ran_share} trials in {seconds_share:.1f} s", flush=True)
+            print(
+                f"prefill-mode cells, shared prefill {share}: {ran_share} trials in {seconds_share:.1f} s", flush=True
+            )
             (out / f"sharing-{share}.duckdb").unlink()
         report["sharing_trials_per_cell"] = args.sharing_trials or args.trials
         report["sharing_speedup"] = report["prefill_cells_seconds_separate"] / report["prefill_cells_seconds_shared"]

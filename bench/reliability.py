@@ -32,15 +32,38 @@ from disks import fill, small_disk  # noqa: E402
 from kvlab.store import open_store  # noqa: E402
 
 #: The sweep every part runs: 3 policies x 2 contexts x 3 depths x 4 trials, both modes for the evicting ones.
-SWEEP = ["--policies", "full,h2o,streaming", "--keep", "0.5", "--mode", "prefill,streaming", "--contexts", "512,1024",
-         "--depths", "0,0.5,1", "--trials", "4", "--batch-size", "2", "--max-new-tokens", "8", "--quiet"]
+SWEEP = [
+    "--policies",
+    "full,h2o,streaming",
+    "--keep",
+    "0.5",
+    "--mode",
+    "prefill,streaming",
+    "--contexts",
+    "512,1024",
+    "--depths",
+    "0,0.5,1",
+    "--trials",
+    "4",
+    "--batch-size",
+    "2",
+    "--max-new-tokens",
+    "8",
+    "--quiet",
+]
 EXPECTED_TRIALS = (1 + 2 * 2) * 2 * 3 * 4
 
 
 def sweep(db: Path, **popen: object) -> subprocess.Popen[str]:
     """``python -m kvlab sweep`` into ``db`` in a subprocess."""
-    return subprocess.Popen([sys.executable, "-m", "kvlab", "sweep", *SWEEP, "--db", str(db)], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvlab", "sweep", *SWEEP, "--db", str(db)],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **popen,
+    )  # type: ignore[call-overload]
 
 
 def counts(db: Path, expected: int) -> dict[str, int]:
@@ -48,8 +71,12 @@ def counts(db: Path, expected: int) -> dict[str, int]:
     with open_store(db, read_only=True) as store:
         trials = store.trials_frame()
     distinct = len(trials.drop_duplicates(["run_id", "trial_key"]))
-    return {"expected": expected, "stored": len(trials), "duplicated": len(trials) - distinct,
-            "lost": expected - distinct}
+    return {
+        "expected": expected,
+        "stored": len(trials),
+        "duplicated": len(trials) - distinct,
+        "lost": expected - distinct,
+    }
 
 
 def killed_sweeps(kills: int, seed: int, directory: Path) -> dict[str, object]:
@@ -69,8 +96,13 @@ def killed_sweeps(kills: int, seed: int, directory: Path) -> dict[str, object]:
     out, err = finished.communicate(timeout=900)
     if finished.returncode != 0:
         raise RuntimeError(f"the final sweep failed: {err[-500:]}")
-    return {"kills": kills, "kill_moments_s": moments, "stored_after_each_kill": stored_after, "final": out.strip(),
-            **counts(db, EXPECTED_TRIALS)}
+    return {
+        "kills": kills,
+        "kill_moments_s": moments,
+        "stored_after_each_kill": stored_after,
+        "final": out.strip(),
+        **counts(db, EXPECTED_TRIALS),
+    }
 
 
 def concurrent_sessions(sessions: int, directory: Path) -> dict[str, object]:
@@ -104,8 +136,12 @@ def concurrent_sessions(sessions: int, directory: Path) -> dict[str, object]:
                 errors.append(str(error).splitlines()[0])
         seconds = time.perf_counter() - started
         browser.close()
-    return {"sessions": sessions, "seconds_until_all_stored": round(seconds, 1), "errors": errors,
-            **counts(db, sessions)}
+    return {
+        "sessions": sessions,
+        "seconds_until_all_stored": round(seconds, 1),
+        "errors": errors,
+        **counts(db, sessions),
+    }
 
 
 def full_disk(megabytes: int, directory: Path) -> dict[str, object]:
@@ -122,13 +158,20 @@ def full_disk(megabytes: int, directory: Path) -> dict[str, object]:
         filler = fill(disk)
         out, err = process.communicate(timeout=900)
         said = [line for line in err.splitlines() if line.startswith("error:")]
-        during = {"exit_status": process.returncode, "sentence": said[-1] if said else None,
-                  "traceback": "Traceback" in err, **counts(db, EXPECTED_TRIALS)}
+        during = {
+            "exit_status": process.returncode,
+            "sentence": said[-1] if said else None,
+            "traceback": "Traceback" in err,
+            **counts(db, EXPECTED_TRIALS),
+        }
         filler.unlink()
         again = sweep(db)
         out, err = again.communicate(timeout=900)
-        return {"disk_mb": megabytes, "while_full": during, "after_freeing": {
-            "exit_status": again.returncode, "final": out.strip(), **counts(db, EXPECTED_TRIALS)}}
+        return {
+            "disk_mb": megabytes,
+            "while_full": during,
+            "after_freeing": {"exit_status": again.returncode, "final": out.strip(), **counts(db, EXPECTED_TRIALS)},
+        }
 
 
 def main() -> None:
@@ -139,13 +182,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    results: dict[str, object] = {"machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
-                                  "date": time.strftime("%Y-%m-%d")}
+    results: dict[str, object] = {
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+        "date": time.strftime("%Y-%m-%d"),
+    }
     with tempfile.TemporaryDirectory(prefix="kvlab-reliability-") as scratch:
         directory = Path(scratch)
-        for name, part in (("killed_sweeps", lambda: killed_sweeps(args.kills, args.seed, directory)),
-                           ("concurrent_sessions", lambda: concurrent_sessions(args.sessions, directory)),
-                           ("full_disk", lambda: full_disk(args.disk_mb, directory))):
+        for name, part in (
+            ("killed_sweeps", lambda: killed_sweeps(args.kills, args.seed, directory)),
+            ("concurrent_sessions", lambda: concurrent_sessions(args.sessions, directory)),
+            ("full_disk", lambda: full_disk(args.disk_mb, directory)),
+        ):
             started = time.perf_counter()
             try:
                 results[name] = {**part(), "wall_s": round(time.perf_counter() - started, 1)}

@@ -1,7 +1,5 @@
 """Entry point of ``python -m kvlab``."""
 
-import sys
+from kvlab.cli import run
 
-from kvlab.cli import main
-
-sys.exit(main())
+run()

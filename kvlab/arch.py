@@ -9,16 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import torch
-
 from kvlab.errors import KvlabError
 
-DTYPE_BYTES: dict[torch.dtype, int] = {
-    torch.float32: 4,
-    torch.float16: 2,
-    torch.bfloat16: 2,
-    torch.float64: 8,
-}
+#: Bytes per element of the dtypes models run in, by name (the cost calculator prices configs without torch).
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def dtype_name(dtype: object) -> str:
+    """A dtype as stored with runs and written in configs: ``bfloat16`` for ``torch.bfloat16`` or ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -73,11 +72,7 @@ def _get(config: Any, *names: str, default: Any = None) -> Any:
 
 def _dtype_bytes(config: Any) -> int:
     names = ("dtype", "torch_dtype") if isinstance(config, Mapping) else ("dtype",)
-    raw = _get(config, *names, default="float32")
-    if isinstance(raw, torch.dtype):
-        return DTYPE_BYTES.get(raw, 2)
-    name = str(raw).replace("torch.", "")
-    return {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}.get(name, 2)
+    return DTYPE_BYTES.get(dtype_name(_get(config, *names, default="float32")), 2)
 
 
 def _sliding_layers(config: Any, num_layers: int) -> tuple[int | None, tuple[int, ...]]:

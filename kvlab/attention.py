@@ -25,7 +25,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -82,13 +82,14 @@ class StatsAccumulator:
         pooled = pooled.sum(1) / (kv_heads * groups)
         entropy = entropy.reshape(batch, kv_heads * groups).float()
         sink = sink.reshape(batch, kv_heads * groups).float()
-        self.entropy[layer] = entropy if self.entropy[layer] is None else self.entropy[layer] + entropy
-        self.sink_mass[layer] = sink if self.sink_mass[layer] is None else self.sink_mass[layer] + sink
-        self.pooled[layer] = pooled if self.pooled[layer] is None else self.pooled[layer] + pooled
+        for sums, value in ((self.entropy, entropy), (self.sink_mass, sink), (self.pooled, pooled)):
+            earlier = sums[layer]
+            sums[layer] = value if earlier is None else earlier + value
 
     def finish(self, n_queries: int) -> dict[str, Any]:
         """Means over the forward's queries as CPU tensors: entropy and sink mass ``(layers, batch, q_heads)``, pooled
         attention rows ``(layers, batch, bins)``."""
+
         def stack(values: list[torch.Tensor | None]) -> torch.Tensor:
             return torch.stack([v for v in values if v is not None]).cpu() / n_queries
 
@@ -152,7 +153,7 @@ def _ordered_mask(layer: HeapLayer, query_positions: torch.Tensor, last_position
         if n_queries == 1 or n_queries == n_keys:
             return None
         return _slot_causal_mask(n_queries, n_keys, query_positions.device)
-    return allowed_keys(layer.positions[:, :, :n_keys], query_positions, window)
+    return allowed_keys(layer.slots(n_keys)[2], query_positions, window)
 
 
 #: SDPA kernels kvlab lets PyTorch choose from on CUDA. cuDNN's attention is left out: it builds an execution plan
@@ -171,14 +172,14 @@ def sdpa_backends(device: torch.device) -> Iterator[None]:
         yield
 
 
-def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-          scaling: float) -> torch.Tensor:
+def _sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float
+) -> torch.Tensor:
     """SDPA without expanding the cache when the kernels allow it (no mask, or on the CPU); with no mask and
     several queries it is causal by slot order (the queries are all the slots)."""
     groups = query.shape[1] // key.shape[1]
     if mask is None and query.shape[2] > 1:
-        return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
-                                              enable_gqa=groups > 1)
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1)
     if mask is not None and mask.dim() == 4:
         mask = mask.repeat_interleave(groups, dim=1)
     if groups > 1 and mask is not None and query.device.type == "cuda":
@@ -197,13 +198,14 @@ def _logits(grouped: torch.Tensor, keys_t: torch.Tensor, layer: HeapLayer) -> to
     return logits
 
 
-def _decode_attention(query: torch.Tensor, layer: HeapLayer, span: int, mask: torch.Tensor,
-                      context: ForwardContext, layer_idx: int) -> torch.Tensor:
+def _decode_attention(
+    query: torch.Tensor, layer: HeapLayer, span: int, mask: torch.Tensor, context: ForwardContext, layer_idx: int
+) -> torch.Tensor:
     """One query's attention over the heap, written out per KV head with its query heads as rows: reads K and V
     in place, adds the probabilities to the accumulated scores and statistics when asked. ``mask`` is
     ``(batch, kv_heads, 1, span)``."""
     batch, q_heads, _, head_dim = query.shape
-    keys, values = layer.keys[:, :, :span], layer.values[:, :, :span]
+    keys, values, positions = layer.slots(span)
     kv_heads = keys.shape[1]
     grouped = query.reshape(batch, kv_heads, q_heads // kv_heads, head_dim)
     logits = _logits(grouped, keys.transpose(-1, -2), layer).masked_fill_(~mask, float("-inf"))
@@ -212,12 +214,20 @@ def _decode_attention(query: torch.Tensor, layer: HeapLayer, span: int, mask: to
     if layer.scores is not None:
         layer.scores[:, :, :span] += probs.sum(dim=2)
     if context.stats is not None:
-        context.stats.add(layer_idx, probs.unsqueeze(3), layer.positions[:, :, :span])
+        context.stats.add(layer_idx, probs.unsqueeze(3), positions)
     return output.reshape(batch, q_heads, 1, head_dim)
 
 
-def _blocked_attention(query: torch.Tensor, layer: HeapLayer, layer_idx: int, span: int, mask: torch.Tensor | None,
-                       context: ForwardContext, ordered: bool, output: bool = True) -> torch.Tensor | None:
+def _blocked_attention(
+    query: torch.Tensor,
+    layer: HeapLayer,
+    layer_idx: int,
+    span: int,
+    mask: torch.Tensor | None,
+    context: ForwardContext,
+    ordered: bool,
+    output: bool = True,
+) -> torch.Tensor | None:
     """Exact attention in blocks of queries, observing the probabilities on the way.
 
     As in transformers' eager attention, logits are computed in the model's dtype and the softmax in float32, and
@@ -227,7 +237,7 @@ def _blocked_attention(query: torch.Tensor, layer: HeapLayer, layer_idx: int, sp
     statistics. With ``output=False`` only the observation is made (the output comes from SDPA): the probabilities
     are never multiplied by the values, which halves the work of observing.
     """
-    keys, values = layer.keys[:, :, :span], layer.values[:, :, :span]
+    keys, values, positions = layer.slots(span)
     batch, q_heads, n_queries, head_dim = query.shape
     kv_heads = keys.shape[1]
     groups = q_heads // kv_heads
@@ -257,21 +267,23 @@ def _blocked_attention(query: torch.Tensor, layer: HeapLayer, layer_idx: int, sp
         if layer.scores is not None:
             layer.scores[..., :visible] += probs.sum(dim=(2, 3))
         if context.stats is not None:
-            context.stats.add(layer_idx, probs, layer.positions[..., :visible])
+            context.stats.add(layer_idx, probs, positions[..., :visible])
     return torch.cat(outputs, dim=3).reshape(batch, q_heads, n_queries, head_dim) if output else None
 
 
-def _remember_queries(layer: HeapLayer, query: torch.Tensor, query_positions: torch.Tensor, window: int,
-                      static: bool) -> None:
+def _remember_queries(
+    layer: HeapLayer, query: torch.Tensor, query_positions: torch.Tensor, window: int, static: bool
+) -> None:
     """Keep the last ``window`` post-RoPE queries of this layer for observation-window policies, as a copy (a view
     would keep a whole prefill's queries alive). In static mode the full window shifts by one in place."""
     if static:
+        assert layer.recent_queries is not None and layer.recent_query_positions is not None
         layer.recent_queries[:, :, :-1] = layer.recent_queries[:, :, 1:].clone()
         layer.recent_queries[:, :, -1:] = query
         layer.recent_query_positions[:-1] = layer.recent_query_positions[1:].clone()
         layer.recent_query_positions[-1:] = query_positions
         return
-    if layer.recent_queries is None:
+    if layer.recent_queries is None or layer.recent_query_positions is None:
         queries, positions = query, query_positions
     else:
         queries = torch.cat([layer.recent_queries, query], dim=2)
@@ -295,11 +307,12 @@ def kvlab_attention(
     if context is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("Learned attention sinks (s_aux) are not supported by kvlab's attention.")
-    layer_idx = module.layer_idx
+    layer_idx: int = cast(int, module.layer_idx)
     cache = context.cache
     layer = cache.layers[layer_idx]
     layer.sliding_window = kwargs.get("sliding_window")
@@ -311,22 +324,26 @@ def kvlab_attention(
     span = layer.span(cache.static)
     ordered = layer.ordered and layer.dead == 0 and not cache.static
     observed = layer.scores is not None or context.stats is not None or layer.softcap is not None
+    keys, values, positions = layer.slots(span)
     if query.shape[2] == 1 and (observed or not ordered):  # one pass, reading the heap in place
-        mask = allowed_keys(layer.positions[:, :, :span], query_positions, layer.sliding_window)
-        output = _decode_attention(query, layer, span, mask, context, layer_idx)
-        return output.transpose(1, 2).contiguous(), None
+        live = allowed_keys(positions, query_positions, layer.sliding_window)
+        decoded = _decode_attention(query, layer, span, live, context, layer_idx)
+        return decoded.transpose(1, 2).contiguous(), None
+    mask: torch.Tensor | None
     if ordered:
         mask = _ordered_mask(layer, query_positions, context.last_position)
     else:
-        mask = allowed_keys(layer.positions[:, :, :span], query_positions, layer.sliding_window)
+        mask = allowed_keys(positions, query_positions, layer.sliding_window)
     # the output must come from the observed pass itself for statistics and soft-capping (which SDPA lacks), and
     # for a sliding window's per-head mask over ordered slots (which SDPA would need copied per query head)
+    output: torch.Tensor | None
     if context.stats is not None or layer.softcap is not None or (ordered and mask is not None and mask.dim() == 4):
         output = _blocked_attention(query, layer, layer_idx, span, mask, context, ordered)
     else:
-        output = _sdpa(query, layer.keys[:, :, :span], layer.values[:, :, :span], mask, layer.scaling)
+        output = _sdpa(query, keys, values, mask, layer.scaling)
         if layer.scores is not None:  # H2O: the scores from a pass that never multiplies by the values
             _blocked_attention(query, layer, layer_idx, span, mask, context, ordered, output=False)
+    assert output is not None
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -334,10 +351,10 @@ def window_attention(layer: HeapLayer, span: int) -> torch.Tensor:
     """Attention of the remembered query window over the first ``span`` slots, summed over the window and over the
     query heads of each KV head: ``(batch, kv_heads, span)`` (zero on free slots). Logits are taken as the model's
     own attention takes them (products in its dtype, softmax in float32). Used by SnapKV, PyramidKV and TOVA."""
-    assert layer.recent_queries is not None and layer.keys is not None and layer.positions is not None
+    assert layer.recent_queries is not None and layer.recent_query_positions is not None
     queries = layer.recent_queries
     batch, q_heads, window, head_dim = queries.shape
-    keys, positions = layer.keys[:, :, :span], layer.positions[:, :, :span]
+    keys, _, positions = layer.slots(span)
     kv_heads = keys.shape[1]
     grouped = queries.reshape(batch, kv_heads, q_heads // kv_heads, window, head_dim)
     logits = _logits(grouped, keys.transpose(-1, -2).unsqueeze(2), layer)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvlab.errors import KvlabError
-from kvlab.policies import Policy
 
+if TYPE_CHECKING:  # the cost calculator uses budgets without loading torch
+    from kvlab.policies import Policy
 
 KEEP_DECIMALS = 9
 
@@ -41,7 +43,9 @@ class Budget:
         if (self.tokens is None) == (self.keep is None):
             raise KvlabError("Give a budget either in tokens or as a kept fraction, not both and not neither.")
         if self.tokens is not None and self.tokens <= 0:
-            raise KvlabError(f"A budget of {self.tokens} tokens is not possible; it must be a positive number of tokens.")
+            raise KvlabError(
+                f"A budget of {self.tokens} tokens is not possible; it must be a positive number of tokens."
+            )
         if self.keep is not None and not 0.0 < self.keep <= 1.0:
             raise KvlabError(f"A kept fraction of {self.keep} is not possible; it must be more than 0 and at most 1.")
 
@@ -53,14 +57,13 @@ class Budget:
         return max(1, kept_tokens(context_tokens, self.keep))
 
 
-
 def check_budget(policy: Policy, budget: Budget | None, context_tokens: int) -> int | None:
     """The per-layer budget in tokens for this policy and context, or ``None`` for no eviction (the full cache, or
     a kept fraction of 1: in streaming mode a budget of the prompt's length would still evict while decoding).
 
     Raises one sentence when the budget cannot be honoured, for example a budget below a policy's sinks plus window.
     """
-    if not policy.evicts():
+    if not policy.evicts:
         if budget is not None:
             raise KvlabError(f"Policy {policy.name!r} keeps every token, so it takes no budget; drop --keep/--budget.")
         return None

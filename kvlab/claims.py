@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kvlab.policies import is_full_cache
+
 PRUNING = (0.1, 0.3, 0.5, 0.7, 0.9)
 CLAIM_CONTEXT = 4096
 
@@ -56,7 +58,7 @@ def side_by_side(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataF
         order += [row for row in measured.index if row.startswith(f"{policy} ")]
     order += [row for row in measured.index if row not in order]
     table = pd.concat([published, measured]).reindex(order)
-    full = trials[(trials["context_length"] == context) & (trials["policy"] == "full")]
+    full = trials[(trials["context_length"] == context) & trials["policy"].map(is_full_cache)]
     if not full.empty:
         table.loc["full cache (kvlab)", _columns()] = 100 * full["correct"].mean()
         table.loc["full cache (kvlab)", "trials per cell"] = len(full)

@@ -2,8 +2,11 @@
 
 One :class:`Generation` is one run of one policy over a batch of same-length prompts. It yields an :class:`Event`
 after every prefill chunk, after the compression of ``prefill`` mode, and for every decoded token, carrying what the
-dashboard draws (token, survivors, live and reserved bytes, requested attention statistics). :func:`generate` drains
-the events and returns a :class:`GenerationResult`.
+dashboard draws (token, survivors, live and reserved bytes, requested attention statistics) and the seconds the
+engine took to produce it. The generation measures itself: it times every event (the device synchronised, the
+consumer's time between events not counted), keeps the peak GPU allocation and the tokens, and gives one
+:class:`GenerationResult` at the end (:meth:`Generation.result`), which the command line, ``eval``, sweeps and the
+live page all store the same way. :func:`generate` drains the events and returns that result.
 
 Modes:
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,6 +39,7 @@ from kvlab.errors import KvlabError
 from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout, KVHeap, survivors
 from kvlab.models import LoadedModel, shown_name
 from kvlab.policies import LayerView, Policy, evict_layer, eviction_count
+from kvlab.policies.full import Full
 
 Mode = Literal["prefill", "streaming"]
 MODES: tuple[str, ...] = ("prefill", "streaming")
@@ -108,6 +112,7 @@ class Event:
     tokens (computed, since no full cache exists). ``dead_share`` is the share of free slots among those in use,
     ``compactions`` the compactions so far. ``stats`` holds the requested attention statistics of the step's
     forward pass, as CPU tensors. ``positions`` are the heap's position tensors, valid until the generation goes on.
+    ``seconds`` is the wall time the engine took to produce the event, the device synchronised.
     """
 
     kind: Literal["prefill", "compress", "decode"]
@@ -123,6 +128,7 @@ class Event:
     stats: dict[str, torch.Tensor] | None = None
     logits: torch.Tensor | None = None
     positions: list[torch.Tensor] = field(default_factory=list, repr=False)
+    seconds: float = 0.0
 
     def survivors(self) -> list[torch.Tensor]:
         """Original positions of the tokens held after this step, per layer, ``(batch, kv_heads, kept)`` in
@@ -138,8 +144,11 @@ class GenerationResult:
     forward pass and before eviction); ``kv_reserved_bytes`` and ``peak_kv_reserved_bytes`` those of the heap's
     tensors. ``compactions`` and ``compaction_seconds`` count and time the heap's compactions (outside captured
     steps); ``decode_graphs`` is the number of CUDA graphs the decode steps were captured in (0: eager).
-    ``token_seconds`` is the wall time of each decode step, from one token read on the host to the next (so the
-    first steps carry a graph's warm-up and capture, and the steady rate is read from the later ones).
+    ``prefill_seconds`` and ``decode_seconds`` are the engine's own time reading (and compressing) the prompt and
+    decoding, summed over its events; a generation continuing a context read once for several policies counts that
+    read too, as a separate run would. ``token_seconds`` is the time of each decode step (so the first steps carry a
+    graph's warm-up and capture, and the steady rate is read from the later ones). ``peak_gpu_bytes`` is
+    ``torch.cuda.max_memory_allocated`` over the generation (None on a CPU).
     """
 
     tokens: list[list[int]]
@@ -165,6 +174,11 @@ class GenerationResult:
     decode_graphs: int
     token_seconds: list[float] = field(default_factory=list)
 
+    @property
+    def mean_kept_tokens(self) -> int:
+        """Tokens held per layer and KV head at the end, the mean over layers."""
+        return round(sum(self.kept_per_layer) / len(self.kept_per_layer)) if self.kept_per_layer else 0
+
     def to_json(self) -> dict[str, Any]:
         """The CLI's ``--json`` object (first sequence's text and tokens at top level)."""
         return {
@@ -172,11 +186,31 @@ class GenerationResult:
             "tokens": self.tokens[0],
             "texts": self.texts,
             "batch_tokens": self.tokens,
-            **{name: getattr(self, name) for name in (
-                "context_tokens", "budget_tokens", "kv_bytes", "kv_bytes_full", "peak_kv_bytes",
-                "kv_reserved_bytes", "peak_kv_reserved_bytes", "dead_share", "compactions", "compaction_seconds",
-                "aux_bytes", "kept_per_layer", "prefill_seconds", "decode_seconds", "peak_gpu_bytes", "device",
-                "dtype", "layout", "decode_graphs", "token_seconds")},
+            **{
+                name: getattr(self, name)
+                for name in (
+                    "context_tokens",
+                    "budget_tokens",
+                    "kv_bytes",
+                    "kv_bytes_full",
+                    "peak_kv_bytes",
+                    "kv_reserved_bytes",
+                    "peak_kv_reserved_bytes",
+                    "dead_share",
+                    "compactions",
+                    "compaction_seconds",
+                    "aux_bytes",
+                    "kept_per_layer",
+                    "prefill_seconds",
+                    "decode_seconds",
+                    "peak_gpu_bytes",
+                    "device",
+                    "dtype",
+                    "layout",
+                    "decode_graphs",
+                    "token_seconds",
+                )
+            },
         }
 
 
@@ -208,23 +242,23 @@ class Prefilled:
     seconds: float
 
 
-def prefill_once(loaded: LoadedModel, input_ids: torch.Tensor, policies: list[Policy],
-                 chunk: int | None = None) -> Prefilled:
+def prefill_once(
+    loaded: LoadedModel, input_ids: torch.Tensor, policies: Sequence[Policy], chunk: int | None = None
+) -> Prefilled:
     """Read ``input_ids`` once for all ``policies`` (see :class:`Prefilled`)."""
-    from kvlab.policies import make_policy
-
-    reader = Generation(loaded, RunSpec(make_policy("full"), chunk=chunk, max_new_tokens=0), input_ids)
-    reader.cache.track_scores = any(policy.needs_scores for policy in policies)
-    reader.cache.query_window = max((policy.query_window() for policy in policies), default=0)
-    started = time.perf_counter()
-    logits = None
-    with torch.inference_mode(), _out_of_memory_as_error(reader.cache):
-        for _, logits in reader._read(reader.input_ids, 0):
-            pass
-    _synchronize(loaded.device)
-    assert logits is not None
-    return Prefilled(reader.input_ids, reader.cache, logits, reader.peak_kv_bytes, reader.peak_kv_reserved_bytes,
-                     time.perf_counter() - started)
+    reader = Generation(loaded, RunSpec(Full(), chunk=chunk, max_new_tokens=0), input_ids, observe_for=policies)
+    last = None
+    for last in reader.events():
+        pass
+    assert last is not None and last.logits is not None
+    return Prefilled(
+        reader.input_ids,
+        reader.cache,
+        last.logits,
+        reader.peak_kv_bytes,
+        reader.peak_kv_reserved_bytes,
+        reader.prefill_seconds,
+    )
 
 
 class Generation:
@@ -232,7 +266,11 @@ class Generation:
 
     ``suffix_ids`` are read after the context and, in ``prefill`` mode, after compression (a question asked of a
     compressed context); in ``streaming`` mode they are read in chunks like the context. ``prefilled`` continues
-    from a context already read by :func:`prefill_once` (``prefill`` mode only) instead of ``input_ids``.
+    from a context already read by :func:`prefill_once` (``prefill`` mode only) instead of ``input_ids``; the heap
+    also remembers what the policies in ``observe_for`` need, for forks that they will compress.
+
+    Its steps are public (:meth:`read`, :meth:`compress`, :meth:`decode`); :meth:`events` runs them in order and
+    measures each event, and :meth:`result` reports the whole run once the events are exhausted.
     """
 
     def __init__(
@@ -242,6 +280,7 @@ class Generation:
         input_ids: torch.Tensor | None = None,
         suffix_ids: torch.Tensor | None = None,
         prefilled: Prefilled | None = None,
+        observe_for: Sequence[Policy] = (),
     ) -> None:
         if prefilled is not None:
             if spec.mode != "prefill":
@@ -270,23 +309,38 @@ class Generation:
         )
         self._span = self.context_tokens + suffix_tokens + spec.max_new_tokens
         capacities, room = self._plan()
-        track_scores = self.evicting and spec.policy.needs_scores
-        query_window = spec.policy.query_window() if self.evicting else 0
+        observed = [*([spec.policy] if self.evicting else []), *observe_for]
+        track_scores = any(policy.needs_scores for policy in observed)
+        query_window = max((policy.query_window() for policy in observed), default=0)
         keep_planned = spec.mode == "streaming"
         if prefilled is not None:
-            self.cache = prefilled.cache.fork(capacities=capacities, track_scores=track_scores,
-                                              query_window=query_window, layout=spec.heap_layout(), room=room,
-                                              keep_planned=keep_planned)
+            self.cache = prefilled.cache.fork(
+                capacities=capacities,
+                track_scores=track_scores,
+                query_window=query_window,
+                layout=spec.heap_layout(),
+                room=room,
+                keep_planned=keep_planned,
+            )
         else:
-            self.cache = KVHeap(capacities, layout=spec.heap_layout(), track_scores=track_scores,
-                                query_window=query_window, room=room, keep_planned=keep_planned)
+            self.cache = KVHeap(
+                capacities,
+                layout=spec.heap_layout(),
+                track_scores=track_scores,
+                query_window=query_window,
+                room=room,
+                keep_planned=keep_planned,
+            )
         self.generator = torch.Generator(device=loaded.device).manual_seed(spec.seed)
         self.peak_kv_bytes = 0 if prefilled is None else prefilled.peak_kv_bytes
         self.peak_kv_reserved_bytes = 0 if prefilled is None else prefilled.peak_kv_reserved_bytes
         self._start_logits: torch.Tensor | None = None if prefilled is None else prefilled.logits
-        self.prefill_finished_at: float | None = None
         self.decode_graphs = 0
-        self.token_times: list[float] = []
+        self.prefill_seconds = 0.0 if prefilled is None else prefilled.seconds
+        self.decode_seconds = 0.0
+        self.peak_gpu_bytes: int | None = None
+        self.tokens: list[list[int]] = [[] for _ in range(int(input_ids.shape[0]))]
+        self._step_seconds: list[float] = []
         self._logits_to_keep = _supports(loaded.model, "logits_to_keep")
         self.stops = set(spec.stop_token_ids if spec.stop_token_ids is not None else eos_token_ids(loaded))
 
@@ -322,8 +376,11 @@ class Generation:
         per_token = 2 * self.batch_size * arch.num_kv_heads * arch.head_dim * self.loaded.kv_bytes_per_element
         total = 0
         for layer_idx, layer in enumerate(self.cache.layers):
-            window = layer.sliding_window if layer.sliding_window is not None else (
-                arch.sliding_window if arch.is_sliding(layer_idx) else None)
+            window = (
+                layer.sliding_window
+                if layer.sliding_window is not None
+                else (arch.sliding_window if arch.is_sliding(layer_idx) else None)
+            )
             total += per_token * (min(seen, window - 1) if window is not None else seen)
         return total
 
@@ -332,8 +389,9 @@ class Generation:
         self.peak_kv_bytes = max(self.peak_kv_bytes, self.cache.kv_bytes())
         self.peak_kv_reserved_bytes = max(self.peak_kv_reserved_bytes, self.cache.reserved_bytes())
 
-    def model_forward(self, ids: torch.Tensor, positions: torch.Tensor, last_position: int,
-                      stats: StatsAccumulator | None = None) -> torch.Tensor:
+    def model_forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, last_position: int, stats: StatsAccumulator | None = None
+    ) -> torch.Tensor:
         """The model over ``ids`` at ``positions`` (a device tensor), writing into the heap; the last logits."""
         context = ForwardContext(self.cache, positions, last_position, stats)
         kwargs: dict[str, Any] = {
@@ -377,11 +435,20 @@ class Generation:
         position = self.cache.seen_tokens if next_position is None else next_position
         for layer_idx, budget in enumerate(self.layer_budgets):
             layer = self.cache.layers[layer_idx]
-            view = LayerView(layer_idx, len(self.layer_budgets), layer, budget, self.budget_tokens or NO_BUDGET,
-                             position, self.generator, layer.span(self.cache.static))
+            view = LayerView(
+                layer_idx,
+                len(self.layer_budgets),
+                layer,
+                budget,
+                self.budget_tokens or NO_BUDGET,
+                position,
+                self.generator,
+                layer.span(self.cache.static),
+            )
             evict_layer(self.cache, layer_idx, self.spec.policy, view)
 
-    def _event(self, kind: Literal["prefill", "compress", "decode"], step: int, **extra: Any) -> Event:
+    def make_event(self, kind: Literal["prefill", "compress", "decode"], step: int, **extra: Any) -> Event:
+        """An event describing the heap as it is now."""
         return Event(
             kind=kind,
             step=step,
@@ -396,61 +463,124 @@ class Generation:
             **extra,
         )
 
-    def _read(self, ids: torch.Tensor, first_step: int) -> Iterator[tuple[Event, torch.Tensor]]:
-        """Read tokens in chunks, evicting after each in streaming mode."""
+    def read(self, ids: torch.Tensor, first_step: int) -> Iterator[Event]:
+        """Read tokens in chunks, evicting after each in streaming mode; each event carries its chunk's last
+        logits."""
         chunk = self.spec.chunk_size(self.context_tokens)
         for index, start in enumerate(range(0, ids.shape[1], chunk)):
-            logits, stats = self._forward(ids[:, start:start + chunk])
+            logits, stats = self._forward(ids[:, start : start + chunk])
             if self.spec.mode == "streaming":
                 self.evict()
-            yield self._event("prefill", first_step + index, stats=stats, logits=logits), logits
+            yield self.make_event("prefill", first_step + index, stats=stats, logits=logits)
 
-    def events(self) -> Iterator[Event]:
-        """Run the generation, yielding an event per prefill chunk, compression and decoded token. A GPU that runs
-        out of memory becomes one sentence, and the memory is handed back for the next run."""
-        with torch.inference_mode(), _out_of_memory_as_error(self.cache):
-            yield from self._run()
+    def compress(self, step: int) -> Event:
+        """Prefill mode's one eviction: cut every layer to its budget, leaving room for what is still to come."""
+        self.cache.room = self._span - self.context_tokens
+        self.evict()
+        self.cache.stop_observing()
+        return self.make_event("compress", step)
 
-    def _run(self) -> Iterator[Event]:
-        step = 0
-        logits = self._start_logits
-        if logits is None:
-            for event, logits in self._read(self.input_ids, step):
-                step += 1
-                yield event
-        if self.spec.mode == "prefill" and self.budget_tokens is not None:
-            self.cache.room = self._span - self.context_tokens
-            self.evict()
-            self.cache.stop_observing()
-            yield self._event("compress", step)
-            step += 1
-        if self.suffix_ids is not None:
-            for event, logits in self._read(self.suffix_ids, step):
-                step += 1
-                yield event
-        assert logits is not None
-        _synchronize(self.loaded.device)
-        self.prefill_finished_at = time.perf_counter()
+    def decode(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
+        """Greedy decoding from the prompt's last ``logits``: in static steps where they apply
+        (:mod:`kvlab.graphs`), else one eager forward pass per token."""
         from kvlab.graphs import StaticDecoder
 
         decoder = StaticDecoder.for_generation(self)
-        yield from (decoder.decode(logits, step) if decoder is not None else self._decode(logits, step))
+        return decoder.decode(logits, step) if decoder is not None else self._decode_eagerly(logits, step)
 
-    def _decode(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
+    def events(self) -> Iterator[Event]:
+        """Run the generation, yielding an event per prefill chunk, compression and decoded token, each with the
+        seconds it took (the device synchronised; the consumer's time between events is not counted). A GPU that
+        runs out of memory becomes one sentence, and the memory is handed back for the next run."""
+        device = self.loaded.device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        with torch.inference_mode(), _out_of_memory_as_error(self.cache):
+            steps = self._steps()
+            while True:
+                started = time.perf_counter()
+                event = next(steps, None)
+                if event is None:
+                    return
+                _synchronize(device)
+                event.seconds = time.perf_counter() - started
+                self._account(event)
+                yield event
+
+    def _account(self, event: Event) -> None:
+        """Add an event to the run's seconds, tokens and peak GPU allocation."""
+        if event.kind == "decode":
+            self.decode_seconds += event.seconds
+            self._step_seconds.append(event.seconds)
+            for sequence, token in zip(self.tokens, event.token_ids or []):
+                sequence.append(token)
+        else:
+            self.prefill_seconds += event.seconds
+        if self.loaded.device.type == "cuda":
+            self.peak_gpu_bytes = torch.cuda.max_memory_allocated(self.loaded.device)
+
+    def _steps(self) -> Iterator[Event]:
+        step = 0
+        logits = self._start_logits
+        if logits is None:
+            for event in self.read(self.input_ids, step):
+                step, logits = step + 1, event.logits
+                yield event
+        if self.spec.mode == "prefill" and self.budget_tokens is not None:
+            yield self.compress(step)
+            step += 1
+        if self.suffix_ids is not None:
+            for event in self.read(self.suffix_ids, step):
+                step, logits = step + 1, event.logits
+                yield event
+        assert logits is not None
+        if self.spec.max_new_tokens:
+            yield from self.decode(logits, step)
+
+    def _decode_eagerly(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
         """Greedy decoding, one eager forward pass per token."""
         finished = torch.zeros(self.batch_size, dtype=torch.bool)
         for index in range(self.spec.max_new_tokens):
             next_ids = logits.argmax(dim=-1)
             tokens = next_ids.tolist()
-            self.token_times.append(time.perf_counter())
             finished |= torch.tensor([token in self.stops for token in tokens])
             if index == self.spec.max_new_tokens - 1 or bool(finished.all()):
-                yield self._event("decode", step + index, token_ids=tokens, logits=logits)
+                yield self.make_event("decode", step + index, token_ids=tokens, logits=logits)
                 return
             logits, stats = self._forward(next_ids.unsqueeze(1))
             if self.spec.mode == "streaming" and (index + 1) % self.spec.compression_interval == 0:
                 self.evict()
-            yield self._event("decode", step + index, token_ids=tokens, logits=logits, stats=stats)
+            yield self.make_event("decode", step + index, token_ids=tokens, logits=logits, stats=stats)
+
+    def result(self) -> GenerationResult:
+        """What the generation produced and held, once :meth:`events` is exhausted."""
+        tokens = [_trim(sequence, self.stops) for sequence in self.tokens]
+        tokenizer = self.loaded.tokenizer
+        heap = self.cache
+        return GenerationResult(
+            tokens=tokens,
+            texts=[tokenizer.decode(t, skip_special_tokens=True) if tokenizer is not None else "" for t in tokens],
+            context_tokens=self.context_tokens,
+            budget_tokens=self.budget_tokens,
+            kept_per_layer=heap.kept_per_layer(),
+            kv_bytes=heap.kv_bytes(),
+            kv_bytes_full=self.full_cache_bytes(),
+            peak_kv_bytes=self.peak_kv_bytes,
+            kv_reserved_bytes=heap.reserved_bytes(),
+            peak_kv_reserved_bytes=self.peak_kv_reserved_bytes,
+            dead_share=heap.dead_share(),
+            compactions=heap.compactions,
+            compaction_seconds=heap.compaction_seconds(),
+            aux_bytes=heap.aux_bytes(),
+            prefill_seconds=self.prefill_seconds,
+            decode_seconds=self.decode_seconds,
+            peak_gpu_bytes=self.peak_gpu_bytes,
+            device=str(self.loaded.device),
+            dtype=self.loaded.dtype_name,
+            layout=self.spec.layout,
+            decode_graphs=self.decode_graphs,
+            token_seconds=self._step_seconds[:-1],  # the last decode event runs no step
+        )
 
 
 def _trim(tokens: list[int], stops: set[int]) -> list[int]:
@@ -468,49 +598,11 @@ def generate(
     suffix_ids: torch.Tensor | None = None,
     prefilled: Prefilled | None = None,
 ) -> GenerationResult:
-    """Run one generation to the end and report what it produced and held. With ``prefilled``, the context was read
-    earlier (its time is not counted here) and the peak GPU memory is that of this call only."""
-    device = loaded.device
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    """Run one generation to the end and report what it produced and held (:meth:`Generation.result`)."""
     generation = Generation(loaded, spec, input_ids, suffix_ids, prefilled)
-    per_sequence: list[list[int]] = [[] for _ in range(generation.batch_size)]
-    started = time.perf_counter()
-    for event in generation.events():
-        if event.kind == "decode":
-            for sequence, token in zip(per_sequence, event.token_ids or []):
-                sequence.append(token)
-    _synchronize(device)
-    finished = time.perf_counter()
-    prefill_done = generation.prefill_finished_at or finished
-    tokens = [_trim(sequence, generation.stops) for sequence in per_sequence]
-    tokenizer = loaded.tokenizer
-    texts = [tokenizer.decode(t, skip_special_tokens=True) if tokenizer is not None else "" for t in tokens]
-    heap = generation.cache
-    return GenerationResult(
-        tokens=tokens,
-        texts=texts,
-        context_tokens=generation.context_tokens,
-        budget_tokens=generation.budget_tokens,
-        kept_per_layer=heap.kept_per_layer(),
-        kv_bytes=heap.kv_bytes(),
-        kv_bytes_full=generation.full_cache_bytes(),
-        peak_kv_bytes=generation.peak_kv_bytes,
-        kv_reserved_bytes=heap.reserved_bytes(),
-        peak_kv_reserved_bytes=generation.peak_kv_reserved_bytes,
-        dead_share=heap.dead_share(),
-        compactions=heap.compactions,
-        compaction_seconds=heap.compaction_seconds(),
-        aux_bytes=heap.aux_bytes(),
-        prefill_seconds=prefill_done - started,
-        decode_seconds=finished - prefill_done,
-        peak_gpu_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-        device=str(device),
-        dtype=loaded.dtype_name,
-        layout=spec.layout,
-        decode_graphs=generation.decode_graphs,
-        token_seconds=[later - earlier for earlier, later in zip(generation.token_times, generation.token_times[1:])],
-    )
+    for _ in generation.events():
+        pass
+    return generation.result()
 
 
 @contextlib.contextmanager

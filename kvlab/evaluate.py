@@ -28,8 +28,9 @@ class Evaluation:
         return sum(bool(t.exact) for t in self.trials) / len(self.trials)
 
 
-def evaluate_items(loaded: LoadedModel, items: Sequence[TaskItem], spec: RunSpec, *, query_aware: bool = True,
-                   on_trial=None) -> Evaluation:
+def evaluate_items(
+    loaded: LoadedModel, items: Sequence[TaskItem], spec: RunSpec, *, query_aware: bool = True, on_trial=None
+) -> Evaluation:
     """Answer each item under ``spec`` (one at a time: user contexts have different lengths), once every item is
     known to fit the model."""
     for item in items:
@@ -39,7 +40,7 @@ def evaluate_items(loaded: LoadedModel, items: Sequence[TaskItem], spec: RunSpec
         batch = [(item.task_id, item)]
         context, question = prompt_tensors(batch, query_aware, loaded.device)
         result = generate(loaded, context, spec, suffix_ids=question)
-        trial = batch_trials(batch, result, result.prefill_seconds)[0]
+        trial = batch_trials(batch, result)[0]
         trials.append(trial)
         if on_trial is not None:
             on_trial(trial)

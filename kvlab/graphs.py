@@ -20,7 +20,6 @@ exactly the tokens of eager decoding.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -59,8 +58,9 @@ class StaticDecoder:
         if spec.static is None and not spec.policy.capturable:
             return None  # uncaptured static steps would only be slower than eager ones
         heap = generation.cache
-        if heap.query_window and any(layer.recent_queries is None or layer.recent_queries.shape[2] < heap.query_window
-                                     for layer in heap.layers):
+        if heap.query_window and any(
+            layer.recent_queries is None or layer.recent_queries.shape[2] < heap.query_window for layer in heap.layers
+        ):
             return None
         return cls(generation, capture=cuda and spec.policy.capturable)
 
@@ -69,20 +69,20 @@ class StaticDecoder:
         generation = self.generation
         spec = generation.spec
         tokens = logits.argmax(dim=-1).tolist()
-        generation.token_times.append(time.perf_counter())
         finished = torch.zeros(generation.batch_size, dtype=torch.bool)
         for index in range(spec.max_new_tokens):
             finished |= torch.tensor([token in generation.stops for token in tokens])
             if index == spec.max_new_tokens - 1 or bool(finished.all()):
-                yield generation._event("decode", step + index, token_ids=tokens, logits=logits if index == 0 else None)
+                yield generation.make_event(
+                    "decode", step + index, token_ids=tokens, logits=logits if index == 0 else None
+                )
                 return
             if self.ids is None:
                 self._start(tokens)
             self._step(spec.mode == "streaming" and (index + 1) % spec.compression_interval == 0)
-            yield generation._event("decode", step + index, token_ids=tokens)
+            yield generation.make_event("decode", step + index, token_ids=tokens)
             assert self.ids is not None
             tokens = self.ids.view(-1).tolist()
-            generation.token_times.append(time.perf_counter())
 
     def _start(self, tokens: list[int]) -> None:
         """The device tensors the steps advance: the current token of each sequence and its position."""

@@ -37,8 +37,10 @@ def log_to_server(error: BaseException, where: str) -> str:
     the page."""
     reference = new_reference()
     _LOGGER.error("unexpected error %s in %s", reference, where, exc_info=error)
-    return (f"Something went wrong on the server ({type(error).__name__}, reference {reference}); the details are in "
-            "the server log.")
+    return (
+        f"Something went wrong on the server ({type(error).__name__}, reference {reference}); the details are in "
+        "the server log."
+    )
 
 
 def log_to_file(error: BaseException, where: str, env: Mapping[str, str] = os.environ) -> str:
@@ -55,5 +57,6 @@ def log_to_file(error: BaseException, where: str, env: Mapping[str, str] = os.en
     except OSError:
         _LOGGER.error("unexpected error %s in %s", reference, where, exc_info=error)
         return f"kvlab failed unexpectedly ({type(error).__name__}, reference {reference})."
-    return (f"kvlab failed unexpectedly ({type(error).__name__}); the traceback is in {path} under reference "
-            f"{reference}.")
+    return (
+        f"kvlab failed unexpectedly ({type(error).__name__}); the traceback is in {path} under reference {reference}."
+    )

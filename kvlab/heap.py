@@ -95,6 +95,11 @@ class HeapLayer:
     softcap: float | None = None
     shared: set[str] = field(default_factory=set, repr=False)
 
+    def slots(self, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys, values and positions of the first ``span`` slots of an allocated layer."""
+        assert self.keys is not None and self.values is not None and self.positions is not None
+        return self.keys[:, :, :span], self.values[:, :, :span], self.positions[:, :, :span]
+
     @property
     def capacity(self) -> int:
         """Slots allocated per (sequence, KV head)."""
@@ -149,8 +154,16 @@ class KVHeap:
     mode, where the plan already is the steady size: budget + chunk, or the whole run when shorter), to the plan.
     """
 
-    def __init__(self, capacities: list[int], *, layout: HeapLayout = HeapLayout(), track_scores: bool = False,
-                 query_window: int = 0, room: int = 0, keep_planned: bool = False) -> None:
+    def __init__(
+        self,
+        capacities: list[int],
+        *,
+        layout: HeapLayout = HeapLayout(),
+        track_scores: bool = False,
+        query_window: int = 0,
+        room: int = 0,
+        keep_planned: bool = False,
+    ) -> None:
         self.layers = [HeapLayer(planned=capacity) for capacity in capacities]
         self.layout = layout
         self.keep_planned = keep_planned
@@ -198,24 +211,25 @@ class KVHeap:
         elif layer.live + count > layer.capacity:
             self._grow(layer, layer.live + count)
         self._own(layer, "keys", "values", "positions", "scores")
+        keys, values, slot_positions = layer.slots(layer.capacity)
         if layer.dead == 0 and not self.static:  # the free slots are the tail: append in order
             start = layer.used
-            layer.keys[:, :, start:start + count] = key_states
-            layer.values[:, :, start:start + count] = value_states
-            layer.positions[:, :, start:start + count] = new_positions
+            keys[:, :, start : start + count] = key_states
+            values[:, :, start : start + count] = value_states
+            slot_positions[:, :, start : start + count] = new_positions
             if layer.scores is not None:
-                layer.scores[:, :, start:start + count] = 0.0
+                layer.scores[:, :, start : start + count] = 0.0
         else:
-            slots = first_free(layer.positions, count)
+            slots = first_free(slot_positions, count)
             index = slots.unsqueeze(-1).expand(-1, -1, -1, head_dim)
-            layer.keys.scatter_(2, index, key_states.to(layer.keys.dtype))
-            layer.values.scatter_(2, index, value_states.to(layer.values.dtype))
-            layer.positions.scatter_(2, slots, new_positions)
+            keys.scatter_(2, index, key_states.to(keys.dtype))
+            values.scatter_(2, index, value_states.to(values.dtype))
+            slot_positions.scatter_(2, slots, new_positions)
             if layer.scores is not None:
                 layer.scores.scatter_(2, slots, torch.zeros_like(slots, dtype=layer.scores.dtype))
         self.account_write(layer, count)
         span = layer.span(self.static)
-        return layer.keys[:, :, :span], layer.values[:, :, :span]
+        return keys[:, :, :span], values[:, :, :span]
 
     # --- eviction and compaction -------------------------------------------------------------------------------
 
@@ -227,7 +241,7 @@ class KVHeap:
         if count == 0:
             return
         self._own(layer, "positions")
-        layer.positions.scatter_(2, victims, FREE)
+        layer.slots(layer.capacity)[2].scatter_(2, victims, FREE)
         if self.account_evict(layer, count):
             self._compact(layer)
 
@@ -268,25 +282,28 @@ class KVHeap:
         """Gather the live slots to the front of the layer in position order (the counts are already the
         compacted ones). Outside static mode the layer is resized to its survivors plus :attr:`room` (returning
         memory); in static mode it is rewritten in place."""
-        clock = _Clock.start(layer.positions.device) if not self.static else None
-        positions = layer.positions
-        order = positions.masked_fill(positions < 0, _LAST).argsort(dim=-1)[..., :layer.live]
+        positions = layer.slots(layer.capacity)[2]
+        clock = _Clock.start(positions.device) if not self.static else None
+        order = positions.masked_fill(positions < 0, _LAST).argsort(dim=-1)[..., : layer.live]
         if self.static:
             capacity = layer.capacity
         else:
             capacity = max(layer.planned, layer.live) if self.keep_planned else max(layer.live + self.room, 1)
-        gathered = {name: _gather_slots(getattr(layer, name), order)
-                    for name in ("keys", "values", "positions", "scores") if getattr(layer, name) is not None}
+        gathered = {
+            name: _gather_slots(getattr(layer, name), order)
+            for name in ("keys", "values", "positions", "scores")
+            if getattr(layer, name) is not None
+        }
         fresh = capacity != layer.capacity or bool(layer.shared & set(gathered))
         for name, survivors in gathered.items():
             target = getattr(layer, name)
             if fresh:
                 target = target.new_zeros((*target.shape[:2], capacity, *target.shape[3:]))
-            target[:, :, :layer.live] = survivors
+            target[:, :, : layer.live] = survivors
             if name == "positions":
-                target[:, :, layer.live:] = FREE
+                target[:, :, layer.live :] = FREE
             elif name == "scores":
-                target[:, :, layer.live:] = 0.0
+                target[:, :, layer.live :] = 0.0
             setattr(layer, name, target)
             layer.shared.discard(name)
         if clock is not None:
@@ -315,7 +332,7 @@ class KVHeap:
                 continue
             fill = FREE if name == "positions" else 0
             new = old.new_full((*old.shape[:2], capacity, *old.shape[3:]), fill)
-            new[:, :, :layer.used] = old[:, :, :layer.used]
+            new[:, :, : layer.used] = old[:, :, : layer.used]
             setattr(layer, name, new)
             layer.shared.discard(name)
         self.grown += 1
@@ -329,20 +346,38 @@ class KVHeap:
 
     # --- forks, observation and figures ------------------------------------------------------------------------
 
-    def fork(self, *, capacities: list[int], track_scores: bool, query_window: int, layout: HeapLayout,
-             room: int, keep_planned: bool) -> KVHeap:
+    def fork(
+        self,
+        *,
+        capacities: list[int],
+        track_scores: bool,
+        query_window: int,
+        layout: HeapLayout,
+        room: int,
+        keep_planned: bool,
+    ) -> KVHeap:
         """An independent heap holding the same tokens, for another policy to compress.
 
         K, V, positions and scores are shared with this heap and copied only when the fork first changes them, so
         a fork costs no memory until it diverges (a compaction builds new tensors without copying first).
         """
-        forked = KVHeap(capacities, layout=layout, track_scores=track_scores, query_window=query_window, room=room,
-                        keep_planned=keep_planned)
+        forked = KVHeap(
+            capacities,
+            layout=layout,
+            track_scores=track_scores,
+            query_window=query_window,
+            room=room,
+            keep_planned=keep_planned,
+        )
         forked.seen_tokens = self.seen_tokens
         for source, target in zip(self.layers, forked.layers):
             target.keys, target.values, target.positions = source.keys, source.values, source.positions
             target.used, target.live, target.ordered = source.used, source.live, source.ordered
-            target.sliding_window, target.scaling, target.softcap = source.sliding_window, source.scaling, source.softcap
+            target.sliding_window, target.scaling, target.softcap = (
+                source.sliding_window,
+                source.scaling,
+                source.softcap,
+            )
             target.shared = {"keys", "values", "positions"}
             if track_scores:
                 if source.scores is None:
@@ -350,8 +385,11 @@ class KVHeap:
                 target.scores = source.scores
                 target.shared.add("scores")
             if query_window:
-                if source.recent_queries is None or source.recent_queries.shape[2] < min(query_window, self.seen_tokens):
+                if source.recent_queries is None or source.recent_queries.shape[2] < min(
+                    query_window, self.seen_tokens
+                ):
                     raise ValueError("The shared prefill did not remember enough queries.")
+                assert source.recent_query_positions is not None
                 target.recent_queries = source.recent_queries[:, :, -query_window:].clone()
                 target.recent_query_positions = source.recent_query_positions[-query_window:].clone()
         return forked

@@ -41,21 +41,29 @@ class Limits:
         """Refuse, before tokenising, a text too long to fit even if every token were as long as tokens get."""
         most = self.most_prompt_tokens()
         if most is not None and len(text) > most * MAX_CHARS_PER_TOKEN:
-            raise KvlabError(f"{what} has {len(text):,} characters, far more than the {most:,} tokens a prompt may "
-                             "have here; shorten it.")
+            raise KvlabError(
+                f"{what} has {len(text):,} characters, far more than the {most:,} tokens a prompt may "
+                "have here; shorten it."
+            )
 
     def check(self, prompt_tokens: int, new_tokens: int, model: str = "the model") -> None:
         """Refuse a run whose prompt or generation is longer than allowed, in one sentence saying which limit."""
         if self.new_tokens is not None and new_tokens > self.new_tokens:
-            raise KvlabError(f"Generating {new_tokens:,} tokens is more than the {self.new_tokens:,} this server allows "
-                             f"({MAX_NEW_TOKENS_ENV}).")
+            raise KvlabError(
+                f"Generating {new_tokens:,} tokens is more than the {self.new_tokens:,} this server allows "
+                f"({MAX_NEW_TOKENS_ENV})."
+            )
         if self.prompt_tokens is not None and prompt_tokens > self.prompt_tokens:
-            raise KvlabError(f"The prompt has {prompt_tokens:,} tokens, more than the {self.prompt_tokens:,} this "
-                             f"server allows ({MAX_PROMPT_TOKENS_ENV}); shorten it.")
+            raise KvlabError(
+                f"The prompt has {prompt_tokens:,} tokens, more than the {self.prompt_tokens:,} this "
+                f"server allows ({MAX_PROMPT_TOKENS_ENV}); shorten it."
+            )
         if self.positions is not None and prompt_tokens + new_tokens > self.positions:
-            raise KvlabError(f"A prompt of {prompt_tokens:,} tokens plus {new_tokens:,} generated ones needs "
-                             f"{prompt_tokens + new_tokens:,} positions, more than the {self.positions:,} of {model}; "
-                             "shorten the prompt or generate fewer tokens.")
+            raise KvlabError(
+                f"A prompt of {prompt_tokens:,} tokens plus {new_tokens:,} generated ones needs "
+                f"{prompt_tokens + new_tokens:,} positions, more than the {self.positions:,} of {model}; "
+                "shorten the prompt or generate fewer tokens."
+            )
 
 
 def configured(env: Mapping[str, str] = os.environ) -> tuple[int | None, int | None]:

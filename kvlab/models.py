@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kvlab.arch import DTYPE_BYTES, ArchFacts, arch_from_config
+from kvlab.arch import ArchFacts, arch_from_config, dtype_name
 from kvlab.attention import ATTN_IMPLEMENTATION, register_attention
 from kvlab.errors import KvlabError, NotAModel
 from kvlab.limits import Limits, limits_for
@@ -66,12 +66,12 @@ class LoadedModel:
     @property
     def kv_bytes_per_element(self) -> int:
         """Bytes of one cached K or V element in the dtype the model runs in."""
-        return DTYPE_BYTES[self.dtype]
+        return self.dtype.itemsize
 
     @property
     def dtype_name(self) -> str:
         """The dtype the model runs in, as stored with its runs (``bfloat16``, ``float32``)."""
-        return str(self.dtype).replace("torch.", "")
+        return dtype_name(self.dtype)
 
     @property
     def device_kind(self) -> str:
@@ -114,9 +114,12 @@ def tokenizer_hash(tokenizer: Any) -> str | None:
         return None
     backend = getattr(tokenizer, "backend_tokenizer", None)
     core = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
-    extra = {"chat_template": getattr(tokenizer, "chat_template", None),
-             "special": {key: str(value) for key, value in sorted(tokenizer.special_tokens_map.items())},
-             "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    extra = {
+        "chat_template": getattr(tokenizer, "chat_template", None),
+        "special": {key: str(value) for key, value in sorted(tokenizer.special_tokens_map.items())},
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
     return hashlib.sha256((core + json.dumps(extra, sort_keys=True, default=str)).encode()).hexdigest()
 
 
@@ -185,8 +188,7 @@ def _load_config(name: str, trust_remote_code: bool) -> Any:
     if path is None and not _HUB_ID.match(name):
         raise NotAModel(f"No model directory at {shown}, and it is not a hub id (owner/name) either.")
     try:
-        return AutoConfig.from_pretrained(str(path) if path is not None else name,
-                                          trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(str(path) if path is not None else name, trust_remote_code=trust_remote_code)
     except OSError as error:
         text = str(error)
         if path is not None:
@@ -277,7 +279,7 @@ def load_model(
         _LOGGER.info("tokenizer of %s failed to load", name, exc_info=True)
         raise KvlabError(f"Could not load the tokenizer of {shown}: {_first_line(error)}") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model: Any = AutoModelForCausalLM.from_pretrained(
             source,
             dtype=torch_dtype,
             attn_implementation=ATTN_IMPLEMENTATION,
@@ -285,7 +287,9 @@ def load_model(
         )
         model.to(torch_device)
     except torch.OutOfMemoryError:
-        raise KvlabError(f"{shown} does not fit in the memory of {torch_device}; try a smaller model or dtype.") from None
+        raise KvlabError(
+            f"{shown} does not fit in the memory of {torch_device}; try a smaller model or dtype."
+        ) from None
     except Exception as error:  # a truncated or damaged weights file raises safetensors' own error type
         _LOGGER.info("weights of %s failed to load", name, exc_info=True)
         raise KvlabError(f"Could not load the weights of {shown}: {_first_line(error)}") from None

@@ -15,11 +15,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
 from kvlab.budget import Budget, check_budget
-from kvlab.engine import MODES, GenerationResult, Prefilled, RunSpec, generate, prefill_once
+from kvlab.engine import MODES, GenerationResult, Mode, Prefilled, RunSpec, generate, prefill_once
 from kvlab.errors import KvlabError
 from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
 from kvlab.limits import check_seed
@@ -40,7 +41,7 @@ class Cell:
 
     policy: Policy
     keep: float | None
-    mode: str
+    mode: Mode
 
     @property
     def label(self) -> str:
@@ -96,7 +97,7 @@ class SweepGrid:
         for depth in self.depths or ():
             if not 0.0 <= depth <= 1.0:
                 raise KvlabError(f"A needle depth must lie in [0, 1], not {depth}.")
-        if any(p.evicts() for p in self.policies) and not self.keeps:
+        if any(p.evicts for p in self.policies) and not self.keeps:
             raise KvlabError("Evicting policies need at least one kept fraction (--keep).")
         for cell in self.cells():
             for context in self.contexts:
@@ -116,10 +117,10 @@ class SweepGrid:
         """Every (policy, keep, mode) of the grid; ``full`` once, in the first mode (it keeps everything)."""
         cells: list[Cell] = []
         for policy in self.policies:
-            if not policy.evicts():
-                cells.append(Cell(policy, None, self.modes[0]))
+            if not policy.evicts:
+                cells.append(Cell(policy, None, cast(Mode, self.modes[0])))
                 continue
-            cells.extend(Cell(policy, keep, mode) for mode in self.modes for keep in self.keeps)
+            cells.extend(Cell(policy, keep, cast(Mode, mode)) for mode in self.modes for keep in self.keeps)
         return cells
 
 
@@ -161,18 +162,21 @@ def needle_items(loaded: LoadedModel, grid: SweepGrid, context: int) -> list[tup
     return items
 
 
-def shape_batches(items: Sequence[tuple[str, TaskItem]], size: int, query_aware: bool) -> list[list[tuple[str, TaskItem]]]:
+def shape_batches(
+    items: Sequence[tuple[str, TaskItem]], size: int, query_aware: bool
+) -> list[list[tuple[str, TaskItem]]]:
     """Batches of items whose prompts have the same shape (same context length, and same question length when the
     question is read separately)."""
     groups: dict[tuple[int, int], list[tuple[str, TaskItem]]] = {}
     for key, item in items:
         shape = (item.context_tokens, 0) if query_aware else (len(item.context_ids), len(item.question_ids))
         groups.setdefault(shape, []).append((key, item))
-    return [group[i:i + size] for group in groups.values() for i in range(0, len(group), size)]
+    return [group[i : i + size] for group in groups.values() for i in range(0, len(group), size)]
 
 
-def prompt_tensors(batch: Sequence[tuple[str, TaskItem]], query_aware: bool, device: torch.device
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def prompt_tensors(
+    batch: Sequence[tuple[str, TaskItem]], query_aware: bool, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A batch's prompts as the engine reads them: context and question together (``query_aware``), or the
     question apart, to be read after compression."""
     if query_aware:
@@ -186,8 +190,16 @@ def prompt_tensors(batch: Sequence[tuple[str, TaskItem]], query_aware: bool, dev
 class SweepRunner:
     """Runs a grid against one model and one store."""
 
-    def __init__(self, loaded: LoadedModel, store: Store, grid: SweepGrid, *, started_by: str | None = None,
-                 progress: Progress | None = None, should_stop: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        store: Store,
+        grid: SweepGrid,
+        *,
+        started_by: str | None = None,
+        progress: Progress | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
         grid.check_fits(loaded)
         self.loaded, self.store, self.grid = loaded, store, grid
         self.started_by = started_by
@@ -199,20 +211,41 @@ class SweepRunner:
         self._total = 0
 
     def _config(self, cell: Cell, context: int) -> RunConfig:
-        return run_config(self.loaded, self._spec(cell), task=self.grid.task,
-                          task_hash=needle_sources_hash(self.grid.task, "sweep"), stop_rule=self.stops.rule,
-                          query_aware=self.grid.query_aware, context_length=context)
+        return run_config(
+            self.loaded,
+            self._spec(cell),
+            task=self.grid.task,
+            task_hash=needle_sources_hash(self.grid.task, "sweep"),
+            stop_rule=self.stops.rule,
+            query_aware=self.grid.query_aware,
+            context_length=context,
+        )
 
     def _spec(self, cell: Cell) -> RunSpec:
         budget = Budget(keep=cell.keep) if cell.keep is not None else None
-        return RunSpec(cell.policy, budget, mode=cell.mode, chunk=self.grid.chunk, max_new_tokens=self.grid.max_new_tokens,
-                       stop_token_ids=self.stops.token_ids, seed=self.grid.seed, layout=self.grid.layout,
-                       compact_at=self.grid.compact_at, static=self.grid.static)
+        return RunSpec(
+            cell.policy,
+            budget,
+            mode=cell.mode,
+            chunk=self.grid.chunk,
+            max_new_tokens=self.grid.max_new_tokens,
+            stop_token_ids=self.stops.token_ids,
+            seed=self.grid.seed,
+            layout=self.grid.layout,
+            compact_at=self.grid.compact_at,
+            static=self.grid.static,
+        )
 
-    def _store(self, run_id: int, batch: Sequence[tuple[str, TaskItem]], result: GenerationResult,
-               prefill_s: float, label: str, counted: int) -> None:
+    def _store(
+        self,
+        run_id: int,
+        batch: Sequence[tuple[str, TaskItem]],
+        result: GenerationResult,
+        label: str,
+        counted: int,
+    ) -> None:
         """Store a batch's trials (those the run already has are skipped) and report ``counted`` more done."""
-        self.summary.ran += self.store.add_trials(run_id, batch_trials(batch, result, prefill_s))
+        self.summary.ran += self.store.add_trials(run_id, batch_trials(batch, result))
         self._done += counted
         self.progress(self._done, self._total, label)
 
@@ -238,7 +271,9 @@ class SweepRunner:
                 self.store.finish_run(run_id)
         try:
             for context in self.grid.contexts:
-                cells_here = [(cell, run_id, pending) for ctx, cell, run_id, pending in plan if ctx == context and pending]
+                cells_here = [
+                    (cell, run_id, pending) for ctx, cell, run_id, pending in plan if ctx == context and pending
+                ]
                 self._run_context(cells_here)
                 for _, run_id, _ in cells_here:
                     if not self.summary.stopped:
@@ -257,7 +292,7 @@ class SweepRunner:
         return self.summary.stopped
 
     def _run_context(self, cells: list[tuple[Cell, int, list[tuple[str, TaskItem]]]]) -> None:
-        shared = [c for c in cells if c[0].mode == "prefill" and c[0].policy.evicts() and self.grid.share_prefill]
+        shared = [c for c in cells if c[0].mode == "prefill" and c[0].policy.evicts and self.grid.share_prefill]
         alone = [c for c in cells if c not in shared]
         if shared:
             self._run_shared(shared)
@@ -267,7 +302,7 @@ class SweepRunner:
                     return
                 context, question = prompt_tensors(batch, self.grid.query_aware, self.loaded.device)
                 result = generate(self.loaded, context, self._spec(cell), suffix_ids=question)
-                self._store(run_id, batch, result, result.prefill_seconds, cell.label, len(batch))
+                self._store(run_id, batch, result, cell.label, len(batch))
 
     def _run_shared(self, cells: list[tuple[Cell, int, list[tuple[str, TaskItem]]]]) -> None:
         """Prefill-mode cells: read each batch once, then let every cell that still needs it compress a fork."""
@@ -281,12 +316,12 @@ class SweepRunner:
             keys = {key for key, _ in batch}
             needing = [(cell, run_id) for cell, run_id, _ in cells if wanted[run_id] & keys]
             context, question = prompt_tensors(batch, self.grid.query_aware, self.loaded.device)
-            prefilled: Prefilled = prefill_once(self.loaded, context, [cell.policy for cell, _ in needing],
-                                                chunk=self.grid.chunk)
+            prefilled: Prefilled = prefill_once(
+                self.loaded, context, [cell.policy for cell, _ in needing], chunk=self.grid.chunk
+            )
             for cell, run_id in needing:
                 result = generate(self.loaded, None, self._spec(cell), suffix_ids=question, prefilled=prefilled)
-                self._store(run_id, batch, result, prefilled.seconds + result.prefill_seconds, cell.label,
-                            len(wanted[run_id] & keys))
+                self._store(run_id, batch, result, cell.label, len(wanted[run_id] & keys))
 
 
 def _check_same_prompts(run_id: int, stored: dict[str, str | None], items: Sequence[tuple[str, TaskItem]]) -> None:
@@ -295,9 +330,11 @@ def _check_same_prompts(run_id: int, stored: dict[str, str | None], items: Seque
     for key, item in items:
         known = stored.get(key)
         if known is not None and known != item.content_hash:
-            raise KvlabError(f"Run {run_id} already holds trial {key!r} measured on a different prompt than the one "
-                             "generated now; the task's data changed under the same settings, so start a new "
-                             "database rather than mix the two.")
+            raise KvlabError(
+                f"Run {run_id} already holds trial {key!r} measured on a different prompt than the one "
+                "generated now; the task's data changed under the same settings, so start a new "
+                "database rather than mix the two."
+            )
 
 
 def parse_policies(names: str, params: Sequence[str] = ()) -> tuple[Policy, ...]:

@@ -16,9 +16,11 @@ from kvlab.ui.text import plain, plain_frame
 
 page_setup()
 st.title("Cost calculator")
-st.caption("Everything on this page is computed from the model's architecture and the GPU's datasheet figures with "
-           "the formulas listed below (kvlab.costs); nothing is measured. Memory and decode time are taken at the "
-           "full context N + M, an upper bound. GPU prices are editable examples, not quotes.")
+st.caption(
+    "Everything on this page is computed from the model's architecture and the GPU's datasheet figures with "
+    "the formulas listed below (kvlab.costs); nothing is measured. Memory and decode time are taken at the "
+    "full context N + M, an upper bound. GPU prices are editable examples, not quotes."
+)
 
 model_column, scenario_column, gpu_column = st.columns(3)
 with model_column:
@@ -42,11 +44,16 @@ with model_column:
                 spec = model_spec_from_json(pasted, billions)
         if spec is not None:
             arch = spec.arch
-            layout = ("MLA latent" if arch.uses_mla else f"{arch.num_kv_heads} KV heads × head dim {arch.head_dim}")
-            window = f", sliding window {arch.sliding_window} on {len(arch.sliding_layers)} layers" \
-                if arch.sliding_layers else ""
-            st.caption(f"{plain(spec.name)}: {arch.num_layers} layers, {arch.num_q_heads} query heads, {layout}{window}; "
-                       f"{spec.params / 1e9:,.2f}B parameters.")
+            layout = "MLA latent" if arch.uses_mla else f"{arch.num_kv_heads} KV heads × head dim {arch.head_dim}"
+            window = (
+                f", sliding window {arch.sliding_window} on {len(arch.sliding_layers)} layers"
+                if arch.sliding_layers
+                else ""
+            )
+            st.caption(
+                f"{plain(spec.name)}: {arch.num_layers} layers, {arch.num_q_heads} query heads, {layout}{window}; "
+                f"{spec.params / 1e9:,.2f}B parameters."
+            )
     except KvlabError as error:
         st.error(plain(str(error)))
         spec = None
@@ -57,9 +64,16 @@ with scenario_column:
     output_tokens = int(st.number_input("Generated tokens (M)", min_value=1, value=1024, step=128))
     batch = int(st.number_input("Batch (sequences decoded together)", min_value=1, value=8))
     kv_precision = st.selectbox("KV cache precision", list(KV_PRECISIONS))
-    group = int(st.number_input("Quantisation group size (0: ignore scales)", min_value=0, value=0, step=32,
-                                disabled=KV_PRECISIONS[kv_precision] == "bf16",
-                                help="Each group of this many numbers carries an fp16 scale and zero-point."))
+    group = int(
+        st.number_input(
+            "Quantisation group size (0: ignore scales)",
+            min_value=0,
+            value=0,
+            step=32,
+            disabled=KV_PRECISIONS[kv_precision] == "bf16",
+            help="Each group of this many numbers carries an fp16 scale and zero-point.",
+        )
+    )
     weight_precision = st.selectbox("Weight precision", list(WEIGHT_PRECISIONS))
     keep_source = st.radio("Kept fraction", ["typed", "from a stored run"], horizontal=True)
     keep = 0.25
@@ -78,23 +92,34 @@ with gpu_column:
     gpu_name = st.selectbox("Preset", list(GPU_PRESETS), index=list(GPU_PRESETS).index("H100 SXM 80GB"))
     base = GPU_PRESETS[gpu_name]
     memory = st.number_input("Memory (GiB)", min_value=1.0, value=base.memory_bytes / GIB, key=f"mem-{gpu_name}")
-    bandwidth = st.number_input("Bandwidth (GB/s)", min_value=1.0, value=base.bandwidth_bytes_per_s / 1e9,
-                                key=f"bw-{gpu_name}")
+    bandwidth = st.number_input(
+        "Bandwidth (GB/s)", min_value=1.0, value=base.bandwidth_bytes_per_s / 1e9, key=f"bw-{gpu_name}"
+    )
     tflops = st.number_input("Dense BF16 TFLOP/s", min_value=1.0, value=base.peak_flops / 1e12, key=f"fl-{gpu_name}")
-    price = st.number_input("Price per hour ($, example)", min_value=0.0, value=base.price_per_hour, step=0.1,
-                            key=f"price-{gpu_name}")
+    price = st.number_input(
+        "Price per hour ($, example)", min_value=0.0, value=base.price_per_hour, step=0.1, key=f"price-{gpu_name}"
+    )
     gpus = int(st.number_input("GPUs (ideal tensor parallelism)", min_value=1, max_value=64, value=1))
-    reserve = st.slider("Memory kept in reserve", 0.0, 0.5, 0.10, 0.01,
-                        help="Activations, CUDA context and fragmentation.")
+    reserve = st.slider(
+        "Memory kept in reserve", 0.0, 0.5, 0.10, 0.01, help="Activations, CUDA context and fragmentation."
+    )
     utilisation = st.slider("Prefill utilisation of peak FLOP/s", 0.05, 1.0, 0.5, 0.05)
 
 if spec is None:
     st.stop()
 try:
-    scenario = Scenario(prompt_tokens=prompt_tokens, output_tokens=output_tokens, batch=batch,
-                        kv_precision=KV_PRECISIONS[kv_precision], weight_precision=WEIGHT_PRECISIONS[weight_precision],
-                        keep_fraction=keep, gpu_count=gpus, memory_reserve=reserve, prefill_utilization=utilisation,
-                        quant_group_size=group or None)
+    scenario = Scenario(
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        batch=batch,
+        kv_precision=KV_PRECISIONS[kv_precision],
+        weight_precision=WEIGHT_PRECISIONS[weight_precision],
+        keep_fraction=keep,
+        gpu_count=gpus,
+        memory_reserve=reserve,
+        prefill_utilization=utilisation,
+        quant_group_size=group or None,
+    )
     gpu = gpu_spec(gpu_name, memory, bandwidth, tflops, price)
     full, evicted = compare(spec, gpu, scenario)
     table = cost_table(spec, gpu, scenario)
@@ -104,22 +129,35 @@ except KvlabError as error:
 
 metrics = st.columns(5)
 metrics[0].metric("KV per token", f"{evicted.kv_bytes_per_token:,.0f} B")
-metrics[1].metric("KV per sequence", f"{evicted.kv_bytes_per_sequence / GIB:,.3f} GiB",
-                  delta=f"{(evicted.kv_bytes_per_sequence - full.kv_bytes_per_sequence) / GIB:,.3f} GiB vs full",
-                  delta_color="inverse")
-metrics[2].metric("Sequences that fit", f"{evicted.max_sequences:,}",
-                  delta=f"{evicted.max_sequences - full.max_sequences:+,} vs full")
-metrics[3].metric("Decode time per token", f"{evicted.decode_step_seconds * 1e3:,.2f} ms",
-                  delta=f"{(evicted.decode_step_seconds - full.decode_step_seconds) * 1e3:+,.2f} ms vs full",
-                  delta_color="inverse")
-metrics[4].metric("Cost per query", f"${evicted.cost_per_query:,.5f}",
-                  delta=f"{evicted.cost_per_query - full.cost_per_query:+,.5f} $ vs full", delta_color="inverse")
+metrics[1].metric(
+    "KV per sequence",
+    f"{evicted.kv_bytes_per_sequence / GIB:,.3f} GiB",
+    delta=f"{(evicted.kv_bytes_per_sequence - full.kv_bytes_per_sequence) / GIB:,.3f} GiB vs full",
+    delta_color="inverse",
+)
+metrics[2].metric(
+    "Sequences that fit", f"{evicted.max_sequences:,}", delta=f"{evicted.max_sequences - full.max_sequences:+,} vs full"
+)
+metrics[3].metric(
+    "Decode time per token",
+    f"{evicted.decode_step_seconds * 1e3:,.2f} ms",
+    delta=f"{(evicted.decode_step_seconds - full.decode_step_seconds) * 1e3:+,.2f} ms vs full",
+    delta_color="inverse",
+)
+metrics[4].metric(
+    "Cost per query",
+    f"${evicted.cost_per_query:,.5f}",
+    delta=f"{evicted.cost_per_query - full.cost_per_query:+,.5f} $ vs full",
+    delta_color="inverse",
+)
 if not evicted.batch_fits:
     st.warning(f"A batch of {batch} does not fit: only {evicted.max_sequences} sequences fit beside the weights.")
 st.plotly_chart(cost_bars(full, evicted), key="cost-bars")
 st.table(plain_frame(formatted_costs(table).set_index("Quantity")))
 with st.expander("Formulas (N prompt tokens, M generated tokens)", expanded=True):
     st.table(pd.DataFrame(FORMULAS.items(), columns=["Quantity", "Formula"]).set_index("Quantity"))
-    st.caption("Not modelled: paged-cache block rounding, activations beyond the reserve, the transient full-prompt "
-               "peak of prefill-mode eviction, per-layer budgets, achieved (rather than datasheet) bandwidth. "
-               "See docs/costs.md.")
+    st.caption(
+        "Not modelled: paged-cache block rounding, activations beyond the reserve, the transient full-prompt "
+        "peak of prefill-mode eviction, per-layer budgets, achieved (rather than datasheet) bandwidth. "
+        "See docs/costs.md."
+    )

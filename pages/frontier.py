@@ -13,15 +13,20 @@ from kvlab.ui.text import plain
 
 page_setup()
 st.title("Frontier")
-st.caption("Accuracy against memory for every policy and mode in the store. Circled points are on the Pareto front: "
-           "no other point is at least as accurate with less memory. KV bytes are measured from the cache tensors "
-           "of each trial (per sequence) and averaged.")
+st.caption(
+    "Accuracy against memory for every policy and mode in the store. Circled points are on the Pareto front: "
+    "no other point is at least as accurate with less memory. KV bytes are measured from the cache tensors "
+    "of each trial (per sequence) and averaged."
+)
 store = reading_store()
 runs = store.list_runs() if store is not None else None
 if runs is None or runs.empty or not runs["trials"].any():
-    st.info("The store has no runs with trials yet. Run a live run or a needle grid, or point KVLAB_DB at a "
-            "database that has some.")
+    st.info(
+        "The store has no runs with trials yet. Run a live run or a needle grid, or point KVLAB_DB at a "
+        "database that has some."
+    )
     st.stop()
+assert store is not None
 
 axis_column, metric_column = st.columns(2)
 axis = axis_column.radio("Memory axis", list(FRONTIER_AXES), format_func=FRONTIER_AXES.get, horizontal=True)
@@ -37,34 +42,57 @@ for column, name in zip(st.columns(2), ("A", "B")):
         lengths = choices(runs, "context_length", model=model, task=task)
         ranked = most_runs(runs, "context_length", model=model, task=task)
         preferred = ranked[min(len(ranked) - 1, 1 if name == "B" else 0)] if ranked else None
-        length = st.selectbox("Context length (tokens)", lengths, key=f"frontier-length-{name}",
-                              index=lengths.index(preferred) if lengths else None)
-        points = frontier_points(store.accuracy_frontier(RunFilter(
-            models=(model,), tasks=(task,), context_lengths=() if length is None else (int(length),))), axis, metric)
-        st.plotly_chart(frontier_figure(points, FRONTIER_AXES[axis], bytes_axis=axis != "keep"),
-                        key=f"frontier-{name}")
-        st.dataframe(points[["label", "x", "accuracy", "trials"]], hide_index=True, key=f"frontier-table-{name}",
-                     column_config={"label": st.column_config.TextColumn("run", width="medium"),
-                                    "x": st.column_config.NumberColumn(
-                                        FRONTIER_AXES[axis] + ("" if axis == "keep" else " (bytes)"), format="%.4g"),
-                                    "accuracy": st.column_config.NumberColumn("accuracy %", format="%.0f")})
+        length = st.selectbox(
+            "Context length (tokens)",
+            lengths,
+            key=f"frontier-length-{name}",
+            index=lengths.index(preferred) if lengths else None,
+        )
+        points = frontier_points(
+            store.accuracy_frontier(
+                RunFilter(models=(model,), tasks=(task,), context_lengths=() if length is None else (int(length),))
+            ),
+            axis,
+            metric,
+        )
+        st.plotly_chart(frontier_figure(points, FRONTIER_AXES[axis], bytes_axis=axis != "keep"), key=f"frontier-{name}")
+        st.dataframe(
+            points[["label", "x", "accuracy", "trials"]],
+            hide_index=True,
+            key=f"frontier-table-{name}",
+            column_config={
+                "label": st.column_config.TextColumn("run", width="medium"),
+                "x": st.column_config.NumberColumn(
+                    FRONTIER_AXES[axis] + ("" if axis == "keep" else " (bytes)"), format="%.4g"
+                ),
+                "accuracy": st.column_config.NumberColumn("accuracy %", format="%.0f"),
+            },
+        )
         selections[name] = model
 
 st.subheader("The published needle claim, next to kvlab's measurement")
-st.caption("An article claims that on a 4,096-token needle test H2O keeps 100 % accuracy up to 90 % pruning while "
-           "StreamingLLM falls to 14 % and random eviction to 5 %. Its rows are shown only beside kvlab's own "
-           f"measurement of the same grid on {plain(short_model_name(selections['A']))} (selection A's model), with the "
-           "fewest "
-           "trials behind any cell of each row.")
+st.caption(
+    "An article claims that on a 4,096-token needle test H2O keeps 100 % accuracy up to 90 % pruning while "
+    "StreamingLLM falls to 14 % and random eviction to 5 %. Its rows are shown only beside kvlab's own "
+    f"measurement of the same grid on {plain(short_model_name(selections['A']))} (selection A's model), with the "
+    "fewest "
+    "trials behind any cell of each row."
+)
 lengths = choices(runs, "context_length", model=selections["A"], task="needle")
 if not lengths:
     st.info("Selection A's model has no stored needle runs.")
 else:
-    preferred = CLAIM_CONTEXT if CLAIM_CONTEXT in lengths else most_runs(
-        runs, "context_length", model=selections["A"], task="needle")[0]
-    length = st.selectbox("Context length of kvlab's rows", lengths, key="claim-length",
-                          index=lengths.index(preferred))
+    preferred = (
+        CLAIM_CONTEXT
+        if CLAIM_CONTEXT in lengths
+        else most_runs(runs, "context_length", model=selections["A"], task="needle")[0]
+    )
+    length = st.selectbox("Context length of kvlab's rows", lengths, key="claim-length", index=lengths.index(preferred))
     table = side_by_side(store.trials_frame(RunFilter(models=(selections["A"],), tasks=("needle",))), int(length))
     pruned = [c for c in table.columns if c.endswith("pruned")]
-    st.dataframe(table.style.format("{:.0f} %", subset=pruned, na_rep="—")
-                 .format("{:.0f}", subset=["trials per cell"], na_rep="—"), key="claim-table")
+    st.dataframe(
+        table.style.format("{:.0f} %", subset=pruned, na_rep="—").format(
+            "{:.0f}", subset=["trials per cell"], na_rep="—"
+        ),
+        key="claim-table",
+    )

@@ -28,16 +28,20 @@ from kvlab.ui.text import plain
 
 RESULT_KEY = "live_result"
 BROWSER_INT = (1 << 53) - 1  # the largest whole number a browser's number field holds exactly
-LAYOUT_HELP = ("What becomes of evicted slots. compact: survivors gathered to the front after each eviction, memory "
-               "returned, at the cost of a copy. bitmask: slots marked free and refilled in place, no copy, memory "
-               "held. threshold: bitmask until the dead share reaches the threshold, then compact.")
+LAYOUT_HELP = (
+    "What becomes of evicted slots. compact: survivors gathered to the front after each eviction, memory "
+    "returned, at the cost of a copy. bitmask: slots marked free and refilled in place, no copy, memory "
+    "held. threshold: bitmask until the dead share reaches the threshold, then compact."
+)
 REDRAW_EVERY_DECODED = 4
 
 page_setup()
 st.title("Live run")
-st.caption("The model reads the prompt chunk by chunk under the chosen policy and budget, then answers. Every chart "
-           "is redrawn after each prefill chunk and every few generated tokens. Changing a setting while a run is "
-           "in progress stops it.")
+st.caption(
+    "The model reads the prompt chunk by chunk under the chosen policy and budget, then answers. Every chart "
+    "is redrawn after each prefill chunk and every few generated tokens. Changing a setting while a run is "
+    "in progress stops it."
+)
 loaded = current_model()
 if loaded is None:
     st.warning("Pick a model that loads in the sidebar to run anything here.")
@@ -48,11 +52,16 @@ with task_column:
     task: NeedleTask | TextTask | None
     if kind == "Needle in a haystack":
         longest = int(getattr(loaded.model.config, "max_position_embeddings", 4096) if loaded else 4096)
-        length = st.number_input("Context length (tokens)", min_value=64, max_value=longest, value=min(2048, longest),
-                                 step=256)
+        length = st.number_input(
+            "Context length (tokens)", min_value=64, max_value=longest, value=min(2048, longest), step=256
+        )
         depth = st.slider("Needle depth", 0.0, 1.0, 0.5, 0.05, help="Where the fact sits: 0 is the start of the text.")
-        template = st.selectbox("Fact", list(TEMPLATES), help="Templates marked held out never appeared in training.",
-                                format_func=lambda name: name + (" (held out)" if TEMPLATES[name].held_out else ""))
+        template = st.selectbox(
+            "Fact",
+            list(TEMPLATES),
+            help="Templates marked held out never appeared in training.",
+            format_func=lambda name: name + (" (held out)" if TEMPLATES[name].held_out else ""),
+        )
         seed = st.number_input("Seed (key, value and haystack)", min_value=0, max_value=BROWSER_INT, value=0, step=1)
         task = NeedleTask(int(length), float(depth), template, int(seed))
     else:
@@ -82,35 +91,61 @@ with policy_column:
         elif field.kind is int:
             low = None if spec.minimum is None else int(spec.minimum)
             high = None if spec.maximum is None else int(spec.maximum)
-            params[field.name] = int(st.number_input(field.name, min_value=low, max_value=high,
-                                                     value=int(field.default), step=1, key=key, help=spec.help))
+            params[field.name] = int(
+                st.number_input(
+                    field.name, min_value=low, max_value=high, value=int(field.default), step=1, key=key, help=spec.help
+                )
+            )
         elif field.kind is float:
-            params[field.name] = float(st.number_input(field.name, value=float(field.default), step=0.05, key=key,
-                                                       help=f"{spec.help} ({spec.describe()})"))
+            params[field.name] = float(
+                st.number_input(
+                    field.name, value=float(field.default), step=0.05, key=key, help=f"{spec.help} ({spec.describe()})"
+                )
+            )
         else:
             params[field.name] = st.text_input(field.name, value=str(field.default), key=key, help=spec.help)
-    evicts = POLICIES[policy]().evicts()
-    budget_kind = st.radio("Budget", ["kept fraction", "tokens per layer"], horizontal=True, disabled=not evicts,
-                           help="Tokens each layer keeps per KV head, sinks and windows included; a fraction is of "
-                                "the prompt.")
+    evicts = POLICIES[policy].evicts
+    budget_kind = st.radio(
+        "Budget",
+        ["kept fraction", "tokens per layer"],
+        horizontal=True,
+        disabled=not evicts,
+        help="Tokens each layer keeps per KV head, sinks and windows included; a fraction is of the prompt.",
+    )
     if budget_kind == "kept fraction":
         budget = Budget(keep=st.slider("Kept fraction", 0.01, 1.0, 0.1, 0.01, disabled=not evicts))
     else:
-        budget = Budget(tokens=int(st.number_input("Tokens per layer per KV head", min_value=1, value=256, step=32,
-                                                   disabled=not evicts)))
+        budget = Budget(
+            tokens=int(
+                st.number_input("Tokens per layer per KV head", min_value=1, value=256, step=32, disabled=not evicts)
+            )
+        )
 
 with run_column:
-    mode = st.radio("Mode", ["streaming", "prefill"], horizontal=True,
-                    help="streaming: the budget holds all the time, evicting after every chunk and token. prefill: "
-                         "the whole prompt is read, then compressed once; peak memory is the full prompt.")
+    mode = st.radio(
+        "Mode",
+        ["streaming", "prefill"],
+        horizontal=True,
+        help="streaming: the budget holds all the time, evicting after every chunk and token. prefill: "
+        "the whole prompt is read, then compressed once; peak memory is the full prompt.",
+    )
     chunk = int(st.number_input("Chunk (tokens per forward pass)", min_value=16, max_value=4096, value=256, step=64))
     max_new = int(st.number_input("Tokens to generate (at most)", min_value=1, max_value=256, value=24))
-    query_aware = st.checkbox("Read the question before compressing", value=True,
-                              help="Off: prefill mode compresses the text before it sees the question.")
+    query_aware = st.checkbox(
+        "Read the question before compressing",
+        value=True,
+        help="Off: prefill mode compresses the text before it sees the question.",
+    )
     heap_layout = st.selectbox("Heap layout", LAYOUTS, index=LAYOUTS.index(DEFAULT_LAYOUT), help=LAYOUT_HELP)
-    compact_at = st.slider("Compact at dead share", 0.05, 1.0, DEFAULT_COMPACT_AT, 0.05,
-                           disabled=heap_layout != "threshold",
-                           help="The threshold layout compacts a layer once this share of its slots in use is dead.")
+    compact_at = st.slider(
+        "Compact at dead share",
+        0.05,
+        1.0,
+        DEFAULT_COMPACT_AT,
+        0.05,
+        disabled=heap_layout != "threshold",
+        help="The threshold layout compacts a layer once this share of its slots in use is dead.",
+    )
     layers = loaded.arch.num_layers if loaded else 0
     layer = st.selectbox("3D view", [None, *range(layers)], format_func=figures.layer_name)
     run = st.button("Run", type="primary", disabled=loaded is None or task is None, icon=":material/play_arrow:")
@@ -142,8 +177,9 @@ if run and loaded is not None and task is not None:
     st.session_state.pop(RESULT_KEY, None)
     try:
         prompt = build_prompt(loaded, task)
-        settings = LiveSettings(policy, params, budget if evicts else None, mode, chunk, max_new, query_aware,
-                                heap_layout, compact_at)
+        settings = LiveSettings(
+            policy, params, budget if evicts else None, mode, chunk, max_new, query_aware, heap_layout, compact_at
+        )
         live = LiveRun(loaded, prompt, settings)
         with live.on_device(DEVICE_QUEUE, waiting_notice(notice)) as events:
             notice.empty()
@@ -175,30 +211,62 @@ else:
     else:
         status.error(f"Not found: the expected answer was {answer}.")
     filed = result.filed
-    if filed.problem is not None:
+    if filed.problem is not None and filed.record is not None:
         st.error(plain(filed.problem) + " The result is kept on this page: download it to keep it.")
-        st.download_button("Download this run (CSV)", data=filed.record, file_name="kvlab-live-run.csv",
-                           mime="text/csv", on_click="ignore", icon=":material/download:")
+        st.download_button(
+            "Download this run (CSV)",
+            data=filed.record,
+            file_name="kvlab-live-run.csv",
+            mime="text/csv",
+            on_click="ignore",
+            icon=":material/download:",
+        )
     memory = st.columns(4)
     memory[0].metric("Prompt tokens", f"{prompt.context_tokens:,}")
-    memory[1].metric("KV in use (measured)", f"{outcome.kv_bytes / 2**20:,.2f} MiB",
-                     help="Bytes of the slots holding a token at the end.")
-    memory[2].metric("KV reserved (measured)", f"{outcome.kv_reserved_bytes / 2**20:,.2f} MiB",
-                     help="Bytes of the heap's tensors at the end: what the cache holds from the allocator.")
-    memory[3].metric("Full cache (computed)", f"{outcome.kv_bytes_full / 2**20:,.2f} MiB")
+    memory[1].metric(
+        "KV in use (measured)",
+        f"{outcome.result.kv_bytes / 2**20:,.2f} MiB",
+        help="Bytes of the slots holding a token at the end.",
+    )
+    memory[2].metric(
+        "KV reserved (measured)",
+        f"{outcome.result.kv_reserved_bytes / 2**20:,.2f} MiB",
+        help="Bytes of the heap's tensors at the end: what the cache holds from the allocator.",
+    )
+    memory[3].metric("Full cache (computed)", f"{outcome.result.kv_bytes_full / 2**20:,.2f} MiB")
     heap = st.columns(4)
-    heap[0].metric("Peak KV in use", f"{outcome.peak_kv_bytes / 2**20:,.2f} MiB", help="Measured after each forward "
-                   "pass, before eviction.")
-    heap[1].metric("Dead share", f"{outcome.dead_share:.0%}", help="Free slots among those in use at the end.")
-    heap[2].metric("Compactions", f"{outcome.compactions:,}", help="How often a layer of the heap was compacted.")
-    heap[3].metric("Tokens kept per layer", f"{outcome.kept_tokens:,}", help="Mean over layers, per KV head.")
+    heap[0].metric(
+        "Peak KV in use",
+        f"{outcome.result.peak_kv_bytes / 2**20:,.2f} MiB",
+        help="Measured after each forward pass, before eviction.",
+    )
+    heap[1].metric("Dead share", f"{outcome.result.dead_share:.0%}", help="Free slots among those in use at the end.")
+    heap[2].metric(
+        "Compactions", f"{outcome.result.compactions:,}", help="How often a layer of the heap was compacted."
+    )
+    heap[3].metric(
+        "Tokens kept per layer", f"{outcome.result.mean_kept_tokens:,}", help="Mean over layers, per KV head."
+    )
     kept = st.columns(4)
     needle = result.trace.needle_held()
-    kept[0].metric("Needle tokens held", "—" if needle is None else f"{needle:.0%}",
-                   help="Share of the fact sentence's tokens still in the cache (any KV head), mean over layers.")
-    kept[1].metric("Prefill (model)", f"{outcome.prefill_seconds:.2f} s", help="Time in the model; drawing excluded.")
-    kept[2].metric("Decode (model)", f"{outcome.decode_seconds:.2f} s", help="Time in the model; drawing excluded.")
+    kept[0].metric(
+        "Needle tokens held",
+        "—" if needle is None else f"{needle:.0%}",
+        help="Share of the fact sentence's tokens still in the cache (any KV head), mean over layers.",
+    )
+    kept[1].metric(
+        "Prefill (model)",
+        f"{outcome.result.prefill_seconds:.2f} s",
+        help="The engine's own time (model and eviction); drawing excluded.",
+    )
+    kept[2].metric(
+        "Decode (model)",
+        f"{outcome.result.decode_seconds:.2f} s",
+        help="The engine's own time (model and eviction); drawing excluded.",
+    )
     stored = "not stored" if filed.run_id is None else f"stored as run {filed.run_id}"
-    st.caption(f"Question: {plain(prompt.question or '(none)')} · {stored}. KV bytes are read from the K/V tensors the "
-               f"cache holds; the full-cache figure is computed for the same dtype and shapes. Tokens kept per "
-               f"layer: {result.trace.kept_per_layer()}.")
+    st.caption(
+        f"Question: {plain(prompt.question or '(none)')} · {stored}. KV bytes are read from the K/V tensors the "
+        f"cache holds; the full-cache figure is computed for the same dtype and shapes. Tokens kept per "
+        f"layer: {result.trace.kept_per_layer()}."
+    )

@@ -29,10 +29,12 @@ NOTICES = {"info": st.info, "success": st.success, "warning": st.warning, "error
 
 page_setup()
 st.title("Needle grid")
-st.caption("Each cell is the share of needle questions answered (the answer appears in the output) at one context "
-           "length and depth. The grid shows what the store already holds for these settings; Run grid starts a "
-           "sweep on the server that fills in the missing trials. It goes on when this tab is closed, every session "
-           "sees it below, and a sweep that was stopped or cut short by a server restart resumes where it stopped.")
+st.caption(
+    "Each cell is the share of needle questions answered (the answer appears in the output) at one context "
+    "length and depth. The grid shows what the store already holds for these settings; Run grid starts a "
+    "sweep on the server that fills in the missing trials. It goes on when this tab is closed, every session "
+    "sees it below, and a sweep that was stopped or cut short by a server restart resumes where it stopped."
+)
 loaded = current_model()
 store = reading_store()
 
@@ -48,8 +50,15 @@ with contexts_column:
     depths = st.slider("Depths from 0 to 1", 2, 11, 5)
     trials = int(st.number_input("Trials per cell", min_value=1, max_value=50, value=1))
 with actions:
-    batch = int(st.number_input("Batch size", min_value=1, max_value=64, value=8,
-                                help="Prompts of one length read together in one forward pass."))
+    batch = int(
+        st.number_input(
+            "Batch size",
+            min_value=1,
+            max_value=64,
+            value=8,
+            help="Prompts of one length read together in one forward pass.",
+        )
+    )
     runnable = loaded is not None and bool(policies) and bool(contexts)
     run = st.button("Run grid", type="primary", disabled=not runnable, icon=":material/play_arrow:")
 
@@ -60,8 +69,11 @@ if run and loaded is not None:
         request = NeedleGridRequest(loaded.name, tuple(policies), keep, mode, tuple(contexts), depths, trials, batch)
         if store is not None:
             job = SWEEP_JOBS.start(request, loaded, store, current_user())
-            notice.info(f"Sweep {job.sweep_id} runs on the server: it goes on if this tab is closed, and its "
-                        "progress is shown below.", icon=":material/cloud_sync:")
+            notice.info(
+                f"Sweep {job.sweep_id} runs on the server: it goes on if this tab is closed, and its "
+                "progress is shown below.",
+                icon=":material/cloud_sync:",
+            )
     except KvlabError as error:
         notice.error(plain(str(error)))
 
@@ -84,10 +96,13 @@ def draw_sweep(view: SweepView, record: SweepRecord, sweep_store: Store) -> None
             else:
                 NOTICES[view.level](plain(view.sentence))
         if view.can_stop:
-            button.button("Stop", key=f"stop-sweep-{view.sweep_id}", icon=":material/stop:",
-                          on_click=SWEEP_JOBS.jobs(sweep_store.path)[view.sweep_id].stop)
-        if view.can_resume and button.button("Resume", key=f"resume-sweep-{view.sweep_id}",
-                                              icon=":material/resume:"):
+            button.button(
+                "Stop",
+                key=f"stop-sweep-{view.sweep_id}",
+                icon=":material/stop:",
+                on_click=SWEEP_JOBS.jobs(sweep_store.path)[view.sweep_id].stop,
+            )
+        if view.can_resume and button.button("Resume", key=f"resume-sweep-{view.sweep_id}", icon=":material/resume:"):
             try:
                 resume(record, sweep_store)
             except KvlabError as error:
@@ -123,14 +138,26 @@ if store is not None:
 if not policies or not contexts:
     st.info("Choose at least one policy and one context length.")
 else:
-    runs = None if store is None else store.list_runs(RunFilter(
-        models=(model_name(),), policies=tuple(policies), modes=(mode,), tasks=("needle",),
-        context_lengths=tuple(contexts)))
+    runs = (
+        None
+        if store is None
+        else store.list_runs(
+            RunFilter(
+                models=(model_name(),),
+                policies=tuple(policies),
+                modes=(mode,),
+                tasks=("needle",),
+                context_lengths=tuple(contexts),
+            )
+        )
+    )
     chosen = None if runs is None else at_budget(runs, keep)
     if store is None or chosen is None or chosen.empty:
         st.info("No stored needle trials for these settings yet: press Run grid to measure them.")
     else:
         cells = needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(chosen["run_id"]))), chosen)
         st.plotly_chart(needle_heatmaps(cells), key="needle-heatmaps")
-        st.caption(f"{int(chosen['trials'].sum())} stored trials of {len(chosen)} runs on "
-                   f"{plain(short_model_name(model_name()))}; depths are where the needle really sits, rounded to tenths.")
+        st.caption(
+            f"{int(chosen['trials'].sum())} stored trials of {len(chosen)} runs on "
+            f"{plain(short_model_name(model_name()))}; depths are where the needle really sits, rounded to tenths."
+        )

@@ -6,9 +6,8 @@ from functools import partial
 
 import streamlit as st
 
-from kvlab.store import RunFilter
+from kvlab.store import RunFilter, default_db_path
 from kvlab.ui.downloads import MIME_TYPES, export_bytes
-from kvlab.store import default_db_path
 from kvlab.ui.session import page_setup, reading_store
 from kvlab.ui.tables import choices, compare_runs, runs_table, short_model_name
 from kvlab.ui.text import plain, plain_frame
@@ -18,9 +17,12 @@ st.title("Runs")
 store = reading_store()
 everything = store.list_runs() if store is not None else None
 if everything is None or everything.empty:
-    st.info(f"No runs are stored in {plain(default_db_path())} yet. Run a live run or a needle grid, or point "
-            "KVLAB_DB at a database that has some.")
+    st.info(
+        f"No runs are stored in {plain(default_db_path())} yet. Run a live run or a needle grid, or point "
+        "KVLAB_DB at a database that has some."
+    )
     st.stop()
+assert store is not None
 
 filters = st.columns(4)
 models = filters[0].multiselect("Model", choices(everything, "model"), format_func=short_model_name)
@@ -29,11 +31,18 @@ modes = filters[2].multiselect("Mode", choices(everything, "mode"))
 tasks = filters[3].multiselect("Task", choices(everything, "task"))
 selection = RunFilter(models=tuple(models), policies=tuple(policies), modes=tuple(modes), tasks=tuple(tasks))
 runs = store.list_runs(selection)
-st.dataframe(runs_table(runs), hide_index=True, key="runs-table",
-             column_config={"accuracy %": st.column_config.ProgressColumn("accuracy %", min_value=0, max_value=100,
-                                                                           format="%.0f%%")})
-st.caption(f"{len(runs)} of {len(everything)} runs. Accuracy: the answer appears in the output; exact: it is the "
-           "output's first line.")
+st.dataframe(
+    runs_table(runs),
+    hide_index=True,
+    key="runs-table",
+    column_config={
+        "accuracy %": st.column_config.ProgressColumn("accuracy %", min_value=0, max_value=100, format="%.0f%%")
+    },
+)
+st.caption(
+    f"{len(runs)} of {len(everything)} runs. Accuracy: the answer appears in the output; exact: it is the "
+    "output's first line."
+)
 
 st.subheader("Compare")
 ids = runs["run_id"].tolist()
@@ -44,14 +53,20 @@ if picked:
 
 st.subheader("Download")
 scope = RunFilter(run_ids=tuple(picked)) if picked else selection
-st.caption(f"The {'compared' if picked else 'filtered'} runs ({len(picked) if picked else len(runs)}): one row per "
-           "run, or one row per trial with its run's columns, as `python -m kvlab export` writes them.")
+st.caption(
+    f"The {'compared' if picked else 'filtered'} runs ({len(picked) if picked else len(runs)}): one row per "
+    "run, or one row per trial with its run's columns, as `python -m kvlab export` writes them."
+)
 buttons = st.columns(4)
-for column, (table, suffix) in zip(buttons, [("runs", ".csv"), ("runs", ".parquet"), ("trials", ".csv"),
-                                             ("trials", ".parquet")]):
+for column, (table, suffix) in zip(
+    buttons, [("runs", ".csv"), ("runs", ".parquet"), ("trials", ".csv"), ("trials", ".parquet")]
+):
     column.download_button(
         f"{table.capitalize()} ({'CSV' if suffix == '.csv' else 'Parquet'})",
         data=partial(export_bytes, store, table, suffix, scope),
-        file_name=f"kvlab-{table}{suffix}", mime=MIME_TYPES[suffix], on_click="ignore", icon=":material/download:",
+        file_name=f"kvlab-{table}{suffix}",
+        mime=MIME_TYPES[suffix],
+        on_click="ignore",
+        icon=":material/download:",
         key=f"download-{table}{suffix}",
     )

@@ -17,12 +17,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path(os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 #: Skips a test module where there is no chromium to drive.
-needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(),
-                                    reason=f"needs chromium at {CHROMIUM} (apt-get install chromium)")
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason=f"needs chromium at {CHROMIUM} (apt-get install chromium)"
+)
 
 
 def free_port() -> int:
@@ -48,9 +57,22 @@ class Server:
     def start(self) -> str:
         """Start the server and wait until it answers its health check; returns its address."""
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
-             "--server.address", "127.0.0.1", *self.flags],
-            cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                "app.py",
+                "--server.port",
+                str(self.port),
+                "--server.address",
+                "127.0.0.1",
+                *self.flags,
+            ],
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + 60
         while True:

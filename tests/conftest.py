@@ -1,6 +1,9 @@
+"""Fixtures the test modules share: the shipped model, a tiny checkpoint on disk and an empty store."""
+
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -14,3 +17,29 @@ from hypothesis import settings  # noqa: E402
 
 settings.register_profile("kvlab", database=None)
 settings.load_profile("kvlab")
+
+import pytest  # noqa: E402
+from tiny_models import save_tiny_checkpoint  # noqa: E402
+
+from kvlab.models import LoadedModel, load_model  # noqa: E402
+from kvlab.store import Store, open_store  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def shipped() -> LoadedModel:
+    """The model shipped in ``data/``, loaded once for the whole suite (tests read it and never change it)."""
+    return load_model()
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> str:
+    """The directory of a tiny Llama with a byte-level BPE tokenizer, saved like a hub checkpoint."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def store(tmp_path) -> Iterator[Store]:
+    """An empty store in the test's temporary directory, closed afterwards."""
+    opened = open_store(tmp_path / "runs.duckdb")
+    yield opened
+    opened.close()

@@ -14,8 +14,9 @@ def small_disk(directory: Path, megabytes: int) -> Iterator[Path]:
     """A tmpfs of ``megabytes`` MB mounted below ``directory``; OSError where this process may not mount one."""
     mount = directory / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise OSError(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
     try:

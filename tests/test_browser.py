@@ -47,17 +47,21 @@ OBSERVE = """() => {
 
 
 @pytest.fixture(scope="module")
-def database(tmp_path_factory) -> Path:
+def database(tmp_path_factory, shipped) -> Path:
     """A store with a small sweep on the shipped model, so the frontier and runs pages have real measurements."""
-    from kvlab.models import load_model
     from kvlab.store import open_store
     from kvlab.sweep import SweepGrid, SweepRunner, parse_policies
 
     path = tmp_path_factory.mktemp("browser") / "runs.duckdb"
     store = open_store(path)
-    grid = SweepGrid(parse_policies("full,h2o,streaming,random"), keeps=(0.1, 0.3, 0.6), contexts=(512, 1024),
-                     depths=(0.1, 0.9), trials=1)
-    SweepRunner(load_model(), store, grid).run()
+    grid = SweepGrid(
+        parse_policies("full,h2o,streaming,random"),
+        keeps=(0.1, 0.3, 0.6),
+        contexts=(512, 1024),
+        depths=(0.1, 0.9),
+        trials=1,
+    )
+    SweepRunner(shipped, store, grid).run()
     store.close()
     return path
 
@@ -154,12 +158,15 @@ def test_every_page_in_a_browser(page, screenshots, record_property):
     page.get_by_text("Your text").click()
     idle(page)
     page.locator("[data-testid=stFileUploaderDropzoneInput]").set_input_files(
-        files=[{"name": "weights.txt", "mimeType": "text/plain", "buffer": b"\x00\x01\x02 binary"}])
+        files=[{"name": "weights.txt", "mimeType": "text/plain", "buffer": b"\x00\x01\x02 binary"}]
+    )
     page.get_by_text("weights.txt is binary, not text").wait_for()
     assert page.get_by_role("button", name="Run").is_disabled()
 
-    summary = (f"first chart {first_chart:.2f} s after Run (3D view {marks['landscape'] / 1000:.2f} s); page switches "
-               + ", ".join(f"{title} {took:.2f} s" for title, took in switches.items()))
+    summary = (
+        f"first chart {first_chart:.2f} s after Run (3D view {marks['landscape'] / 1000:.2f} s); page switches "
+        + ", ".join(f"{title} {took:.2f} s" for title, took in switches.items())
+    )
     print(summary)
     assert first_chart < FIRST_CHART_LIMIT_S, summary
     assert statistics.median(switches.values()) < PAGE_SWITCH_LIMIT_S, summary

@@ -58,7 +58,7 @@ def test_a_page_reached_by_another_sites_name_gets_nothing(tmp_path):
 
 def test_markup_in_a_question_and_answer_fetches_nothing(tmp_path, recorder):
     pixel = f"http://127.0.0.1:{recorder}/pixel.png"
-    question = f"What is the access code? ![seen]({pixel}) <img src=\"{pixel}?html\">"
+    question = f'What is the access code? ![seen]({pixel}) <img src="{pixel}?html">'
     with Server({"KVLAB_DB": str(tmp_path / "runs.duckdb")}) as server, sync_api.sync_playwright() as playwright:
         browser = launch(playwright)
         tab = browser.new_page(viewport={"width": 1400, "height": 1000})

@@ -11,8 +11,10 @@ from kvlab.claims import PUBLISHED_NEEDLE_CLAIM, measured_table, published_table
 def trials() -> pd.DataFrame:
     rows = []
     for keep, correct in ((0.9, [1, 1, 1, 0]), (0.1, [0, 0, 0, 1])):
-        rows += [{"context_length": 4096, "keep": keep, "policy": "h2o", "mode": "streaming", "correct": bool(c)}
-                 for c in correct]
+        rows += [
+            {"context_length": 4096, "keep": keep, "policy": "h2o", "mode": "streaming", "correct": bool(c)}
+            for c in correct
+        ]
     rows += [{"context_length": 4096, "keep": None, "policy": "full", "mode": "prefill", "correct": True}] * 2
     rows += [{"context_length": 2048, "keep": 0.9, "policy": "h2o", "mode": "streaming", "correct": False}] * 3
     return pd.DataFrame(rows)

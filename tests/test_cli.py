@@ -7,12 +7,6 @@ import json
 import pytest
 
 from kvlab.cli import main
-from tiny_models import save_tiny_checkpoint
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -23,8 +17,25 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_generate_json_reports_measured_figures(checkpoint, capsys):
     prompt = "the cache keeps the tokens that matter " * 6
-    status, out, _ = run(capsys, "generate", "--model", checkpoint, "--prompt", prompt, "--policy", "streaming",
-                         "--budget", "16", "--mode", "streaming", "--chunk", "8", "--max-new-tokens", "5", "--json")
+    status, out, _ = run(
+        capsys,
+        "generate",
+        "--model",
+        checkpoint,
+        "--prompt",
+        prompt,
+        "--policy",
+        "streaming",
+        "--budget",
+        "16",
+        "--mode",
+        "streaming",
+        "--chunk",
+        "8",
+        "--max-new-tokens",
+        "5",
+        "--json",
+    )
     assert status == 0
     figures = json.loads(out)
     for key in ("text", "tokens", "context_tokens", "kv_bytes", "kv_bytes_full", "peak_kv_bytes", "kept_per_layer"):
@@ -42,8 +53,23 @@ def test_generate_json_reports_measured_figures(checkpoint, capsys):
 def test_generate_reads_a_prompt_file_and_takes_policy_parameters(checkpoint, tmp_path, capsys):
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text("the tokens that matter " * 10, encoding="utf-8")
-    status, out, _ = run(capsys, "generate", "--model", checkpoint, "--prompt-file", str(prompt_file), "--policy",
-                         "snapkv", "--param", "window=4", "--param", "kernel=3", "--keep", "0.5", "--json")
+    status, out, _ = run(
+        capsys,
+        "generate",
+        "--model",
+        checkpoint,
+        "--prompt-file",
+        str(prompt_file),
+        "--policy",
+        "snapkv",
+        "--param",
+        "window=4",
+        "--param",
+        "kernel=3",
+        "--keep",
+        "0.5",
+        "--json",
+    )
     assert status == 0
     figures = json.loads(out)
     assert figures["params"] == {"window": 4, "kernel": 3, "pooling": "max"}
@@ -62,10 +88,16 @@ def test_generate_reads_a_prompt_file_and_takes_policy_parameters(checkpoint, tm
         (["--policy", "magic", "--budget", "10"], "Unknown policy 'magic'"),
         (["--policy", "h2o", "--budget", "10", "--param", "heavy=3"], "has no parameter 'heavy'"),
         (["--policy", "h2o", "--budget", "10", "--param", "recent_ratio=lots"], "must be a number"),
-        (["--policy", "h2o", "--budget", "10", "--param", "recent_ratio=1.5"], "(more than 0 and less than 1), not 1.5"),
+        (
+            ["--policy", "h2o", "--budget", "10", "--param", "recent_ratio=1.5"],
+            "(more than 0 and less than 1), not 1.5",
+        ),
         (["--policy", "h2o"], "needs a budget"),
         (["--policy", "full", "--keep", "0.5"], "takes no budget"),
-        (["--policy", "streaming", "--budget", "10", "--mode", "streaming", "--chunk", "0"], "a chunk must be at least 1"),
+        (
+            ["--policy", "streaming", "--budget", "10", "--mode", "streaming", "--chunk", "0"],
+            "a chunk must be at least 1",
+        ),
     ],
 )
 def test_bad_inputs_exit_non_zero_with_one_sentence(checkpoint, capsys, argv, message):
@@ -77,7 +109,17 @@ def test_bad_inputs_exit_non_zero_with_one_sentence(checkpoint, capsys, argv, me
 
 
 def test_a_fraction_below_the_policy_minimum_is_refused_once_the_context_is_known(checkpoint, capsys):
-    status, _, err = run(capsys, "generate", "--model", checkpoint, "--prompt", "the cache " * 10, "--policy",
-                         "streaming", "--keep", "0.05")
+    status, _, err = run(
+        capsys,
+        "generate",
+        "--model",
+        checkpoint,
+        "--prompt",
+        "the cache " * 10,
+        "--policy",
+        "streaming",
+        "--keep",
+        "0.05",
+    )
     assert status == 2
     assert "keep 0.05 of" in err and "minimum of 5" in err

@@ -283,3 +283,13 @@ def test_presets_are_complete_and_editable() -> None:
 def test_bad_scenarios_raise_user_errors(fields: dict) -> None:
     with pytest.raises(KvlabError):
         estimate(LLAMA3_8B, H100, Scenario(**{"prompt_tokens": 100, "output_tokens": 10, **fields}))
+
+
+def test_the_cost_calculator_prices_without_loading_torch():
+    """Pricing a config needs no model: importing the calculator must not pull in torch (seconds of start-up)."""
+    import subprocess
+    import sys
+
+    code = "import sys, kvlab.costs; print('torch' in sys.modules)"
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert shown == "False"

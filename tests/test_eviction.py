@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import prompt, small_policy, tiny_model
 
 from kvlab.attention import StatsRequest
 from kvlab.budget import Budget
 from kvlab.engine import Generation, RunSpec, generate
 from kvlab.models import wrap_model
-from kvlab.policies import make_policy
-from tiny_models import prompt, tiny_model
+from kvlab.policies import EVICTING, POLICIES, Policy, make_policy
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +33,12 @@ def test_evicting_equals_masking(llama):
     batch, length = ids.shape
     kv_heads, groups = loaded.arch.num_kv_heads, loaded.arch.num_q_heads // loaded.arch.num_kv_heads
     generator = torch.Generator().manual_seed(7)
-    keep = torch.stack([
-        torch.stack([torch.randperm(length, generator=generator)[:18].sort().values for _ in range(kv_heads)])
-        for _ in range(batch)
-    ])
+    keep = torch.stack(
+        [
+            torch.stack([torch.randperm(length, generator=generator)[:18].sort().values for _ in range(kv_heads)])
+            for _ in range(batch)
+        ]
+    )
     generation = Generation(loaded, RunSpec(make_policy("full"), max_new_tokens=1), ids)
     with torch.inference_mode():
         generation._forward(ids)
@@ -62,13 +64,12 @@ def test_evicting_equals_masking(llama):
     assert not torch.allclose(evicted_logits, model(input_ids=full).logits[:, -1], atol=1e-3)
 
 
-@pytest.mark.parametrize("policy", ["streaming", "h2o", "snapkv", "tova", "knorm", "random"])
+@pytest.mark.parametrize("policy", [name for name in EVICTING if POLICIES[name].layer_budgets is Policy.layer_budgets])
 @pytest.mark.parametrize("mode", ["prefill", "streaming"])
 def test_every_layer_holds_its_budget(llama, policy, mode):
+    """Policies with one budget for every layer (PyramidKV spreads it: tested below)."""
     _, loaded = llama
-    params = {"window": 4} if policy == "snapkv" else {}
-    spec = RunSpec(make_policy(policy, **params), Budget(tokens=12), mode=mode, chunk=5, max_new_tokens=6,
-                   stop_token_ids=())
+    spec = RunSpec(small_policy(policy), Budget(tokens=12), mode=mode, chunk=5, max_new_tokens=6, stop_token_ids=())
     events = list(Generation(loaded, spec, prompt(length=40)).events())
     evicted = [e for e in events if e.kind == "compress"] if mode == "prefill" else events
     assert evicted
@@ -80,8 +81,14 @@ def test_every_layer_holds_its_budget(llama, policy, mode):
 
 def test_streaming_keeps_sinks_and_recent_window(llama):
     _, loaded = llama
-    spec = RunSpec(make_policy("streaming", sinks=4), Budget(tokens=12), mode="streaming", chunk=5,
-                   max_new_tokens=6, stop_token_ids=())
+    spec = RunSpec(
+        make_policy("streaming", sinks=4),
+        Budget(tokens=12),
+        mode="streaming",
+        chunk=5,
+        max_new_tokens=6,
+        stop_token_ids=(),
+    )
     for event in Generation(loaded, spec, prompt(length=40)).events():
         if event.seen_tokens < 12:
             continue
@@ -91,13 +98,18 @@ def test_streaming_keeps_sinks_and_recent_window(llama):
             assert (positions == torch.tensor(expected, dtype=positions.dtype)).all()
 
 
-@pytest.mark.parametrize("policy", ["streaming", "h2o", "snapkv", "pyramidkv", "tova", "knorm", "random"])
+@pytest.mark.parametrize("policy", EVICTING)
 def test_streaming_peak_never_exceeds_budget_plus_chunk(llama, policy):
     _, loaded = llama
-    params = {"window": 4} if policy in ("snapkv", "pyramidkv") else {}
     chunk, budget = 6, 10
-    spec = RunSpec(make_policy(policy, **params), Budget(tokens=budget), mode="streaming", chunk=chunk,
-                   max_new_tokens=5, stop_token_ids=())
+    spec = RunSpec(
+        small_policy(policy),
+        Budget(tokens=budget),
+        mode="streaming",
+        chunk=chunk,
+        max_new_tokens=5,
+        stop_token_ids=(),
+    )
     generation = Generation(loaded, spec, prompt(length=50))
     largest_layer_budget = max(generation.layer_budgets)
     list(generation.events())
@@ -109,8 +121,9 @@ def test_streaming_peak_never_exceeds_budget_plus_chunk(llama, policy):
 
 def test_prefill_mode_peak_is_the_whole_context(llama):
     _, loaded = llama
-    result = generate(loaded, prompt(length=40), RunSpec(make_policy("h2o"), Budget(keep=0.25), max_new_tokens=3,
-                                                         stop_token_ids=()))
+    result = generate(
+        loaded, prompt(length=40), RunSpec(make_policy("h2o"), Budget(keep=0.25), max_new_tokens=3, stop_token_ids=())
+    )
     assert result.budget_tokens == 10
     assert result.peak_kv_bytes == 40 * per_token_bytes(loaded)
     assert result.kv_bytes == (10 + 2) * per_token_bytes(loaded)
@@ -133,12 +146,12 @@ def test_random_is_reproducible_with_its_seed(llama):
 @pytest.mark.parametrize("policy", ["h2o", "knorm", "snapkv"])
 def test_each_sequence_of_a_batch_chooses_its_own_survivors(llama, policy):
     _, loaded = llama
-    params = {"window": 4} if policy == "snapkv" else {}
     ids = prompt(batch=3, length=36, seed=9)
-    spec = RunSpec(make_policy(policy, **params), Budget(tokens=10), mode="streaming", chunk=6, max_new_tokens=6,
-                   stop_token_ids=())
+    spec = RunSpec(
+        small_policy(policy), Budget(tokens=10), mode="streaming", chunk=6, max_new_tokens=6, stop_token_ids=()
+    )
     batched = generate(loaded, ids, spec)
-    singles = [generate(loaded, ids[i:i + 1], spec).tokens[0] for i in range(3)]
+    singles = [generate(loaded, ids[i : i + 1], spec).tokens[0] for i in range(3)]
     assert batched.tokens == singles
 
 
@@ -216,15 +229,23 @@ def test_observing_does_not_change_the_output(llama):
     _, loaded = llama
     ids = prompt(length=33)
     plain = generate(loaded, ids, RunSpec(make_policy("full"), mode="streaming", chunk=8, max_new_tokens=6))
-    observed = generate(loaded, ids, RunSpec(make_policy("full"), mode="streaming", chunk=8, max_new_tokens=6,
-                                             stats=StatsRequest()))
+    observed = generate(
+        loaded, ids, RunSpec(make_policy("full"), mode="streaming", chunk=8, max_new_tokens=6, stats=StatsRequest())
+    )
     assert plain.tokens == observed.tokens
 
 
 def test_compression_interval_evicts_every_few_tokens_within_budget_plus_chunk(llama):
     _, loaded = llama
-    spec = RunSpec(make_policy("streaming"), Budget(tokens=12), mode="streaming", chunk=6, max_new_tokens=9,
-                   stop_token_ids=(), compression_interval=3)
+    spec = RunSpec(
+        make_policy("streaming"),
+        Budget(tokens=12),
+        mode="streaming",
+        chunk=6,
+        max_new_tokens=9,
+        stop_token_ids=(),
+        compression_interval=3,
+    )
     decode = [e for e in Generation(loaded, spec, prompt(length=40)).events() if e.kind == "decode"]
     # the last token is chosen but never fed back, so the last event sees the cache of the step before
     assert [e.kept_per_layer[0] for e in decode] == [13, 14, 12, 13, 14, 12, 13, 14, 14]
@@ -238,8 +259,7 @@ def test_one_shared_prefill_gives_each_policy_the_result_of_its_own_run(llama, c
 
     _, loaded = llama
     ids, question = prompt(batch=2, length=40, seed=4), prompt(batch=2, length=5, seed=6)
-    policies = [make_policy(name, **({"window": 4} if name in ("snapkv", "pyramidkv") else {}))
-                for name in ("streaming", "h2o", "snapkv", "pyramidkv", "tova", "knorm", "random")]
+    policies = [small_policy(name) for name in EVICTING]
     shared = prefill_once(loaded, ids, policies, chunk=chunk)
     for policy in policies:
         spec = RunSpec(policy, Budget(tokens=12), chunk=chunk, max_new_tokens=6, stop_token_ids=())
@@ -248,9 +268,18 @@ def test_one_shared_prefill_gives_each_policy_the_result_of_its_own_run(llama, c
         assert forked.tokens == alone.tokens, policy.name
         assert forked.kept_per_layer == alone.kept_per_layer
         assert forked.peak_kv_bytes == alone.peak_kv_bytes
-    assert generate(loaded, None, RunSpec(make_policy("full"), max_new_tokens=6, stop_token_ids=()),
-                    suffix_ids=question, prefilled=shared).tokens == generate(
-        loaded, ids, RunSpec(make_policy("full"), max_new_tokens=6, stop_token_ids=()), suffix_ids=question).tokens
+    assert (
+        generate(
+            loaded,
+            None,
+            RunSpec(make_policy("full"), max_new_tokens=6, stop_token_ids=()),
+            suffix_ids=question,
+            prefilled=shared,
+        ).tokens
+        == generate(
+            loaded, ids, RunSpec(make_policy("full"), max_new_tokens=6, stop_token_ids=()), suffix_ids=question
+        ).tokens
+    )
 
 
 def test_pyramid_hands_what_lower_layers_cannot_hold_to_the_upper_layers():
@@ -266,9 +295,9 @@ def test_pyramid_hands_what_lower_layers_cannot_hold_to_the_upper_layers():
 @pytest.mark.parametrize("policy", ["h2o", "snapkv"])
 def test_prefill_mode_stops_observing_after_its_one_compression(llama, policy):
     _, loaded = llama
-    params = {"window": 4} if policy == "snapkv" else {}
-    generation = Generation(loaded, RunSpec(make_policy(policy, **params), Budget(tokens=12), max_new_tokens=4),
-                            prompt(length=40))
+    generation = Generation(
+        loaded, RunSpec(small_policy(policy), Budget(tokens=12), max_new_tokens=4), prompt(length=40)
+    )
     kinds = []
     for event in generation.events():
         kinds.append(event.kind)

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import ARCHITECTURES, prompt, small_policy, tiny_model
 
 from kvlab.budget import Budget
 from kvlab.engine import Generation, RunSpec, generate, prefill_once
 from kvlab.errors import KvlabError
 from kvlab.heap import FREE, LAYOUTS, HeapLayout
 from kvlab.models import wrap_model
-from kvlab.policies import POLICIES, make_policy
-from tiny_models import ARCHITECTURES, prompt, tiny_model
-
-SMALL_WINDOW = {"snapkv": {"window": 4}, "pyramidkv": {"window": 4}}
-EVICTING = sorted(set(POLICIES) - {"full"})
+from kvlab.policies import EVICTING, POLICIES, make_policy
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
@@ -27,8 +24,7 @@ def arch(request):
 def spec(policy: str, mode: str, layout: str, budget: int | None = 12, **changes) -> RunSpec:
     values = dict(mode=mode, chunk=7, max_new_tokens=10, stop_token_ids=(), layout=layout)
     values.update(changes)
-    return RunSpec(make_policy(policy, **SMALL_WINDOW.get(policy, {})),
-                   None if budget is None else Budget(tokens=budget), **values)
+    return RunSpec(small_policy(policy), None if budget is None else Budget(tokens=budget), **values)
 
 
 def run(loaded, run_spec: RunSpec, ids: torch.Tensor, suffix: torch.Tensor | None = None):
@@ -55,7 +51,7 @@ def test_every_layout_keeps_the_same_tokens_and_answers_the_same(arch, policy, m
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("policy", ["full", *EVICTING])
+@pytest.mark.parametrize("policy", list(POLICIES))
 def test_static_decode_steps_give_the_tokens_of_eager_decoding(arch, policy, layout):
     _, loaded = arch
     ids = prompt(batch=2, length=40, seed=5)
@@ -98,8 +94,10 @@ def test_a_bitmask_never_reallocates_its_tensors():
     pointers = None
     dead_shares = []
     for event in generation.events():
-        now = [(layer.keys.data_ptr(), layer.values.data_ptr(), layer.positions.data_ptr())
-               for layer in generation.cache.layers]
+        now = [
+            (layer.keys.data_ptr(), layer.values.data_ptr(), layer.positions.data_ptr())
+            for layer in generation.cache.layers
+        ]
         pointers = pointers or now
         assert now == pointers
         dead_shares.append(event.dead_share)
@@ -111,8 +109,11 @@ def test_a_bitmask_never_reallocates_its_tensors():
 def test_the_threshold_layout_compacts_exactly_when_the_dead_share_reaches_it(compact_at, compacts):
     """Budget 16 and chunks of 8: after each chunk's eviction 8 of 24 slots in use are dead (a share of 1/3)."""
     loaded = wrap_model(tiny_model("llama"))
-    generation = Generation(loaded, spec("streaming", "streaming", "threshold", budget=16, chunk=8,
-                                         compact_at=compact_at, max_new_tokens=1), prompt(length=48))
+    generation = Generation(
+        loaded,
+        spec("streaming", "streaming", "threshold", budget=16, chunk=8, compact_at=compact_at, max_new_tokens=1),
+        prompt(length=48),
+    )
     shares = []
     for event in generation.events():
         if event.kind == "prefill":
@@ -164,11 +165,10 @@ def test_bytes_are_those_of_the_tensors_held(layout):
 def test_a_shared_prefill_gives_each_layout_the_result_of_its_own_run(layout, chunk):
     loaded = wrap_model(tiny_model("llama"))
     ids, question = prompt(batch=2, length=40, seed=4), prompt(batch=2, length=5, seed=6)
-    policies = [make_policy(name, **SMALL_WINDOW.get(name, {})) for name in ("h2o", "snapkv", "knorm")]
+    policies = [small_policy(name) for name in ("h2o", "snapkv", "knorm")]
     shared = prefill_once(loaded, ids, policies, chunk=chunk)
     for policy in policies:
-        run_spec = RunSpec(policy, Budget(tokens=12), chunk=chunk, max_new_tokens=6, stop_token_ids=(),
-                           layout=layout)
+        run_spec = RunSpec(policy, Budget(tokens=12), chunk=chunk, max_new_tokens=6, stop_token_ids=(), layout=layout)
         alone = generate(loaded, ids, run_spec, suffix_ids=question)
         forked = generate(loaded, None, run_spec, suffix_ids=question, prefilled=shared)
         assert forked.tokens == alone.tokens and forked.kept_per_layer == alone.kept_per_layer, policy.name

@@ -10,30 +10,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import prompt, save_tiny_checkpoint, tiny_model
 
 from kvlab import models
 from kvlab.budget import Budget
 from kvlab.cli import main
 from kvlab.engine import RunSpec, generate
 from kvlab.errors import KvlabError
-from kvlab.models import load_model, wrap_model
+from kvlab.models import wrap_model
 from kvlab.policies import make_policy
 from kvlab.store import open_store
 from kvlab.sweep import SweepGrid, SweepRunner
 from kvlab.tasks.items import load_jsonl
 from kvlab.tasks.needle import score
 from kvlab.ui.live import LiveRun, LiveSettings, TextTask, build_prompt, store_live_run
-from tiny_models import prompt, save_tiny_checkpoint, tiny_model
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> str:
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def shipped():
-    return load_model()
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -44,8 +34,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 def one_sentence(err: str) -> str:
     """The single line a refused command prints (after transformers' loading progress bars, if it got that far)."""
-    lines = [line + "\n" for line in err.split("\n")
-             if line.strip() and not re.search(r"\d+/\d+ \[[\d:<?]+", line)]
+    lines = [line + "\n" for line in err.split("\n") if line.strip() and not re.search(r"\d+/\d+ \[[\d:<?]+", line)]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 
@@ -54,8 +43,7 @@ def one_sentence(err: str) -> str:
 
 
 def needle_grid(**changes) -> SweepGrid:
-    values = dict(policies=(make_policy("full"),), keeps=(), contexts=(256,), depths=(0.5,), trials=2,
-                  max_new_tokens=1)
+    values = dict(policies=(make_policy("full"),), keeps=(), contexts=(256,), depths=(0.5,), trials=2, max_new_tokens=1)
     return SweepGrid(**{**values, **changes})
 
 
@@ -73,8 +61,17 @@ def test_a_sweep_with_another_generation_length_is_another_run_not_the_stored_on
 
 
 def write_tasks(path: Path, answer: str) -> str:
-    path.write_text(json.dumps({"id": "a", "context": "The access code of Ada is 4471. The sky was grey.",
-                                "question": "What is the access code of Ada?", "answer": answer}) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "id": "a",
+                "context": "The access code of Ada is 4471. The sky was grey.",
+                "question": "What is the access code of Ada?",
+                "answer": answer,
+            }
+        )
+        + "\n"
+    )
     return str(path)
 
 
@@ -96,13 +93,67 @@ def test_eval_of_a_changed_task_file_is_a_new_run(tmp_path, capsys):
 def test_the_same_text_with_two_expected_answers_is_stored_twice(shipped, tmp_path):
     store = open_store(tmp_path / "runs.duckdb")
     for answer in ("4471", "amber"):
-        live = LiveRun(shipped, build_prompt(shipped, TextTask("The access code of Ada is 4471. " * 4,
-                                                               "What is the access code of Ada?", answer)),
-                       LiveSettings("full", max_new_tokens=4, chunk=64))
+        live = LiveRun(
+            shipped,
+            build_prompt(
+                shipped, TextTask("The access code of Ada is 4471. " * 4, "What is the access code of Ada?", answer)
+            ),
+            LiveSettings("full", max_new_tokens=4, chunk=64),
+        )
         list(live.events())
         assert store_live_run(store, live, live.outcome()) is not None
     assert sorted(store.trials_frame()["expected"]) == ["4471", "amber"]
     store.close()
+
+
+#: The stored settings that do not depend on the task: equal wherever the same settings ran.
+SETTINGS = (
+    "model",
+    "weights_hash",
+    "tokenizer_hash",
+    "policy",
+    "policy_params",
+    "mode",
+    "keep",
+    "budget_tokens",
+    "chunk",
+    "compression_interval",
+    "layout",
+    "compact_at",
+    "query_aware",
+    "max_new_tokens",
+    "stop_rule",
+    "seed",
+    "device",
+    "dtype",
+)
+
+
+def test_eval_a_sweep_and_the_live_page_store_the_same_settings_the_same_way(shipped, tmp_path, capsys):
+    db = str(tmp_path / "runs.duckdb")
+    same = ["--policy", "h2o", "--keep", "0.5", "--mode", "streaming", "--chunk", "64", "--max-new-tokens", "6"]
+    status, _, err = run(capsys, "eval", "--tasks", write_tasks(tmp_path / "tasks.jsonl", "4471"), "--db", db, *same)
+    assert status == 0, err
+    sweep = ["sweep", "--policies", "h2o", "--keep", "0.5", "--mode", "streaming", "--chunk", "64"]
+    sweep += ["--max-new-tokens", "6", "--contexts", "256", "--depths", "0.5", "--trials", "1", "--db", db, "--quiet"]
+    status, _, err = run(capsys, *sweep)
+    assert status == 0, err
+    live = LiveRun(
+        shipped,
+        build_prompt(
+            shipped, TextTask("The access code of Ada is 4471. " * 4, "What is the access code of Ada?", "4471")
+        ),
+        LiveSettings("h2o", {}, Budget(keep=0.5), "streaming", chunk=64, max_new_tokens=6),
+    )
+    list(live.events())
+    store = open_store(db)
+    assert store_live_run(store, live, live.outcome()) is not None
+    runs = store.list_runs().sort_values("run_id")
+    store.close()
+    assert len(runs) == 3 and runs["task"].nunique() == 3
+    stored = [{name: row[name] for name in SETTINGS} for _, row in runs.iterrows()]
+    assert stored[0] == stored[1] == stored[2], stored
+    assert stored[0]["policy"] == "h2o" and stored[0]["keep"] == 0.5 and stored[0]["chunk"] == 64
 
 
 def test_random_has_no_seed_of_its_own_and_the_run_seed_is_its_seed():
@@ -131,14 +182,17 @@ def test_a_sweep_past_the_models_positions_stores_nothing(tmp_path, capsys):
     assert not db.exists()
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--contexts", ""], "at least one context length"),
-    (["--contexts", "256", "--depths", ""], "at least one needle depth"),
-    (["--contexts", "256", "--depths", " , "], "at least one needle depth"),
-    (["--contexts", "256", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-    (["--contexts", "256", "--seed", str(2**63)], "a seed must be at most 9223372036854775807"),
-    (["--contexts", "256,-5"], "Context lengths are positive numbers of tokens"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--contexts", ""], "at least one context length"),
+        (["--contexts", "256", "--depths", ""], "at least one needle depth"),
+        (["--contexts", "256", "--depths", " , "], "at least one needle depth"),
+        (["--contexts", "256", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["--contexts", "256", "--seed", str(2**63)], "a seed must be at most 9223372036854775807"),
+        (["--contexts", "256,-5"], "Context lengths are positive numbers of tokens"),
+    ],
+)
 def test_empty_and_out_of_range_sweep_settings_are_refused(tmp_path, capsys, argv, message):
     db = tmp_path / "runs.duckdb"
     status, _, err = run(capsys, "sweep", "--policies", "full", "--db", str(db), "--quiet", *argv)
@@ -149,15 +203,20 @@ def test_empty_and_out_of_range_sweep_settings_are_refused(tmp_path, capsys, arg
 # --- one sentence for every bad input ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--device", "tpu"], "Unknown device 'tpu'; use cpu, cuda or cuda:N."),
-    (["--device", "cpu:5"], "There is no device 'cpu:5': the CPU is one device, so use cpu."),
-    (["--seed", str(2**63)], "a seed must be at most"),
-    (["--seed", "-1"], "a seed must be at least 0"),
-    (["--policy", "streaming", "--budget", "16", "--param", "sinks=-10"],
-     "Parameter 'sinks' of policy 'streaming' must be a whole number (at least 0), not -10."),
-    (["--policy", "snapkv", "--budget", "64", "--param", "pooling=median"], "must be one of 'max', 'avg'"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--device", "tpu"], "Unknown device 'tpu'; use cpu, cuda or cuda:N."),
+        (["--device", "cpu:5"], "There is no device 'cpu:5': the CPU is one device, so use cpu."),
+        (["--seed", str(2**63)], "a seed must be at most"),
+        (["--seed", "-1"], "a seed must be at least 0"),
+        (
+            ["--policy", "streaming", "--budget", "16", "--param", "sinks=-10"],
+            "Parameter 'sinks' of policy 'streaming' must be a whole number (at least 0), not -10.",
+        ),
+        (["--policy", "snapkv", "--budget", "64", "--param", "pooling=median"], "must be one of 'max', 'avg'"),
+    ],
+)
 def test_bad_settings_are_one_sentence(checkpoint, capsys, argv, message):
     status, out, err = run(capsys, "generate", "--model", checkpoint, "--prompt", "the cache keeps", *argv)
     assert status == 2 and out == "" and message in one_sentence(err)
@@ -210,23 +269,31 @@ def test_an_unexpected_error_is_one_sentence_and_its_traceback_is_logged(tmp_pat
     monkeypatch.setattr(models, "load_model", broken)
     status, _, err = run(capsys, "generate", "--prompt", "hello")
     assert status == 1
-    assert one_sentence(err).startswith(f"error: kvlab failed unexpectedly (RuntimeError); the traceback is in {log} "
-                                        "under reference ")
+    assert one_sentence(err).startswith(
+        f"error: kvlab failed unexpectedly (RuntimeError); the traceback is in {log} under reference "
+    )
     reference = err.rstrip().rstrip(".").rsplit(" ", 1)[-1]
     logged = log.read_text()
     assert f"reference {reference}" in logged and "a bug deep inside" in logged and "Traceback" in logged
 
 
-@pytest.mark.parametrize("line,message", [
-    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    ('{"id": "a", "context": "\\ud800 text", "question": "q", "answer": "x"}', "not valid Unicode"),
-    ('{"id": "a", "context": "text", "question": "q", "answer": "  "}', "has an empty 'answer'"),
-    ('{"id": "", "context": "text", "question": "q", "answer": "x"}', "has an empty 'id'"),
-    (json.dumps({"id": "a", "context": "x" * 1_000_000, "question": "q", "answer": "x"}),
-     "characters, far more than the 4,608 tokens"),
-    (json.dumps({"id": "a", "context": "the cache " * 3000, "question": "q", "answer": "x"}),
-     "positions, more than the 4,608 of"),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"id": "a", "context": "\\ud800 text", "question": "q", "answer": "x"}', "not valid Unicode"),
+        ('{"id": "a", "context": "text", "question": "q", "answer": "  "}', "has an empty 'answer'"),
+        ('{"id": "", "context": "text", "question": "q", "answer": "x"}', "has an empty 'id'"),
+        (
+            json.dumps({"id": "a", "context": "x" * 1_000_000, "question": "q", "answer": "x"}),
+            "characters, far more than the 4,608 tokens",
+        ),
+        (
+            json.dumps({"id": "a", "context": "the cache " * 3000, "question": "q", "answer": "x"}),
+            "positions, more than the 4,608 of",
+        ),
+    ],
+)
 def test_bad_task_lines_are_one_sentence_before_anything_runs(shipped, tmp_path, line, message):
     path = tmp_path / "tasks.jsonl"
     path.write_text(line + "\n", encoding="utf-8")
@@ -246,8 +313,18 @@ def test_keeping_the_whole_prompt_is_the_full_cache_in_both_modes(policy, params
     ids = prompt(length=40)
     full = generate(loaded, ids, RunSpec(make_policy("full"), max_new_tokens=12, stop_token_ids=()))
     for mode in ("prefill", "streaming"):
-        kept = generate(loaded, ids, RunSpec(make_policy(policy, **params), Budget(keep=1.0), mode=mode, chunk=8,
-                                             max_new_tokens=12, stop_token_ids=()))
+        kept = generate(
+            loaded,
+            ids,
+            RunSpec(
+                make_policy(policy, **params),
+                Budget(keep=1.0),
+                mode=mode,
+                chunk=8,
+                max_new_tokens=12,
+                stop_token_ids=(),
+            ),
+        )
         assert kept.tokens == full.tokens and kept.kept_per_layer == full.kept_per_layer
         assert kept.budget_tokens is None
 

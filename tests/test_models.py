@@ -15,14 +15,8 @@ from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 from kvlab.arch import arch_from_config
 from kvlab.errors import KvlabError
 from kvlab.models import load_model
-from tiny_models import save_tiny_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
 
 
 def test_loads_a_local_checkpoint_on_cpu_in_fp32_without_remote_code(checkpoint):
@@ -49,10 +43,29 @@ def write_config(directory: Path, config: dict) -> str:
 @pytest.mark.parametrize(
     "config,message",
     [
-        ({"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 32, "num_hidden_layers": 2,
-          "num_attention_heads": 2, "intermediate_size": 37, "vocab_size": 99}, "without a causal language-model head"),
-        ({"model_type": "t5", "is_encoder_decoder": True, "d_model": 32, "num_layers": 2, "num_heads": 2,
-          "vocab_size": 99}, "encoder-decoder"),
+        (
+            {
+                "model_type": "bert",
+                "architectures": ["BertForMaskedLM"],
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "intermediate_size": 37,
+                "vocab_size": 99,
+            },
+            "without a causal language-model head",
+        ),
+        (
+            {
+                "model_type": "t5",
+                "is_encoder_decoder": True,
+                "d_model": 32,
+                "num_layers": 2,
+                "num_heads": 2,
+                "vocab_size": 99,
+            },
+            "encoder-decoder",
+        ),
         ({"model_type": "mysterious", "auto_map": {"AutoConfig": "cfg.MyConfig"}}, "trust_remote_code"),
     ],
 )
@@ -73,15 +86,24 @@ def test_a_hub_id_without_network_gives_one_sentence():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     completed = subprocess.run(
         [sys.executable, "-m", "kvlab", "generate", "--model", "kvlab-nobody/not-cached", "--prompt", "hi"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert completed.returncode == 2
     assert completed.stderr.strip().startswith("error: Could not fetch 'kvlab-nobody/not-cached'")
     assert "Traceback" not in completed.stderr
 
 
-COMMON = dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
-              intermediate_size=64, vocab_size=10)
+COMMON = dict(
+    hidden_size=256,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    intermediate_size=64,
+    vocab_size=10,
+)
 
 
 @pytest.mark.parametrize(

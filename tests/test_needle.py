@@ -19,7 +19,7 @@ from kvlab.tasks.needle import (
     needle_suite,
     score,
 )
-from kvlab.train.tokenizer import save_tokenizer, train_tokenizer
+from training.tokenizer import save_tokenizer, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +73,16 @@ def test_multi_value_answer_lists_values_in_order_of_appearance(tokenizer, hayst
 
 
 def test_multi_key_suite_states_every_key(tokenizer, haystacks):
-    items = needle_suite(tokenizer, haystacks, TRAIN_TEMPLATES[:2], lengths=[1024], depths=[0.5], per_depth=2,
-                         kind="multi-key", num_keys=3)
+    items = needle_suite(
+        tokenizer,
+        haystacks,
+        TRAIN_TEMPLATES[:2],
+        lengths=[1024],
+        depths=[0.5],
+        per_depth=2,
+        kind="multi-key",
+        num_keys=3,
+    )
     for item in items:
         assert item.kind == "multi-key" and item.num_facts == 3 and item.context_tokens == 1024
         assert item.context.count(" is ") >= 3

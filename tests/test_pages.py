@@ -113,8 +113,12 @@ def test_a_short_live_run_completes_and_is_stored(db):
     labels = {metric.label: metric.value for metric in app.metric}
     assert labels["Prompt tokens"] == "256" and labels["KV in use (measured)"].endswith("MiB")
     titles = set(charts(app))
-    assert {"KV cache bytes", "Cache map: surviving positions per layer", "Entropy per layer over the run",
-            "Attention weight per key over the run (mean over layers)"} <= titles
+    assert {
+        "KV cache bytes",
+        "Cache map: surviving positions per layer",
+        "Entropy per layer over the run",
+        "Attention weight per key over the run (mean over layers)",
+    } <= titles
     runs = open_store(db).list_runs()
     assert len(runs) == 1 and runs.loc[0, "trials"] == 1 and runs.loc[0, "context_length"] == 256
 
@@ -172,7 +176,8 @@ def test_an_unknown_model_is_a_sentence_and_the_app_keeps_working(db):
     assert not app.exception
     assert shown(app.sidebar.error[0].value) == (
         "'/no/such/model' is not a model this server can load: give a hub id, or the directory of a decoder-only "
-        "causal language model with its config.json, tokenizer and weights.")
+        "causal language model with its config.json, tokenizer and weights."
+    )
     assert widget(app.button, "Run").disabled
     app.switch_page("pages/costs.py")
     app.run()
@@ -232,8 +237,12 @@ def test_a_waiting_sweep_shows_its_place_and_is_stopped_and_resumed_from_the_pag
             assert time.monotonic() < deadline
             time.sleep(0.01)
         app.run()
-        assert any(shown(info.value).startswith("Waiting for the device: 1 run is ahead of yours. Now running: live run of "
-                                         "h2o on 2,048 tokens") for info in app.info)
+        assert any(
+            shown(info.value).startswith(
+                "Waiting for the device: 1 run is ahead of yours. Now running: live run of h2o on 2,048 tokens"
+            )
+            for info in app.info
+        )
         click(app, "Stop")
         sweep_job(db)
     app.run()
@@ -304,16 +313,36 @@ def test_the_runs_page_filters_compares_and_offers_downloads(seeded):
     assert "3 of 6 runs" in app.main.caption[0].value
     assert widget(app.multiselect, "Runs to compare").value == [4, 6]
     assert {button.label for button in app.get("download_button")} == {
-        "Runs (CSV)", "Runs (Parquet)", "Trials (CSV)", "Trials (Parquet)"}
+        "Runs (CSV)",
+        "Runs (Parquet)",
+        "Trials (CSV)",
+        "Trials (Parquet)",
+    }
 
 
 # --- access -----------------------------------------------------------------------------------------------------------
 
-AUTH = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret": "a-cookie-secret-of-32-characters",
-        "client_id": "kvlab", "client_secret": "not-a-secret",
-        "server_metadata_url": "http://127.0.0.1:9/.well-known/openid-configuration"}
-WIDGET_KINDS = ("button", "checkbox", "toggle", "radio", "selectbox", "multiselect", "select_slider", "slider",
-                "text_input", "text_area", "number_input", "file_uploader")
+AUTH = {
+    "redirect_uri": "http://localhost:8501/oauth2callback",
+    "cookie_secret": "a-cookie-secret-of-32-characters",
+    "client_id": "kvlab",
+    "client_secret": "not-a-secret",
+    "server_metadata_url": "http://127.0.0.1:9/.well-known/openid-configuration",
+}
+WIDGET_KINDS = (
+    "button",
+    "checkbox",
+    "toggle",
+    "radio",
+    "selectbox",
+    "multiselect",
+    "select_slider",
+    "slider",
+    "text_input",
+    "text_area",
+    "number_input",
+    "file_uploader",
+)
 
 
 def test_with_a_login_configured_a_visitor_sees_only_the_login_and_runs_record_the_user(db):
@@ -345,7 +374,9 @@ def test_with_a_login_configured_a_visitor_sees_only_the_login_and_runs_record_t
 def test_without_a_login_the_sidebar_says_who_can_reach_the_server(db):
     app = AppTest.from_file("../app.py", default_timeout=120)
     app.run()
-    assert "No login configured: serving this machine only (localhost)." in [shown(c.value) for c in app.sidebar.caption]
+    assert "No login configured: serving this machine only (localhost)." in [
+        shown(c.value) for c in app.sidebar.caption
+    ]
     assert not app.sidebar.warning
     # the sidebar reads the address the server was started with, as `--server.address` or the environment sets it
     configured = config.get_option("server.address")
@@ -365,21 +396,30 @@ def test_a_model_outside_the_allow_list_is_refused_with_a_message(db, monkeypatc
     app.run()
     assert shown(app.sidebar.error[0].value) == (
         f"'meta-llama/Llama-3.2-1B' is not a model this server may load; it allows {default_model()}, "
-        "Qwen/Qwen2.5-0.5B.")
+        "Qwen/Qwen2.5-0.5B."
+    )
     assert widget(app.button, "Run").disabled
 
     monkeypatch.setenv("KVLAB_ALLOWED_MODELS", "Qwen/Qwen2.5-0.5B")  # the default model is not allowed either
     app = AppTest.from_file("../app.py", default_timeout=120)
     app.session_state["kvlab_model_name"] = default_model()
     app.run()
-    assert shown(app.sidebar.error[0].value).endswith("is not a model this server may load; it allows Qwen/Qwen2.5-0.5B.")
+    assert shown(app.sidebar.error[0].value).endswith(
+        "is not a model this server may load; it allows Qwen/Qwen2.5-0.5B."
+    )
 
 
 def test_nothing_in_the_browser_can_switch_trust_remote_code_on(db, tmp_path, monkeypatch):
     remote = tmp_path / "ships-its-own-code"
     remote.mkdir()
-    (remote / "config.json").write_text(json.dumps({"model_type": "mysterious", "auto_map": {
-        "AutoConfig": "configuration.MyConfig", "AutoModelForCausalLM": "modeling.MyModel"}}))
+    (remote / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "mysterious",
+                "auto_map": {"AutoConfig": "configuration.MyConfig", "AutoModelForCausalLM": "modeling.MyModel"},
+            }
+        )
+    )
     calls: list[dict] = []
     real_load = session.load_model
 
@@ -404,6 +444,9 @@ def test_nothing_in_the_browser_can_switch_trust_remote_code_on(db, tmp_path, mo
                 named = f"{getattr(element, 'label', '')} {getattr(element, 'key', '') or ''}".lower()
                 assert "remote" not in named and "trust" not in named, (page, named)
     sources = [REPO / "app.py", *(REPO / "pages").glob("*.py"), *(REPO / "kvlab" / "ui").glob("*.py")]
-    settings = [value for source in sources
-                for value in re.findall(r"trust_remote_code\s*=\s*(\w+)", source.read_text(encoding="utf-8"))]
+    settings = [
+        value
+        for source in sources
+        for value in re.findall(r"trust_remote_code\s*=\s*(\w+)", source.read_text(encoding="utf-8"))
+    ]
     assert settings == ["False"]

@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 from test_pages import click, open_page, shown, widget
 from test_store_safety import damaged_database, write_v4_database
 from test_ui_tables import add_run
+from tiny_models import save_tiny_checkpoint
 
 from kvlab import store as store_package
 from kvlab.errors import KvlabError
@@ -22,7 +23,6 @@ from kvlab.store import open_store
 from kvlab.store.connection import close
 from kvlab.store.errors import disk_full
 from kvlab.ui import access, session, tables
-from tiny_models import save_tiny_checkpoint
 
 
 @pytest.fixture
@@ -40,9 +40,17 @@ def refusal(app: AppTest, name: str) -> str:
 def test_the_model_box_says_the_same_whether_a_path_exists_or_not(db, tmp_path):
     bert = tmp_path / "bert"
     bert.mkdir()
-    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"],
-                                                  "num_hidden_layers": 2, "num_attention_heads": 2,
-                                                  "hidden_size": 8}))
+    (bert / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "bert",
+                "architectures": ["BertForMaskedLM"],
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "hidden_size": 8,
+            }
+        )
+    )
     app = open_page("pages/live.py")
     sentences = set()
     for name in ("/etc/shadow", "/root", "/no/such/model", str(bert), "no-such-owner/no-such-model", "x" * 400):
@@ -51,8 +59,10 @@ def test_the_model_box_says_the_same_whether_a_path_exists_or_not(db, tmp_path):
         assert not app.exception
         shown_name = name if len(name) <= 80 else name[:80] + "…"
         sentences.add(refusal(app, shown_name))
-    assert sentences == {"NAME is not a model this server can load: give a hub id, or the directory of a "
-                         "decoder-only causal language model with its config.json, tokenizer and weights."}
+    assert sentences == {
+        "NAME is not a model this server can load: give a hub id, or the directory of a "
+        "decoder-only causal language model with its config.json, tokenizer and weights."
+    }
 
 
 def test_an_empty_model_box_is_a_sentence_not_the_default_model(db):
@@ -88,8 +98,11 @@ def test_pasted_markup_is_shown_as_text(db):
     widget(app.number_input, "Tokens to generate (at most)").set_value(2)
     app.run()
     click(app, "Run")
-    rendered = [element.value for kind in ("markdown", "caption", "error", "warning", "success", "info")
-                for element in app.get(kind)]
+    rendered = [
+        element.value
+        for kind in ("markdown", "caption", "error", "warning", "success", "info")
+        for element in app.get(kind)
+    ]
     assert any(image in shown(text) for text in rendered)  # it is there, as text
     assert not any("![" in text or "**the**" in text for text in rendered)  # and never as markup
     assert "(pixel.png)" not in " ".join(rendered)
@@ -165,8 +178,11 @@ def test_a_bug_in_a_page_is_one_sentence_with_a_reference_and_no_traceback(db, m
     app.run()
     assert not app.exception
     message = shown(app.error[0].value)
-    assert re.fullmatch(r"Something went wrong on the server \(ZeroDivisionError, reference [0-9a-f]{8}\); the "
-                        r"details are in the server log\.", message)
+    assert re.fullmatch(
+        r"Something went wrong on the server \(ZeroDivisionError, reference [0-9a-f]{8}\); the "
+        r"details are in the server log\.",
+        message,
+    )
     reference = message.split("reference ")[1][:8]
     assert any(reference in record.getMessage() and record.exc_info for record in caplog.records)
     assert "a bug in a table shaper" not in message
@@ -193,11 +209,22 @@ def test_development_mode_shows_the_traceback(db, monkeypatch):
 # --- the Host header -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("header,allowed", [
-    (None, True), ("localhost:8501", True), ("127.0.0.1:8501", True), ("[::1]:8501", True), ("LOCALHOST", True),
-    ("kvlab.example.org", True), ("kvlab.example.org:443", True),
-    ("evil.example:8501", False), ("localhost.evil.example", False), ("127.0.0.1.nip.io:8501", False), ("", False),
-])
+@pytest.mark.parametrize(
+    "header,allowed",
+    [
+        (None, True),
+        ("localhost:8501", True),
+        ("127.0.0.1:8501", True),
+        ("[::1]:8501", True),
+        ("LOCALHOST", True),
+        ("kvlab.example.org", True),
+        ("kvlab.example.org:443", True),
+        ("evil.example:8501", False),
+        ("localhost.evil.example", False),
+        ("127.0.0.1.nip.io:8501", False),
+        ("", False),
+    ],
+)
 def test_only_the_servers_own_names_are_answered(header, allowed):
     names = access.allowed_hosts({"KVLAB_ALLOWED_HOSTS": "kvlab.example.org, "})
     assert access.host_allowed(header, names) is allowed

@@ -23,23 +23,97 @@ from kvlab.tasks.items import TaskItem, load_jsonl
 
 COMMANDS = ("generate", "policies", "sweep", "eval", "runs", "export")
 FLAGS = (
-    "--model", "--device", "--dtype", "--trust-remote-code", "--prompt", "--prompt-file", "--policy", "--param",
-    "--keep", "--budget", "--mode", "--chunk", "--seed", "--max-new-tokens", "--json", "--policies", "--contexts",
-    "--depths", "--trials", "--task", "--batch-size", "--query-agnostic", "--no-share-prefill", "--quiet", "--tasks",
-    "--db", "--out", "--table", "--run-id", "--context-length", "--help",
+    "--model",
+    "--device",
+    "--dtype",
+    "--trust-remote-code",
+    "--prompt",
+    "--prompt-file",
+    "--policy",
+    "--param",
+    "--keep",
+    "--budget",
+    "--mode",
+    "--chunk",
+    "--seed",
+    "--max-new-tokens",
+    "--json",
+    "--policies",
+    "--contexts",
+    "--depths",
+    "--trials",
+    "--task",
+    "--batch-size",
+    "--query-agnostic",
+    "--no-share-prefill",
+    "--quiet",
+    "--tasks",
+    "--db",
+    "--out",
+    "--table",
+    "--run-id",
+    "--context-length",
+    "--help",
 )
-AWKWARD = ("", " ", "nan", "inf", "-inf", "-1", "0", "1", "0.5", "1.0", "1e400", "2", "9223372036854775808",
-           "1,2,,3", ",", "random", "h2o,streaming", "full", "snapkv", "sinks=-10", "window=0", "kernel=4",
-           "h2o.recent_ratio=2", "random.seed=3", "pooling=median", "cpu", "cpu:5", "cuda:7", "tpu", "prefill",
-           "streaming", "prefill,streaming", "needle-multikey", "trials", "runs", "x.csv", "x.parquet", "x.xlsx",
-           "\x00", "\ud800", "m" * 300)
-VALUES = st.one_of(st.sampled_from(AWKWARD), st.text(max_size=24), st.integers(-(2**70), 2**70).map(str),
-                   st.floats(allow_nan=True, allow_infinity=True).map(repr))
+AWKWARD = (
+    "",
+    " ",
+    "nan",
+    "inf",
+    "-inf",
+    "-1",
+    "0",
+    "1",
+    "0.5",
+    "1.0",
+    "1e400",
+    "2",
+    "9223372036854775808",
+    "1,2,,3",
+    ",",
+    "random",
+    "h2o,streaming",
+    "full",
+    "snapkv",
+    "sinks=-10",
+    "window=0",
+    "kernel=4",
+    "h2o.recent_ratio=2",
+    "random.seed=3",
+    "pooling=median",
+    "cpu",
+    "cpu:5",
+    "cuda:7",
+    "tpu",
+    "prefill",
+    "streaming",
+    "prefill,streaming",
+    "needle-multikey",
+    "trials",
+    "runs",
+    "x.csv",
+    "x.parquet",
+    "x.xlsx",
+    "\x00",
+    "\ud800",
+    "m" * 300,
+)
+VALUES = st.one_of(
+    st.sampled_from(AWKWARD),
+    st.text(max_size=24),
+    st.integers(-(2**70), 2**70).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+)
 ARGUMENTS = st.one_of(
-    st.tuples(st.one_of(st.sampled_from(COMMANDS), VALUES), st.lists(st.one_of(st.sampled_from(FLAGS), VALUES),
-                                                                    max_size=14)),
-    st.tuples(st.sampled_from(COMMANDS), st.lists(st.tuples(st.sampled_from(FLAGS), VALUES), max_size=8).map(
-        lambda pairs: [part for pair in pairs for part in pair])),
+    st.tuples(
+        st.one_of(st.sampled_from(COMMANDS), VALUES), st.lists(st.one_of(st.sampled_from(FLAGS), VALUES), max_size=14)
+    ),
+    st.tuples(
+        st.sampled_from(COMMANDS),
+        st.lists(st.tuples(st.sampled_from(FLAGS), VALUES), max_size=8).map(
+            lambda pairs: [part for pair in pairs for part in pair]
+        ),
+    ),
 )
 PROGRESS = re.compile(r"\d+/\d+ \[[\d:<?]+")
 
@@ -83,22 +157,24 @@ def test_any_command_line_ends_in_a_result_or_one_sentence(arguments, tmp_path_f
 # --- the JSONL reader ----------------------------------------------------------------------------------------------
 
 TEXT = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=60)
-JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXT,
-                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
-                           max_leaves=12)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=12,
+)
 RECORDS = st.fixed_dictionaries(
     {"id": TEXT, "context": TEXT, "question": TEXT, "answer": TEXT},
     optional={"extra": JSON_VALUES},
 )
 LINES = st.one_of(
-    RECORDS.map(lambda record: json.dumps(record, ensure_ascii=False) if _encodable(record) else
-                json.dumps(record)),
+    RECORDS.map(lambda record: json.dumps(record, ensure_ascii=False) if _encodable(record) else json.dumps(record)),
     JSON_VALUES.map(json.dumps),
     TEXT,
     st.integers(1, 60_000).map(lambda depth: "[" * depth + "]" * depth),
     st.integers(1, 60_000).map(lambda depth: '{"a":' * depth + "1" + "}" * depth),
-    st.integers(1, 40_000).map(lambda size: json.dumps({"id": "big", "context": "word " * size,
-                                                         "question": "q", "answer": "a"})),
+    st.integers(1, 40_000).map(
+        lambda size: json.dumps({"id": "big", "context": "word " * size, "question": "q", "answer": "a"})
+    ),
 )
 
 
@@ -117,8 +193,9 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(models.default_model())
 
 
-@settings(max_examples=200, deadline=5000, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=5000, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(lines=st.lists(LINES, max_size=6))
 def test_any_task_file_reads_as_tasks_or_one_sentence(lines, tokenizer, tmp_path):
     path = tmp_path / "tasks.jsonl"

@@ -14,7 +14,6 @@ import duckdb
 import pandas as pd
 import pytest
 
-from kvlab.store import schema as schema_module
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
 from kvlab.store import (
@@ -30,6 +29,7 @@ from kvlab.store import (
     open_store,
     run_key,
 )
+from kvlab.store import schema as schema_module
 
 REPO = Path(__file__).resolve().parents[1]
 PROVENANCE = Provenance("9.9.9", "abc123", {"python": "3.x", "torch": "2.x"})
@@ -63,7 +63,16 @@ TRIAL = Trial(
     decode_s=0.25,
 )
 EXPORT_COLUMNS = {
-    "run_id", "model", "policy", "mode", "keep", "budget_tokens", "context_tokens", "depth", "correct", "kv_bytes",
+    "run_id",
+    "model",
+    "policy",
+    "mode",
+    "keep",
+    "budget_tokens",
+    "context_tokens",
+    "depth",
+    "correct",
+    "kv_bytes",
     "peak_kv_bytes",
 }
 
@@ -163,7 +172,12 @@ def test_a_sweep_is_stored_with_its_spec_and_found_again_by_it(store: Store) -> 
     store.set_sweep_status(sweep_id, "failed", "The GPU ran out of memory.")
     latest = store.sweeps()[0]
     assert (latest.sweep_id, latest.spec, latest.status, latest.message, latest.started_by) == (
-        sweep_id, SPEC, "failed", "The GPU ran out of memory.", "ann")
+        sweep_id,
+        SPEC,
+        "failed",
+        "The GPU ran out of memory.",
+        "ann",
+    )
     assert latest.updated_at >= latest.created_at
 
     assert store.begin_sweep(SPEC, started_by="bob") == sweep_id  # resumed: queued again, first starter kept
@@ -264,10 +278,16 @@ def test_migrating_a_v1_database_keeps_its_data(db_path: Path) -> None:
         assert migrated.schema_version() == SCHEMA_VERSION
         runs = migrated.list_runs().set_index("run_id")
         assert runs.loc[1, ["run_key", "status", "keep", "policy_params"]].tolist() == [
-            "v1:1", "finished", 0.25, '{"recent":8}'
+            "v1:1",
+            "finished",
+            0.25,
+            '{"recent":8}',
         ]
         assert runs.loc[2, ["run_key", "status", "budget_tokens", "mode"]].tolist() == [
-            "v1:2", "interrupted", 512, "prefill"
+            "v1:2",
+            "interrupted",
+            512,
+            "prefill",
         ]
         assert pd.isna(runs.loc[2, "keep"]) and pd.isna(runs.loc[1, "budget_tokens"])
         assert runs["trials"].tolist() == [2, 1]
@@ -276,7 +296,9 @@ def test_migrating_a_v1_database_keeps_its_data(db_path: Path) -> None:
         trials = migrated.trials_frame()
         assert "exact" in trials.columns and trials["exact"].isna().all()
         assert trials[["run_id", "trial_key", "task_id", "correct", "kv_bytes"]].values.tolist() == [
-            [1, "v1:1", "n0", True, 100], [1, "v1:2", "n1", False, 200], [2, "v1:1", "n0", True, 300]
+            [1, "v1:1", "n0", True, 100],
+            [1, "v1:2", "n1", False, 200],
+            [2, "v1:1", "n0", True, 300],
         ]
         new_run = migrated.begin_run(CONFIG, provenance=PROVENANCE)
         assert new_run == 3
@@ -293,9 +315,12 @@ def test_migrating_a_v3_database_adds_sweeps_and_keeps_its_runs(db_path: Path) -
         connection.execute("INSERT INTO schema_version VALUES (3)")
         connection.execute(
             "INSERT INTO runs (run_key, status, model, policy, mode, policy_params, started_by, started_at) "
-            "VALUES ('k1', 'running', 'old-model', 'h2o', 'prefill', '{}', 'ann', '2025-01-01 10:00')")
-        connection.execute("INSERT INTO trials (run_id, trial_key, task_id, context_tokens, correct, exact) "
-                           "VALUES (1, 't0', 'n0', 512, TRUE, FALSE)")
+            "VALUES ('k1', 'running', 'old-model', 'h2o', 'prefill', '{}', 'ann', '2025-01-01 10:00')"
+        )
+        connection.execute(
+            "INSERT INTO trials (run_id, trial_key, task_id, context_tokens, correct, exact) "
+            "VALUES (1, 't0', 'n0', 512, TRUE, FALSE)"
+        )
 
     migrated = open_store(db_path)
     try:
@@ -427,8 +452,7 @@ def test_a_corrupt_file_gives_one_sentence_and_is_left_untouched(tmp_path: Path,
     with pytest.raises(KvlabError) as refused:
         open_store(path)
     assert str(refused.value) == (
-        f"The file {path} is not a readable kvlab database (it is corrupt or not a DuckDB file); "
-        "it was left untouched."
+        f"The file {path} is not a readable kvlab database (it is corrupt or not a DuckDB file); it was left untouched."
     )
     assert path.read_bytes() == data
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("runs")) == ["runs.duckdb"]

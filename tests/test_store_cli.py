@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from kvlab.cli.store import filters_from_args, register
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
 from kvlab.store import RunConfig, RunFilter, Trial, open_store
-from kvlab.cli.store import filters_from_args, register
 
 PROVENANCE = Provenance("0.0.0", None, {})
 
@@ -55,7 +55,8 @@ def test_runs_lists_the_matching_runs(db: Path, capsys: pytest.CaptureFixture[st
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["run_id", "status", "model", "policy"]
     assert [line.split()[:4] for line in lines[1:]] == [
-        ["1", "running", "llama", "h2o"], ["3", "running", "qwen", "h2o"]
+        ["1", "running", "llama", "h2o"],
+        ["3", "running", "qwen", "h2o"],
     ]
 
 
@@ -72,7 +73,8 @@ def test_export_writes_the_filtered_trials(db: Path, tmp_path: Path, capsys: pyt
     assert capsys.readouterr().out.strip() == f"Wrote 2 trials to {out}."
     frame = pd.read_parquet(out)
     assert frame[["run_id", "model", "policy", "trial_key"]].values.tolist() == [
-        [2, "llama", "tova", "tova-0"], [2, "llama", "tova", "tova-1"]
+        [2, "llama", "tova", "tova-0"],
+        [2, "llama", "tova", "tova-1"],
     ]
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import pytest
-
 from disks import fill, small_disk
+
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
 from kvlab.store import MIGRATIONS, RunConfig, Trial, export_runs, export_trials, open_store
@@ -39,9 +39,12 @@ def write_v4_database(path: Path) -> None:
         connection.execute("INSERT INTO schema_version VALUES (4)")
         connection.execute(
             "INSERT INTO runs (run_key, status, model, policy, mode, task, policy_params, keep, seed, started_at) "
-            "VALUES ('old-key', 'finished', 'm', 'h2o', 'prefill', 'needle', '{}', 0.5, 0, '2025-01-01 10:00')")
-        connection.execute("INSERT INTO trials (run_id, trial_key, task_id, context_tokens, correct, exact) "
-                           "VALUES (1, 'd0', 'n0', 512, FALSE, FALSE)")
+            "VALUES ('old-key', 'finished', 'm', 'h2o', 'prefill', 'needle', '{}', 0.5, 0, '2025-01-01 10:00')"
+        )
+        connection.execute(
+            "INSERT INTO trials (run_id, trial_key, task_id, context_tokens, correct, exact) "
+            "VALUES (1, 'd0', 'n0', 512, FALSE, FALSE)"
+        )
 
 
 def fingerprint(path: Path) -> tuple[bytes, int]:
@@ -49,8 +52,9 @@ def fingerprint(path: Path) -> tuple[bytes, int]:
 
 
 def kvlab(*argv: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvlab", *argv], capture_output=True, text=True, cwd=REPO,
-                          timeout=120, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "kvlab", *argv], capture_output=True, text=True, cwd=REPO, timeout=120, **kwargs
+    )
 
 
 # --- other applications' files and read-only reads -----------------------------------------------------------------
@@ -59,8 +63,10 @@ def kvlab(*argv: str, **kwargs) -> subprocess.CompletedProcess:
 def test_another_applications_database_with_a_schema_version_table_is_refused_untouched(tmp_path: Path) -> None:
     path = tmp_path / "billing.duckdb"
     with duckdb.connect(str(path)) as connection:
-        connection.execute("CREATE TABLE schema_version (version INTEGER); INSERT INTO schema_version VALUES (1);"
-                           "CREATE TABLE invoices (id INTEGER); INSERT INTO invoices VALUES (7)")
+        connection.execute(
+            "CREATE TABLE schema_version (version INTEGER); INSERT INTO schema_version VALUES (1);"
+            "CREATE TABLE invoices (id INTEGER); INSERT INTO invoices VALUES (7)"
+        )
     before = fingerprint(path)
     for read_only in (True, False):
         with pytest.raises(KvlabError, match="is a DuckDB database but not a kvlab one; it was left untouched"):
@@ -137,8 +143,9 @@ def damaged_copies(tmp_path: Path) -> Iterator[tuple[Path, bytes]]:
     """Copies of a real store of 3,000 trials, each with one 256 KiB block scrambled (and its bytes)."""
     path = tmp_path / "healthy.duckdb"
     store = open_store(path)
-    store.add_trials(store.begin_run(CONFIG, provenance=PROVENANCE),
-                     [trial(f"k{i}", output="x" * 200) for i in range(3000)])
+    store.add_trials(
+        store.begin_run(CONFIG, provenance=PROVENANCE), [trial(f"k{i}", output="x" * 200) for i in range(3000)]
+    )
     store.close()
     healthy = path.read_bytes()
     block = 262144
@@ -238,8 +245,14 @@ def filled(tmp_path: Path):
     path = tmp_path / "runs.duckdb"
     store = open_store(path)
     run_id = store.begin_run(CONFIG, provenance=PROVENANCE)
-    store.add_trials(run_id, [trial("a", expected='=HYPERLINK("http://x","y")', output="+1"),
-                              trial("b", expected="@SUM(A1)", output="\tx"), trial("c", expected="-3", output="ok")])
+    store.add_trials(
+        run_id,
+        [
+            trial("a", expected='=HYPERLINK("http://x","y")', output="+1"),
+            trial("b", expected="@SUM(A1)", output="\tx"),
+            trial("c", expected="-3", output="ok"),
+        ],
+    )
     yield store
     store.close()
 
@@ -288,7 +301,7 @@ def test_csv_cells_that_a_spreadsheet_would_run_are_escaped_and_parquet_keeps_va
     export_trials(filled, out)
     with out.open(newline="") as handle:
         rows = {row["trial_key"]: row for row in csv.DictReader(handle)}
-    assert rows["a"]["expected"] == "'=HYPERLINK(\"http://x\",\"y\")" and rows["a"]["output"] == "'+1"
+    assert rows["a"]["expected"] == '\'=HYPERLINK("http://x","y")' and rows["a"]["output"] == "'+1"
     assert rows["b"]["expected"] == "'@SUM(A1)" and rows["b"]["output"] == "'\tx"
     assert rows["c"]["expected"] == "'-3" and rows["c"]["output"] == "ok"
     assert rows["a"]["policy_params"] == "{}"

@@ -17,14 +17,8 @@ from kvlab.models import load_model
 from kvlab.policies import make_policy
 from kvlab.store import RunFilter, open_store
 from kvlab.sweep import SweepGrid, SweepRunner, needle_items, parse_policies
-from tiny_models import save_tiny_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +27,17 @@ def loaded(checkpoint):
 
 
 def grid(**changes) -> SweepGrid:
-    values = dict(policies=(make_policy("full"), make_policy("h2o"), make_policy("streaming")), keeps=(0.5,),
-                  contexts=(256,), depths=(0.0, 1.0), trials=2, modes=("prefill", "streaming"), chunk=32,
-                  max_new_tokens=4, batch_size=3)
+    values = dict(
+        policies=(make_policy("full"), make_policy("h2o"), make_policy("streaming")),
+        keeps=(0.5,),
+        contexts=(256,),
+        depths=(0.0, 1.0),
+        trials=2,
+        modes=("prefill", "streaming"),
+        chunk=32,
+        max_new_tokens=4,
+        batch_size=3,
+    )
     values.update(changes)
     return SweepGrid(**values)
 
@@ -117,9 +119,34 @@ def test_bad_grids_are_refused():
 
 def test_killing_a_sweep_process_and_running_it_again_leaves_one_row_per_cell_and_trial(checkpoint, tmp_path):
     db = tmp_path / "killed.duckdb"
-    command = [sys.executable, "-m", "kvlab", "sweep", "--model", checkpoint, "--policies", "full,h2o,streaming,knorm",
-               "--keep", "0.3,0.6", "--mode", "prefill,streaming", "--contexts", "256,320", "--depths", "0,0.5,1",
-               "--trials", "2", "--chunk", "32", "--batch-size", "1", "--max-new-tokens", "4", "--db", str(db)]
+    command = [
+        sys.executable,
+        "-m",
+        "kvlab",
+        "sweep",
+        "--model",
+        checkpoint,
+        "--policies",
+        "full,h2o,streaming,knorm",
+        "--keep",
+        "0.3,0.6",
+        "--mode",
+        "prefill,streaming",
+        "--contexts",
+        "256,320",
+        "--depths",
+        "0,0.5,1",
+        "--trials",
+        "2",
+        "--chunk",
+        "32",
+        "--batch-size",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--db",
+        str(db),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     progressed = threading.Event()

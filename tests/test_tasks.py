@@ -8,14 +8,8 @@ import pytest
 
 from kvlab.cli import main
 from kvlab.errors import KvlabError
-from kvlab.models import load_model
 from kvlab.tasks.items import load_jsonl, prompt_ids, stop_token_ids
 from kvlab.tasks.needle import ANSWER_PREFIX, QUESTION_PREFIX
-
-
-@pytest.fixture(scope="module")
-def shipped():
-    return load_model()
 
 
 def write_tasks(path, records) -> str:
@@ -24,10 +18,18 @@ def write_tasks(path, records) -> str:
 
 
 FACTS = [
-    {"id": "a", "context": "The release tag of project Orion is QZ-4471-k9. The weather was mild all week.",
-     "question": "What is the release tag of project Orion?", "answer": "QZ-4471-k9"},
-    {"id": "b", "context": "Nothing is said here about codes. The secret word chosen by Astrid is amber falcon.",
-     "question": "What is the secret word chosen by Astrid?", "answer": "amber falcon"},
+    {
+        "id": "a",
+        "context": "The release tag of project Orion is QZ-4471-k9. The weather was mild all week.",
+        "question": "What is the release tag of project Orion?",
+        "answer": "QZ-4471-k9",
+    },
+    {
+        "id": "b",
+        "context": "Nothing is said here about codes. The secret word chosen by Astrid is amber falcon.",
+        "question": "What is the secret word chosen by Astrid?",
+        "answer": "amber falcon",
+    },
 ]
 
 
@@ -65,8 +67,10 @@ def test_repeated_ids_and_empty_files_are_refused(shipped, tmp_path):
 def test_chat_models_get_a_user_turn_split_where_the_question_begins(shipped):
     tokenizer = shipped.tokenizer
     original = tokenizer.chat_template
-    tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-                               "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     try:
         context, question = prompt_ids(tokenizer, "Some context.", "What is it?")
     finally:

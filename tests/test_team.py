@@ -17,7 +17,6 @@ import pytest
 from browser import Server, idle, launch, needs_chromium
 
 from kvlab.budget import Budget
-from kvlab.models import load_model
 from kvlab.store import open_store
 from kvlab.ui.device_queue import DeviceQueue, Ticket, Waiting
 from kvlab.ui.grid import NeedleGridRequest
@@ -49,8 +48,8 @@ class WatchedQueue(DeviceQueue):
                     self.holding -= 1
 
 
-def test_eight_sessions_at_once_take_turns_and_store_every_run_exactly_once(tmp_path):
-    loaded = load_model()
+def test_eight_sessions_at_once_take_turns_and_store_every_run_exactly_once(tmp_path, shipped):
+    loaded = shipped
     store = open_store(tmp_path / "runs.duckdb")
     queue = WatchedQueue()
     jobs = SweepJobs(queue)
@@ -196,8 +195,10 @@ def test_a_sweep_outlives_its_tab_and_a_killed_server_and_resumes_complete(tmp_p
 
         watcher = needle_grid_tab()
         watcher.get_by_text("Sweep 1: full, h2o · keep 0.1 · prefill · 512 tokens · 2 depths x 4 trials").wait_for()
-        watcher.wait_for_function("[...document.querySelectorAll('[data-testid=stProgress]')]"
-                                  ".some(e => /[1-9]\\d* of 16 trials/.test(e.innerText))")
+        watcher.wait_for_function(
+            "[...document.querySelectorAll('[data-testid=stProgress]')]"
+            ".some(e => /[1-9]\\d* of 16 trials/.test(e.innerText))"
+        )
         done, total = progress(watcher)
         assert 1 <= done < total == 16
         server.kill()
@@ -227,10 +228,12 @@ def test_a_sweep_outlives_its_tab_and_a_killed_server_and_resumes_complete(tmp_p
 @needs_chromium
 def test_with_a_login_configured_a_visitor_sees_only_the_login(tmp_path):
     secrets = tmp_path / "secrets.toml"
-    secrets.write_text('[auth]\nredirect_uri = "http://127.0.0.1:8501/oauth2callback"\n'
-                       'cookie_secret = "a-cookie-secret-of-32-characters"\nclient_id = "kvlab"\n'
-                       'client_secret = "not-a-secret"\n'
-                       'server_metadata_url = "http://127.0.0.1:9/.well-known/openid-configuration"\n')
+    secrets.write_text(
+        '[auth]\nredirect_uri = "http://127.0.0.1:8501/oauth2callback"\n'
+        'cookie_secret = "a-cookie-secret-of-32-characters"\nclient_id = "kvlab"\n'
+        'client_secret = "not-a-secret"\n'
+        'server_metadata_url = "http://127.0.0.1:9/.well-known/openid-configuration"\n'
+    )
     env = {"KVLAB_DB": str(tmp_path / "runs.duckdb")}
     with Server(env, "--secrets.files", str(secrets)) as server, sync_api.sync_playwright() as playwright:
         browser = launch(playwright)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvlab.train.corpus import contamination, scan
-from kvlab.train.tokenizer import EOS, encode_documents, train_tokenizer
+from training.corpus import contamination, scan
+from training.tokenizer import EOS, encode_documents, train_tokenizer
 
 SENTENCE = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat all day long. "
 

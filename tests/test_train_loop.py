@@ -12,13 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from kvlab.train.loop import TrainSettings, lr_at, train
-from kvlab.train.mix import MixBuilder, MixSettings
-from kvlab.train.model import TINY_SHAPE
-from kvlab.train.prepare import prepare
+from training.loop import TrainSettings, lr_at, train
+from training.mix import MixBuilder, MixSettings
+from training.model import TINY_SHAPE
+from training.prepare import prepare
 
-PROSE = ("The river runs to the sea. A small boat waits by the shore! Does the keeper know? He does.\n"
-         "def function_{i}(value):\n    return value * {i}\n\n")
+PROSE = (
+    "The river runs to the sea. A small boat waits by the shore! Does the keeper know? He does.\n"
+    "def function_{i}(value):\n    return value * {i}\n\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +59,12 @@ def test_retrieval_sequences_answer_facts_stated_before(workdir: Path, tokenizer
         matches = list(re.finditer(r"Question: What (?:is|are all) (.+?)\?\nAnswer: (.+)\n", text))
         for match in matches:
             subject, answer = match.groups()
-            stated = text[:match.start()]
+            stated = text[: match.start()]
             for value in answer.split(", "):
-                assert f"{subject[0].upper()}{subject[1:]} is {value}." in stated or \
-                       f"One of {subject} is {value}." in stated
+                assert (
+                    f"{subject[0].upper()}{subject[1:]} is {value}." in stated
+                    or f"One of {subject} is {value}." in stated
+                )
             questions += 1
         assert tokenizer.decode(ids[mask]).startswith("".join(f" {m.group(2)}\n" for m in matches))
     assert questions >= 5
@@ -81,8 +85,17 @@ def test_lr_schedule_warms_up_then_decays():
 def test_train_resume_and_export(workdir: Path, tmp_path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    settings = TrainSettings(batch_size=2, max_steps=4, warmup_steps=2, checkpoint_every=2, log_every=1,
-                             eval_every=2, eval_batches=1, workers=0, compile=False)
+    settings = TrainSettings(
+        batch_size=2,
+        max_steps=4,
+        warmup_steps=2,
+        checkpoint_every=2,
+        log_every=1,
+        eval_every=2,
+        eval_batches=1,
+        workers=0,
+        compile=False,
+    )
     shape = replace(TINY_SHAPE, max_positions=128)
     out = tmp_path / "model"
     train(workdir, out, shape, settings)

@@ -23,15 +23,20 @@ def test_the_allow_list_is_a_comma_separated_environment_variable():
     assert allowed_models({}) == ()
     assert allowed_models({"KVLAB_ALLOWED_MODELS": " , "}) == ()
     assert allowed_models({"KVLAB_ALLOWED_MODELS": "Qwen/Qwen2.5-0.5B, /models/tiny ,"}) == (
-        "Qwen/Qwen2.5-0.5B", "/models/tiny")
+        "Qwen/Qwen2.5-0.5B",
+        "/models/tiny",
+    )
 
 
 def test_a_model_outside_the_allow_list_is_refused_naming_what_is_allowed(tmp_path, monkeypatch):
     check_model_allowed("anything/at-all", ())  # no list: any model
     allowed = ("Qwen/Qwen2.5-0.5B", str(DEFAULT_MODEL_DIR))
     check_model_allowed("Qwen/Qwen2.5-0.5B", allowed)
-    with pytest.raises(KvlabError, match=r"'meta-llama/Llama-3.2-1B' is not a model this server may load; it "
-                                         r"allows Qwen/Qwen2.5-0.5B, .*kvlab-tiny-llama\."):
+    with pytest.raises(
+        KvlabError,
+        match=r"'meta-llama/Llama-3.2-1B' is not a model this server may load; it "
+        r"allows Qwen/Qwen2.5-0.5B, .*kvlab-tiny-llama\.",
+    ):
         check_model_allowed("meta-llama/Llama-3.2-1B", allowed)
     with pytest.raises(KvlabError):
         check_model_allowed("qwen/qwen2.5-0.5b", allowed)  # hub ids are compared as written
@@ -73,10 +78,22 @@ def test_runs_are_recorded_by_the_users_email_or_another_name_claim():
     assert user_label({"sub": "1234"}) == "1234"
 
 
-@pytest.mark.parametrize("address, loopback", [
-    ("localhost", True), ("127.0.0.1", True), ("127.0.1.1", True), ("::1", True), ("[::1]", True),
-    (None, False), ("", False), ("0.0.0.0", False), ("::", False), ("10.1.2.3", False), ("gpu-box.lan", False),
-])
+@pytest.mark.parametrize(
+    "address, loopback",
+    [
+        ("localhost", True),
+        ("127.0.0.1", True),
+        ("127.0.1.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        (None, False),
+        ("", False),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.1.2.3", False),
+        ("gpu-box.lan", False),
+    ],
+)
 def test_which_addresses_serve_this_machine_only(address, loopback):
     assert is_loopback(address) is loopback
 

@@ -50,9 +50,17 @@ def event(kind: str, step: int, first: int, end: int, before: list[int], with_st
             "entropy": torch.arange(LAYERS * HEADS, dtype=torch.float32).reshape(LAYERS, 1, HEADS),
             "sink_mass": torch.full((LAYERS, 1, HEADS), 0.3),
         }
-    return Event(kind=kind, step=step, seen_tokens=end, kept_per_layer=[len(kept)] * LAYERS,
-                 kv_bytes=len(kept) * 1024, kv_bytes_full=end * 1024, token_ids=[7] if kind == "decode" else None,
-                 stats=stats, positions=positions)
+    return Event(
+        kind=kind,
+        step=step,
+        seen_tokens=end,
+        kept_per_layer=[len(kept)] * LAYERS,
+        kv_bytes=len(kept) * 1024,
+        kv_bytes_full=end * 1024,
+        token_ids=[7] if kind == "decode" else None,
+        stats=stats,
+        positions=positions,
+    )
 
 
 @pytest.fixture
@@ -108,12 +116,23 @@ def test_point_counts_stay_bounded_on_long_runs():
         decoding = step >= 500
         first = long_prompt + step - 500 if decoding else step * 128
         end = first + (1 if decoding else 128)
-        trace.add(Event(
-            kind="decode" if decoding else "prefill", step=step, seen_tokens=end, kept_per_layer=[64],
-            kv_bytes=1, kv_bytes_full=2, token_ids=[1] if decoding else None, positions=[kept],
-            stats={"pooled": torch.full((1, 1, bins), 1 / bins), "entropy": torch.ones(1, 1, 2),
-                   "sink_mass": torch.zeros(1, 1, 2)},
-        ))
+        trace.add(
+            Event(
+                kind="decode" if decoding else "prefill",
+                step=step,
+                seen_tokens=end,
+                kept_per_layer=[64],
+                kv_bytes=1,
+                kv_bytes_full=2,
+                token_ids=[1] if decoding else None,
+                positions=[kept],
+                stats={
+                    "pooled": torch.full((1, 1, bins), 1 / bins),
+                    "entropy": torch.ones(1, 1, 2),
+                    "sink_mass": torch.zeros(1, 1, 2),
+                },
+            )
+        )
     surface = figures.attention_landscape(trace).data[0]
     assert np.asarray(surface.z).shape == (figures.MAX_ROWS, bins)
     assert np.asarray(figures.cache_map(trace).data[0].z).shape[1] == figures.MAX_COLUMNS
@@ -162,8 +181,13 @@ def test_sink_and_entropy_figures_read_the_latest_pass(trace):
 
 def test_every_figure_has_a_placeholder_before_the_first_pass():
     empty = LiveTrace(LAYERS, PROMPT, 0, BINS, 2)
-    for build in (figures.sink_figure, figures.entropy_over_time, figures.head_entropy, figures.cache_map,
-                  figures.memory_figure):
+    for build in (
+        figures.sink_figure,
+        figures.entropy_over_time,
+        figures.head_entropy,
+        figures.cache_map,
+        figures.memory_figure,
+    ):
         assert build(None).layout.annotations[0].text == figures.IDLE
         assert build(empty).layout.annotations[0].text == figures.WAITING
     assert figures.attention_landscape(None).layout.annotations[0].text == figures.IDLE

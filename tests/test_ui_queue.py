@@ -75,5 +75,6 @@ def test_the_waiting_sentence_names_the_run_ahead():
         while not notices:
             time.sleep(0.005)
     thread.join(5)
-    assert notices[0].startswith("Waiting for the device: 1 run is ahead of yours. Now running: needle grid of 8 runs "
-                                 "(25% done")
+    assert notices[0].startswith(
+        "Waiting for the device: 1 run is ahead of yours. Now running: needle grid of 8 runs (25% done"
+    )

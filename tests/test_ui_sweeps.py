@@ -12,23 +12,10 @@ import torch
 
 from kvlab.engine import Generation
 from kvlab.errors import KvlabError
-from kvlab.models import load_model
-from kvlab.store import SweepRecord, open_store
+from kvlab.store import SweepRecord
 from kvlab.ui.device_queue import DeviceQueue
 from kvlab.ui.grid import NeedleGridRequest
 from kvlab.ui.sweep_jobs import SweepJobs, sweep_views
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return load_model()
-
-
-@pytest.fixture
-def store(tmp_path):
-    opened = open_store(tmp_path / "runs.duckdb")
-    yield opened
-    opened.close()
 
 
 @pytest.fixture
@@ -36,8 +23,8 @@ def jobs():
     return SweepJobs(DeviceQueue(poll_seconds=0.01))
 
 
-def grid_request(loaded, **changes) -> NeedleGridRequest:
-    base = NeedleGridRequest(loaded.name, ("full", "h2o"), 0.5, "prefill", (256,), depths=2, trials=1, batch_size=2)
+def grid_request(shipped, **changes) -> NeedleGridRequest:
+    base = NeedleGridRequest(shipped.name, ("full", "h2o"), 0.5, "prefill", (256,), depths=2, trials=1, batch_size=2)
     return dataclasses.replace(base, **changes)
 
 
@@ -48,22 +35,24 @@ def until(condition, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_request_round_trips_through_its_stored_spec(loaded):
-    request = grid_request(loaded)
+def test_a_request_round_trips_through_its_stored_spec(shipped):
+    request = grid_request(shipped)
     assert NeedleGridRequest.from_spec(json.loads(json.dumps(request.spec()))) == request
     assert request.runs() == 2 and len(request.grid().depths or ()) == 2
     assert request.describe() == "full, h2o · keep 0.5 · prefill · 256 tokens · 2 depths x 1 trial"
-    for spec in ({"kind": "other", **dataclasses.asdict(request)}, {k: v for k, v in request.spec().items()
-                                                                     if k != "keep"}):
+    for spec in (
+        {"kind": "other", **dataclasses.asdict(request)},
+        {k: v for k, v in request.spec().items() if k != "keep"},
+    ):
         with pytest.raises(KvlabError, match="not a needle grid this version of kvlab can read"):
             NeedleGridRequest.from_spec(spec)
 
 
-def test_a_sweep_runs_in_the_background_and_is_recorded_with_who_started_it(loaded, store, jobs):
-    request = grid_request(loaded)
+def test_a_sweep_runs_in_the_background_and_is_recorded_with_who_started_it(shipped, store, jobs):
+    request = grid_request(shipped)
     with jobs.queue.turn("live run of h2o on 2,048 tokens"):
-        job = jobs.start(request, loaded, store, "ann")
-        assert jobs.start(request, loaded, store, "bob") is job  # the same grid while it waits: the same job
+        job = jobs.start(request, shipped, store, "ann")
+        assert jobs.start(request, shipped, store, "bob") is job  # the same grid while it waits: the same job
         until(lambda: job.waiting is not None)
         assert job.status == "queued" and job.waiting.ahead == 1
         assert "Now running: live run of h2o on 2,048 tokens" in job.waiting.sentence()
@@ -81,15 +70,15 @@ def test_a_sweep_runs_in_the_background_and_is_recorded_with_who_started_it(load
     [view] = sweep_views(store.sweeps(), jobs.jobs(store.path))
     assert (view.level, view.sentence) == ("success", "Ran 4 trials; 0 were already stored.")
 
-    again = jobs.start(request, loaded, store, "bob")
+    again = jobs.start(request, shipped, store, "bob")
     assert again is not job and again.sweep_id == job.sweep_id
     assert again.join(60) and (again.summary.ran, again.summary.skipped) == (0, 4)
     assert len(store.sweeps()) == 1 and store.list_runs()["trials"].sum() == 4
 
 
-def test_a_waiting_sweep_stopped_gives_its_place_up_and_can_be_resumed(loaded, store, jobs):
+def test_a_waiting_sweep_stopped_gives_its_place_up_and_can_be_resumed(shipped, store, jobs):
     with jobs.queue.turn("holder"):
-        job = jobs.start(grid_request(loaded), loaded, store)
+        job = jobs.start(grid_request(shipped), shipped, store)
         until(lambda: job.waiting is not None)
         job.stop()
         assert job.join(5)
@@ -100,9 +89,9 @@ def test_a_waiting_sweep_stopped_gives_its_place_up_and_can_be_resumed(loaded, s
     assert view.can_resume and not view.can_stop and view.sentence.startswith("Stopped before it started")
 
 
-def test_a_running_sweep_stops_after_its_batch_and_resumes_where_it_stopped(loaded, store, jobs):
-    request = grid_request(loaded, trials=2, batch_size=1)  # 8 trials, one per batch
-    job = jobs.start(request, loaded, store)
+def test_a_running_sweep_stops_after_its_batch_and_resumes_where_it_stopped(shipped, store, jobs):
+    request = grid_request(shipped, trials=2, batch_size=1)  # 8 trials, one per batch
+    job = jobs.start(request, shipped, store)
     until(lambda: job.done >= 1)
     job.stop()
     assert job.join(60) and job.status == "stopped"
@@ -111,19 +100,19 @@ def test_a_running_sweep_stops_after_its_batch_and_resumes_where_it_stopped(load
     assert set(store.list_runs()["status"]) == {"interrupted"}
     assert store.sweeps()[0].status == "stopped"
 
-    resumed = jobs.start(request, loaded, store)
+    resumed = jobs.start(request, shipped, store)
     assert resumed.join(60) and resumed.status == "finished"
     assert (resumed.summary.ran, resumed.summary.skipped) == (8 - stored, stored)
     trials = store.trials_frame()
     assert len(trials) == 8 and not trials.duplicated(["run_id", "trial_key"]).any()
 
 
-def test_a_failing_sweep_says_why_and_can_be_resumed(loaded, store, jobs, monkeypatch):
+def test_a_failing_sweep_says_why_and_can_be_resumed(shipped, store, jobs, monkeypatch):
     def exhausted(self, ids):
         raise torch.OutOfMemoryError("CUDA out of memory.")
 
     monkeypatch.setattr(Generation, "_forward", exhausted)
-    job = jobs.start(grid_request(loaded), loaded, store)
+    job = jobs.start(grid_request(shipped), shipped, store)
     assert job.join(60) and job.status == "failed"
     assert "ran out of memory" in job.message and job.message.endswith("resume it to go on.")
     [record] = store.sweeps()
@@ -132,16 +121,24 @@ def test_a_failing_sweep_says_why_and_can_be_resumed(loaded, store, jobs, monkey
     assert (view.level, view.sentence, view.can_resume) == ("error", job.message, True)
 
 
-def test_the_page_lists_sweeps_to_resume_and_only_the_latest_finished(loaded):
-    spec = grid_request(loaded).spec()
+def test_the_page_lists_sweeps_to_resume_and_only_the_latest_finished(shipped):
+    spec = grid_request(shipped).spec()
     when = datetime(2025, 1, 1)
 
     def record(sweep_id: int, status: str, message: str | None = None, **changes) -> SweepRecord:
         return SweepRecord(sweep_id, {**spec, **changes}, status, message, None, when, when)  # type: ignore[arg-type]
 
-    records = [record(9, "interrupted", contexts=[512]), record(8, "finished"), record(7, "failed", "No memory."),
-               record(6, "finished"), record(5, "finished"), record(4, "finished"), record(3, "stopped"),
-               record(2, "running"), record(1, "queued", kind="other")]
+    records = [
+        record(9, "interrupted", contexts=[512]),
+        record(8, "finished"),
+        record(7, "failed", "No memory."),
+        record(6, "finished"),
+        record(5, "finished"),
+        record(4, "finished"),
+        record(3, "stopped"),
+        record(2, "running"),
+        record(1, "queued", kind="other"),
+    ]
     views = {view.sweep_id: view for view in sweep_views(records, {})}
     assert sorted(views) == [1, 2, 3, 5, 6, 7, 8, 9]  # sweep 4 is the fourth finished one
     assert views[9].sentence.startswith("Interrupted when its server stopped") and views[9].can_resume

@@ -21,15 +21,47 @@ PROVENANCE = Provenance("0.1.0", "abc", {"python": "3"})
 MODEL = "/models/kvlab-tiny-llama"
 
 
-def add_run(store: Store, policy: str, keep: float | None, outcomes: dict[float, list[bool]], *, context: int = 512,
-            budget_tokens: int | None = None, chunk: int | None = None, kv_bytes: int = 1000) -> int:
-    run_id = store.begin_run(RunConfig(model=MODEL, policy=policy, mode="prefill", task="needle", keep=keep,
-                                       budget_tokens=budget_tokens, chunk=chunk, context_length=context),
-                             provenance=PROVENANCE)
-    trials = [Trial(trial_key=f"{depth}/{i}", task_id="t", context_tokens=context, correct=ok, exact=ok, depth=depth,
-                    kept_tokens=int(context * (keep or 1)), kv_bytes=kv_bytes, peak_kv_bytes=2 * kv_bytes,
-                    prefill_s=0.5, decode_s=0.1)
-              for depth, oks in outcomes.items() for i, ok in enumerate(oks)]
+def add_run(
+    store: Store,
+    policy: str,
+    keep: float | None,
+    outcomes: dict[float, list[bool]],
+    *,
+    context: int = 512,
+    budget_tokens: int | None = None,
+    chunk: int | None = None,
+    kv_bytes: int = 1000,
+) -> int:
+    run_id = store.begin_run(
+        RunConfig(
+            model=MODEL,
+            policy=policy,
+            mode="prefill",
+            task="needle",
+            keep=keep,
+            budget_tokens=budget_tokens,
+            chunk=chunk,
+            context_length=context,
+        ),
+        provenance=PROVENANCE,
+    )
+    trials = [
+        Trial(
+            trial_key=f"{depth}/{i}",
+            task_id="t",
+            context_tokens=context,
+            correct=ok,
+            exact=ok,
+            depth=depth,
+            kept_tokens=int(context * (keep or 1)),
+            kv_bytes=kv_bytes,
+            peak_kv_bytes=2 * kv_bytes,
+            prefill_s=0.5,
+            decode_s=0.1,
+        )
+        for depth, oks in outcomes.items()
+        for i, ok in enumerate(oks)
+    ]
     store.add_trials(run_id, trials)
     store.finish_run(run_id)
     return run_id
@@ -160,8 +192,10 @@ def test_uploads_that_are_not_text_are_refused():
 
 
 def test_pasted_configs():
-    config = '{"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, ' \
-             '"num_key_value_heads": 8, "hidden_size": 4096}'
+    config = (
+        '{"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, '
+        '"num_key_value_heads": 8, "hidden_size": 4096}'
+    )
     spec = inputs.model_spec_from_json(config, 8.03)
     assert spec.arch.num_kv_heads == 8 and spec.params == pytest.approx(8.03e9)
     with pytest.raises(KvlabError, match="not valid JSON .* line 1"):

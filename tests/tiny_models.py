@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from transformers import (
     Gemma2Config,
@@ -13,6 +15,8 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+
+from kvlab.policies import POLICIES, Policy, make_policy
 
 VOCAB = 97
 COMMON = dict(
@@ -31,11 +35,24 @@ BUILDERS = {
     "mistral": lambda: MistralForCausalLM(MistralConfig(**COMMON, sliding_window=12)),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**COMMON, attention_bias=True)),
     "gemma2": lambda: Gemma2ForCausalLM(
-        Gemma2Config(**COMMON, head_dim=16, sliding_window=10, attn_logit_softcapping=20.0,
-                     final_logit_softcapping=30.0, query_pre_attn_scalar=16)
+        Gemma2Config(
+            **COMMON,
+            head_dim=16,
+            sliding_window=10,
+            attn_logit_softcapping=20.0,
+            final_logit_softcapping=30.0,
+            query_pre_attn_scalar=16,
+        )
     ),
 }
 ARCHITECTURES = tuple(BUILDERS)
+
+
+def small_policy(name: str) -> Policy:
+    """A registered policy made to fit the tiny budgets of these tests: a policy with an observation window
+    (SnapKV, PyramidKV) gets one of 4 queries, the others their defaults."""
+    has_window = any(item.name == "window" for item in dataclasses.fields(POLICIES[name]))
+    return make_policy(name, **({"window": 4} if has_window else {}))
 
 
 def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
@@ -62,13 +79,15 @@ def save_tiny_checkpoint(directory) -> str:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tokenizer.train_from_iterator(["the cache keeps the tokens that matter"] * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(directory)
     torch.manual_seed(0)
-    config = LlamaConfig(**{**COMMON, "vocab_size": fast.vocab_size, "attn_implementation": "sdpa"},
-                         bos_token_id=0, eos_token_id=1)
+    config = LlamaConfig(
+        **{**COMMON, "vocab_size": fast.vocab_size, "attn_implementation": "sdpa"}, bos_token_id=0, eos_token_id=1
+    )
     LlamaForCausalLM(config).save_pretrained(directory)
     return str(directory)

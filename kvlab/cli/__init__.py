@@ -70,3 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         print(f"error: {log_to_file(error, f'kvlab {args.command}')}", file=sys.stderr)
         return 1
+
+
+def run() -> None:
+    """The ``kvlab`` console command: :func:`main` with its status as the process's exit status."""
+    sys.exit(main())

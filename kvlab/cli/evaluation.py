@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -17,45 +18,63 @@ from kvlab.cli.options import (
     add_seed_argument,
     heap_settings,
     numbers,
-    policy_from_args,
+    run_spec_from_args,
     whole,
 )
+from kvlab.tasks.needle import Kind
 
-NEEDLE_KINDS = {"needle": "single", "needle-multikey": "multi-key", "needle-multivalue": "multi-value"}
+NEEDLE_KINDS: dict[str, Kind] = {"needle": "single", "needle-multikey": "multi-key", "needle-multivalue": "multi-value"}
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add the ``sweep`` and ``eval`` commands."""
-    sweep = commands.add_parser("sweep", help="accuracy against memory over a grid of needle tasks",
-                                description="Run or resume a grid of policies x budgets x modes x context lengths "
-                                            "x depths x trials; every trial is stored as it finishes.")
+    sweep = commands.add_parser(
+        "sweep",
+        help="accuracy against memory over a grid of needle tasks",
+        description="Run or resume a grid of policies x budgets x modes x context lengths "
+        "x depths x trials; every trial is stored as it finishes.",
+    )
     add_model_arguments(sweep)
     sweep.add_argument("--policies", required=True, help="comma list, e.g. h2o,streaming,random")
-    sweep.add_argument("--param", action="append", default=[], metavar="POLICY.KEY=VALUE",
-                       help="a parameter of one listed policy, e.g. snapkv.window=16 (repeatable)")
+    sweep.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="POLICY.KEY=VALUE",
+        help="a parameter of one listed policy, e.g. snapkv.window=16 (repeatable)",
+    )
     sweep.add_argument("--keep", default="", help="kept fractions, e.g. 0.1,0.3,0.5")
     sweep.add_argument("--mode", default="prefill", help="prefill, streaming, or both: prefill,streaming")
     add_heap_arguments(sweep)
     sweep.add_argument("--contexts", required=True, help="context lengths in tokens, e.g. 1024,2048")
     sweep.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1], or 'random'")
-    sweep.add_argument("--trials", type=whole(1, "--trials"), default=1,
-                       help="items per depth (per cell with --depths random)")
+    sweep.add_argument(
+        "--trials", type=whole(1, "--trials"), default=1, help="items per depth (per cell with --depths random)"
+    )
     sweep.add_argument("--task", default="needle", choices=tuple(NEEDLE_KINDS))
     add_seed_argument(sweep)
     sweep.add_argument("--chunk", type=whole(1, "a chunk"), default=None)
     sweep.add_argument("--batch-size", type=whole(1, "--batch-size"), default=8)
     add_generation_arguments(sweep, default=24)
-    sweep.add_argument("--query-agnostic", action="store_true",
-                       help="read the question after compression (default: before, as part of the prompt)")
-    sweep.add_argument("--no-share-prefill", action="store_true",
-                       help="let every prefill-mode policy read each context itself (for measuring the sharing)")
+    sweep.add_argument(
+        "--query-agnostic",
+        action="store_true",
+        help="read the question after compression (default: before, as part of the prompt)",
+    )
+    sweep.add_argument(
+        "--no-share-prefill",
+        action="store_true",
+        help="let every prefill-mode policy read each context itself (for measuring the sharing)",
+    )
     add_db_argument(sweep, "database file")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.set_defaults(func=run_sweep)
 
-    evaluate = commands.add_parser("eval", help="answer the tasks of a JSONL file under one policy",
-                                   description="Each line: {\"id\": str, \"context\": str, \"question\": str, "
-                                               "\"answer\": str}.")
+    evaluate = commands.add_parser(
+        "eval",
+        help="answer the tasks of a JSONL file under one policy",
+        description='Each line: {"id": str, "context": str, "question": str, "answer": str}.',
+    )
     add_model_arguments(evaluate)
     evaluate.add_argument("--tasks", required=True, help="a JSONL file of tasks")
     add_policy_arguments(evaluate)
@@ -69,8 +88,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _interrupt_on_sigterm() -> None:
     """Treat SIGTERM like Ctrl-C, so a killed sweep marks its runs interrupted on the way out."""
+
     def handler(signum, frame):
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, handler)
 
 
@@ -89,9 +110,16 @@ def sweep_grid(args: argparse.Namespace):
         policies=parse_policies(args.policies, args.param),
         keeps=numbers(args.keep, float, "--keep"),
         contexts=numbers(args.contexts, int, "--contexts"),
-        depths=depths, trials=args.trials, modes=tuple(m.strip() for m in args.mode.split(",") if m.strip()),
-        seed=args.seed, kind=NEEDLE_KINDS[args.task], chunk=args.chunk, query_aware=not args.query_agnostic,
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, share_prefill=not args.no_share_prefill,
+        depths=depths,
+        trials=args.trials,
+        modes=tuple(m.strip() for m in args.mode.split(",") if m.strip()),
+        seed=args.seed,
+        kind=NEEDLE_KINDS[args.task],
+        chunk=args.chunk,
+        query_aware=not args.query_agnostic,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        share_prefill=not args.no_share_prefill,
         **heap_settings(args),
     )
 
@@ -121,38 +149,49 @@ def run_sweep(args: argparse.Namespace) -> int:
         summary = runner.run()
     except KeyboardInterrupt:
         bar.close()
-        print(f"interrupted after {runner.summary.ran} new trials; run the same command again to resume "
-              f"({store.path}).", file=sys.stderr)
+        print(
+            f"interrupted after {runner.summary.ran} new trials; run the same command again to resume ({store.path}).",
+            file=sys.stderr,
+        )
         return 130
     bar.close()
-    print(f"ran {summary.ran} trials, {summary.skipped} were already stored; runs "
-          f"{', '.join(map(str, summary.run_ids))} in {store.path}")
+    print(
+        f"ran {summary.ran} trials, {summary.skipped} were already stored; runs "
+        f"{', '.join(map(str, summary.run_ids))} in {store.path}"
+    )
     return 0
 
 
 def run_eval(args: argparse.Namespace) -> int:
     """Answer every task of a JSONL file under one policy; print accuracy and per-item results."""
-    from kvlab.engine import RunSpec
     from kvlab.evaluate import evaluate_items
     from kvlab.records import items_hash, run_config, stops_for
     from kvlab.store import open_store
     from kvlab.tasks.items import load_jsonl
 
-    policy, budget = policy_from_args(args)
+    spec = run_spec_from_args(args)  # bad policy settings are refused before the model is loaded
     loaded = _load(args)
     items = load_jsonl(args.tasks, loaded.tokenizer, loaded.limits, args.max_new_tokens)
     store = open_store(args.db) if args.db else None
     stops = stops_for(loaded, one_line_answers=True)
-    spec = RunSpec(policy, budget, mode=args.mode, chunk=args.chunk, max_new_tokens=args.max_new_tokens,
-                   stop_token_ids=stops.token_ids, seed=args.seed, **heap_settings(args))
+    spec = dataclasses.replace(spec, stop_token_ids=stops.token_ids)
     query_aware = not args.query_agnostic
     run_id = None
     if store is not None:
-        config = run_config(loaded, spec, task=f"jsonl:{Path(args.tasks).name}",
-                            task_hash=items_hash(f"{item.task_id}\t{item.content_hash}" for item in items),
-                            stop_rule=stops.rule, query_aware=query_aware, context_length=None)
+        config = run_config(
+            loaded,
+            spec,
+            task=f"jsonl:{Path(args.tasks).name}",
+            task_hash=items_hash(f"{item.task_id}\t{item.content_hash}" for item in items),
+            stop_rule=stops.rule,
+            query_aware=query_aware,
+            context_length=None,
+        )
         run_id = store.begin_run(config)
-    on_trial = (lambda trial: store.add_trial(run_id, trial)) if store is not None else None
+    on_trial = None
+    if store is not None and run_id is not None:
+        writer, stored_run = store, run_id
+        on_trial = lambda trial: writer.add_trial(stored_run, trial)  # noqa: E731
     finished = False
     try:
         evaluation = evaluate_items(loaded, items, spec, query_aware=query_aware, on_trial=on_trial)
@@ -161,16 +200,34 @@ def run_eval(args: argparse.Namespace) -> int:
         if store is not None and run_id is not None:
             store.finish_run(run_id, "finished" if finished else "interrupted")
     if args.json:
-        print(json.dumps({
-            "accuracy": evaluation.accuracy, "exact_accuracy": evaluation.exact_accuracy, "run_id": run_id,
-            "items": [{"id": t.task_id, "correct": t.correct, "exact": t.exact, "expected": t.expected,
-                       "output": t.output, "context_tokens": t.context_tokens, "kv_bytes": t.kv_bytes,
-                       "peak_kv_bytes": t.peak_kv_bytes} for t in evaluation.trials],
-        }))
+        print(
+            json.dumps(
+                {
+                    "accuracy": evaluation.accuracy,
+                    "exact_accuracy": evaluation.exact_accuracy,
+                    "run_id": run_id,
+                    "items": [
+                        {
+                            "id": t.task_id,
+                            "correct": t.correct,
+                            "exact": t.exact,
+                            "expected": t.expected,
+                            "output": t.output,
+                            "context_tokens": t.context_tokens,
+                            "kv_bytes": t.kv_bytes,
+                            "peak_kv_bytes": t.peak_kv_bytes,
+                        }
+                        for t in evaluation.trials
+                    ],
+                }
+            )
+        )
     else:
         for trial in evaluation.trials:
             mark = "ok " if trial.correct else "MISS"
             print(f"{mark} {trial.task_id}: expected {trial.expected!r}, got {trial.output!r}")
-        print(f"accuracy {evaluation.accuracy:.1%} (exact {evaluation.exact_accuracy:.1%}) over "
-              f"{len(evaluation.trials)} tasks" + (f"; stored as run {run_id}" if run_id is not None else ""))
+        print(
+            f"accuracy {evaluation.accuracy:.1%} (exact {evaluation.exact_accuracy:.1%}) over "
+            f"{len(evaluation.trials)} tasks" + (f"; stored as run {run_id}" if run_id is not None else "")
+        )
     return 0

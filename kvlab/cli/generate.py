@@ -13,8 +13,7 @@ from kvlab.cli.options import (
     add_heap_arguments,
     add_model_arguments,
     add_policy_arguments,
-    heap_settings,
-    policy_from_args,
+    run_spec_from_args,
 )
 from kvlab.errors import KvlabError
 
@@ -59,25 +58,28 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Generate from one prompt under a policy and print the text, or the figures as JSON."""
-    from kvlab.engine import RunSpec, generate
+    from kvlab.engine import generate
     from kvlab.models import load_model
 
-    policy, budget = policy_from_args(args)
-    spec = RunSpec(policy, budget, mode=args.mode, chunk=args.chunk, max_new_tokens=args.max_new_tokens,
-                   seed=args.seed, **heap_settings(args))
+    spec = run_spec_from_args(args)
     prompt = _read_prompt(args)
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     loaded.limits.check_text(prompt, "The prompt")
     input_ids = loaded.tokenizer(prompt, return_tensors="pt").input_ids
     result = generate(loaded, input_ids, spec)
     if args.json:
-        payload = {"model": loaded.name, "policy": policy.name, "params": policy.params(), "mode": spec.mode,
-                   **result.to_json()}
+        payload = {
+            "model": loaded.name,
+            "policy": spec.policy.name,
+            "params": spec.policy.params(),
+            "mode": spec.mode,
+            **result.to_json(),
+        }
         print(json.dumps(payload))
     else:
         print(result.texts[0])
         print(
-            f"[{policy.name}, {spec.mode}, {spec.layout}] context {result.context_tokens} tokens, budget "
+            f"[{spec.policy.name}, {spec.mode}, {spec.layout}] context {result.context_tokens} tokens, budget "
             f"{result.budget_tokens or 'none'}; KV in use {result.kv_bytes:,} B of {result.kv_bytes_full:,} B full, "
             f"peak {result.peak_kv_bytes:,} B; reserved {result.kv_reserved_bytes:,} B, dead share "
             f"{result.dead_share:.0%}, {result.compactions} compactions (measured from the cache tensors on "

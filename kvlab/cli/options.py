@@ -46,24 +46,37 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Options choosing the model and where it runs."""
     parser.add_argument("--model", default=None, help="hub id or local directory (default: the shipped model)")
     parser.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU)")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="allow the model's own code from the hub to run (off unless given)")
+    parser.add_argument(
+        "--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU)"
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow the model's own code from the hub to run (off unless given)",
+    )
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     """Options naming a policy, its parameters and its budget (shared by the commands that run one)."""
     parser.add_argument("--policy", default="full", help="eviction policy (see `kvlab policies`)")
-    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="a policy parameter, e.g. --param sinks=4 (repeatable)")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a policy parameter, e.g. --param sinks=4 (repeatable)",
+    )
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--keep", type=fraction, help="kept fraction of the context, in (0, 1]; 1 is the full cache")
-    budget.add_argument("--budget", type=whole(1, "a budget"),
-                        help="tokens kept per layer per KV head, sinks and windows included")
+    budget.add_argument(
+        "--budget", type=whole(1, "a budget"), help="tokens kept per layer per KV head, sinks and windows included"
+    )
     parser.add_argument("--mode", default="prefill", choices=("prefill", "streaming"))
-    parser.add_argument("--chunk", type=whole(1, "a chunk"),
-                        help="context tokens per forward pass (default: all at once in prefill mode, 256 in "
-                             "streaming mode)")
+    parser.add_argument(
+        "--chunk",
+        type=whole(1, "a chunk"),
+        help="context tokens per forward pass (default: all at once in prefill mode, 256 in streaming mode)",
+    )
     add_seed_argument(parser)
 
 
@@ -71,14 +84,25 @@ def add_heap_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the KV heap: its layout, the threshold layout's dead share, and eager decoding."""
     from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUTS
 
-    parser.add_argument("--layout", default=DEFAULT_LAYOUT, choices=LAYOUTS,
-                        help="what becomes of evicted slots: compact (survivors gathered, memory returned), bitmask "
-                             "(slots refilled in place, memory held), threshold (bitmask until --compact-at of the "
-                             f"slots in use are dead, then compact); default {DEFAULT_LAYOUT}")
-    parser.add_argument("--compact-at", type=fraction, default=DEFAULT_COMPACT_AT,
-                        help=f"the threshold layout's dead share, in (0, 1] (default {DEFAULT_COMPACT_AT})")
-    parser.add_argument("--eager", action="store_true",
-                        help="decode one eager forward pass per token instead of replaying CUDA graphs on a GPU")
+    parser.add_argument(
+        "--layout",
+        default=DEFAULT_LAYOUT,
+        choices=LAYOUTS,
+        help="what becomes of evicted slots: compact (survivors gathered, memory returned), bitmask "
+        "(slots refilled in place, memory held), threshold (bitmask until --compact-at of the "
+        f"slots in use are dead, then compact); default {DEFAULT_LAYOUT}",
+    )
+    parser.add_argument(
+        "--compact-at",
+        type=fraction,
+        default=DEFAULT_COMPACT_AT,
+        help=f"the threshold layout's dead share, in (0, 1] (default {DEFAULT_COMPACT_AT})",
+    )
+    parser.add_argument(
+        "--eager",
+        action="store_true",
+        help="decode one eager forward pass per token instead of replaying CUDA graphs on a GPU",
+    )
 
 
 def add_seed_argument(parser: argparse.ArgumentParser) -> None:
@@ -87,13 +111,22 @@ def add_seed_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_generation_arguments(parser: argparse.ArgumentParser, default: int) -> None:
     """How many tokens to generate at most."""
-    parser.add_argument("--max-new-tokens", type=whole(1, "--max-new-tokens"), default=default,
-                        help=f"tokens to generate at most (default: {default})")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=whole(1, "--max-new-tokens"),
+        default=default,
+        help=f"tokens to generate at most (default: {default})",
+    )
 
 
 def add_db_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
-    parser.add_argument("--db", default=None, metavar="FILE", help=f"{help_text} (default: ${DB_ENV_VAR}, else "
-                        "$XDG_DATA_HOME/kvlab/runs.duckdb, else ~/.local/share/kvlab/runs.duckdb)")
+    parser.add_argument(
+        "--db",
+        default=None,
+        metavar="FILE",
+        help=f"{help_text} (default: ${DB_ENV_VAR}, else "
+        "$XDG_DATA_HOME/kvlab/runs.duckdb, else ~/.local/share/kvlab/runs.duckdb)",
+    )
 
 
 def policy_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -105,9 +138,26 @@ def policy_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
     budget = None
     if args.keep is not None or args.budget is not None:
         budget = Budget(tokens=args.budget, keep=args.keep)
-    if budget is None or budget.tokens is not None or not policy.evicts():
+    if budget is None or budget.tokens is not None or not policy.evicts:
         check_budget(policy, budget, context_tokens=0)
     return policy, budget
+
+
+def run_spec_from_args(args: argparse.Namespace) -> Any:
+    """The ``RunSpec`` of one policy the arguments describe (``generate`` and ``eval``), stopping at the model's
+    end-of-sequence tokens until a caller sets other stop tokens."""
+    from kvlab.engine import RunSpec
+
+    policy, budget = policy_from_args(args)
+    return RunSpec(
+        policy,
+        budget,
+        mode=args.mode,
+        chunk=args.chunk,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        **heap_settings(args),
+    )
 
 
 def heap_settings(args: argparse.Namespace) -> dict[str, Any]:

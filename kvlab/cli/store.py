@@ -15,8 +15,19 @@ from kvlab.store import RunFilter, export_runs, export_trials, open_store
 
 #: The columns ``runs`` prints (``export --table runs`` writes every run column).
 LIST_COLUMNS: tuple[str, ...] = (
-    "run_id", "status", "model", "policy", "mode", "keep", "budget_tokens", "task", "context_length", "trials",
-    "accuracy", "started_by", "started_at",
+    "run_id",
+    "status",
+    "model",
+    "policy",
+    "mode",
+    "keep",
+    "budget_tokens",
+    "task",
+    "context_length",
+    "trials",
+    "accuracy",
+    "started_by",
+    "started_at",
 )
 
 # (option, RunFilter field, element type, help)
@@ -40,8 +51,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "export",
         help="write stored trials or runs to a CSV or Parquet file",
         description="Write one row per trial (with its run's columns), or per run, to a .csv or .parquet file. "
-                    "The file's directory must exist; the database itself, or any other DuckDB file, is never "
-                    "overwritten.",
+        "The file's directory must exist; the database itself, or any other DuckDB file, is never "
+        "overwritten.",
     )
     _add_store_options(export)
     export.add_argument("--out", required=True, type=Path, metavar="FILE", help="output file: .csv or .parquet")
@@ -74,7 +85,8 @@ def _comma_list(element: Callable[[str], Any]) -> Callable[[str], list[Any]]:
             return [element(item.strip()) for item in text.split(",") if item.strip()]
         except ValueError as exc:
             raise argparse.ArgumentTypeError(
-                f"{text[:60]!r} is not a comma-separated list of {element.__name__}") from exc
+                f"{text[:60]!r} is not a comma-separated list of {element.__name__}"
+            ) from exc
 
     return parse
 

@@ -19,7 +19,27 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls for cls in (Full, Streaming, H2O, SnapKV, PyramidKV, TOVA, Knorm, RandomPolicy)
 }
 
-__all__ = ["POLICIES", "LayerView", "Policy", "evict_layer", "eviction_count", "make_policy", "parse_params"]
+#: The policies that drop tokens, in registry order: everything except the full cache.
+EVICTING: tuple[str, ...] = tuple(name for name, cls in POLICIES.items() if cls.evicts)
+
+__all__ = [
+    "EVICTING",
+    "POLICIES",
+    "LayerView",
+    "Policy",
+    "evict_layer",
+    "eviction_count",
+    "is_full_cache",
+    "make_policy",
+    "parse_params",
+]
+
+
+def is_full_cache(name: str) -> bool:
+    """Whether runs of the policy called ``name`` keep every token (a name no longer registered, from an older
+    store, counts as evicting)."""
+    cls = POLICIES.get(name)
+    return cls is not None and not cls.evicts
 
 
 def make_policy(name: str, **params: object) -> Policy:

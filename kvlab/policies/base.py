@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import torch
 
 from kvlab.attention import window_attention
-from kvlab.heap import FREE, HeapLayer, KVHeap
 from kvlab.errors import KvlabError
+from kvlab.heap import FREE, HeapLayer, KVHeap
 
 KEEP = float("inf")
 
@@ -41,19 +41,19 @@ class LayerView:
     def positions(self) -> torch.Tensor:
         """Original positions of the tokens in the slots, ``(batch, kv_heads, span)``; negative where free."""
         assert self.cache.positions is not None
-        return self.cache.positions[:, :, :self.span]
+        return self.cache.positions[:, :, : self.span]
 
     @property
     def keys(self) -> torch.Tensor:
         """The cached keys (post-RoPE), ``(batch, kv_heads, span, head_dim)``."""
         assert self.cache.keys is not None
-        return self.cache.keys[:, :, :self.span]
+        return self.cache.keys[:, :, : self.span]
 
     @property
     def scores(self) -> torch.Tensor:
         """The attention each slot has accumulated, ``(batch, kv_heads, span)``."""
         assert self.cache.scores is not None
-        return self.cache.scores[:, :, :self.span]
+        return self.cache.scores[:, :, : self.span]
 
     def in_position_order(self, values: torch.Tensor, along_positions) -> torch.Tensor:
         """``along_positions`` applied to ``values`` (``(batch, kv_heads, span)``, one per slot) as if the slots were
@@ -129,6 +129,10 @@ class Policy:
     with :func:`param` so that every value is checked the same way when the policy is made."""
 
     name: ClassVar[str] = ""
+    #: Whether the policy ever drops tokens (``full`` does not, and takes no budget).
+    evicts: ClassVar[bool] = True
+    #: Whether :meth:`score` reads the attention each cached token received (H2O), which the attention function
+    #: then accumulates.
     needs_scores: ClassVar[bool] = False
     #: Whether its eviction can be captured in a CUDA graph (random draws from a generator a graph would not advance).
     capturable: ClassVar[bool] = True
@@ -138,15 +142,21 @@ class Policy:
         for item in fields(self):
             value = getattr(self, item.name)
             kind = hints[item.name]
-            typed = (isinstance(value, bool) if kind is bool else
-                     isinstance(value, int) and not isinstance(value, bool) if kind is int else
-                     isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
-                     isinstance(value, kind))
+            typed = (
+                isinstance(value, bool)
+                if kind is bool
+                else isinstance(value, int) and not isinstance(value, bool)
+                if kind is int
+                else isinstance(value, (int, float)) and not isinstance(value, bool)
+                if kind is float
+                else isinstance(value, kind)
+            )
             spec = item.metadata.get("param", ParamSpec())
             if not typed or not spec.allows(value):
                 expected = {int: "a whole number", float: "a number", bool: "true or false"}.get(kind, "text")
-                allowed = (spec.describe() if spec.choices else expected if kind is bool else
-                           f"{expected} ({spec.describe()})")
+                allowed = (
+                    spec.describe() if spec.choices else expected if kind is bool else f"{expected} ({spec.describe()})"
+                )
                 raise KvlabError(f"Parameter {item.name!r} of policy {self.name!r} must be {allowed}, not {value!r}.")
 
     def query_window(self) -> int:
@@ -165,10 +175,6 @@ class Policy:
         """Tokens each layer keeps per KV head, for contexts of at most ``capacity`` tokens. Uniform unless the
         policy spreads the total differently."""
         return [budget] * num_layers
-
-    def evicts(self) -> bool:
-        """Whether the policy ever drops tokens (``full`` does not)."""
-        return True
 
     def score(self, view: LayerView) -> torch.Tensor:
         """One score per cached token and KV head, ``(batch, kv_heads, slots)``; the highest ``budget`` survive."""
@@ -192,7 +198,7 @@ def evict_layer(heap: KVHeap, layer_idx: int, policy: Policy, view: LayerView) -
         return
     window = layer.sliding_window
     positions = view.positions
-    scores = policy.score(view) if policy.evicts() else positions.float()
+    scores = policy.score(view) if policy.evicts else positions.float()
     if window is not None:
         scores = scores.masked_fill(positions <= view.next_position - window, float("-inf"))
     scores = scores.masked_fill(positions == FREE, float("inf"))  # free slots are not victims

@@ -14,6 +14,4 @@ class Full(Policy):
     own cache does)."""
 
     name: ClassVar[str] = "full"
-
-    def evicts(self) -> bool:
-        return False
+    evicts: ClassVar[bool] = False

@@ -27,8 +27,14 @@ class H2O(Policy):
 
     name: ClassVar[str] = "h2o"
     needs_scores: ClassVar[bool] = True
-    recent_ratio: float = param(0.5, minimum=0.0, maximum=1.0, open_minimum=True, open_maximum=True,
-                               help="share of the budget kept as the most recent tokens")
+    recent_ratio: float = param(
+        0.5,
+        minimum=0.0,
+        maximum=1.0,
+        open_minimum=True,
+        open_maximum=True,
+        help="share of the budget kept as the most recent tokens",
+    )
 
     def recent(self, budget: int) -> int:
         """How many of ``budget`` slots are reserved for the most recent tokens."""

@@ -20,6 +20,19 @@ from kvlab.store.rows import EndStatus, RunConfig, RunFilter, SweepRecord, Sweep
 from kvlab.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 __all__ = [
-    "DB_ENV_VAR", "MIGRATIONS", "SCHEMA_VERSION", "EndStatus", "RunConfig", "RunFilter", "Store", "SweepRecord",
-    "SweepStatus", "Trial", "default_db_path", "export_runs", "export_trials", "open_store", "run_key",
+    "DB_ENV_VAR",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "EndStatus",
+    "RunConfig",
+    "RunFilter",
+    "Store",
+    "SweepRecord",
+    "SweepStatus",
+    "Trial",
+    "default_db_path",
+    "export_runs",
+    "export_trials",
+    "open_store",
+    "run_key",
 ]

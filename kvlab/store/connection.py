@@ -138,8 +138,9 @@ def _open_writable(path: Path) -> duckdb.DuckDBPyConnection:
     try:
         migrate(connection, usable_version(path, connection))
         connection.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running'")
-        connection.execute("UPDATE sweeps SET status = 'interrupted', updated_at = ? "
-                           "WHERE status IN ('queued', 'running')", [utcnow()])
+        connection.execute(
+            "UPDATE sweeps SET status = 'interrupted', updated_at = ? WHERE status IN ('queued', 'running')", [utcnow()]
+        )
     except duckdb.Error as exc:
         connection.close()
         if created:

@@ -26,8 +26,9 @@ _ERROR_CATEGORY = re.compile(r"^[A-Za-z ]*Error: ")  # DuckDB's "IO Error: " pre
 
 def _detail(exc: BaseException) -> str:
     """DuckDB's reason without its category prefix or trailing punctuation."""
-    return _ERROR_CATEGORY.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                               ).rstrip(".!")
+    return _ERROR_CATEGORY.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__).rstrip(
+        ".!"
+    )
 
 
 def open_error(path: Path, exc: duckdb.Error) -> KvlabError:

@@ -54,8 +54,11 @@ def _in_use(store: Store) -> list[Path]:
 def record_frame(config: RunConfig, trial: Trial) -> pd.DataFrame:
     """One run and one of its trials as one row with the columns of a trials export (run columns first), for a
     result that could not be stored."""
-    row = {**dataclasses.asdict(config), "policy_params": canonical_json(config.policy_params),
-           **dataclasses.asdict(trial)}
+    row = {
+        **dataclasses.asdict(config),
+        "policy_params": canonical_json(config.policy_params),
+        **dataclasses.asdict(trial),
+    }
     return pd.DataFrame([row])
 
 
@@ -65,7 +68,8 @@ def escape_formulas(frame: pd.DataFrame) -> pd.DataFrame:
     for column in escaped.columns:
         if escaped[column].dtype == object or pd.api.types.is_string_dtype(escaped[column]):
             escaped[column] = escaped[column].map(
-                lambda value: "'" + value if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value)
+                lambda value: "'" + value if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
+            )
     return escaped
 
 

@@ -101,8 +101,9 @@ class Store:
             if found is not None:
                 cursor.execute("UPDATE runs SET status = 'running', ended_at = NULL WHERE run_id = ?", [found[0]])
                 return int(found[0])
-            return int(cursor.execute(_insert_sql("runs", row) + " RETURNING run_id", list(row.values())
-                                      ).fetchall()[0][0])
+            return int(
+                cursor.execute(_insert_sql("runs", row) + " RETURNING run_id", list(row.values())).fetchall()[0][0]
+            )
 
         return self._write(find_or_insert)
 
@@ -156,13 +157,22 @@ class Store:
         def find_or_insert(cursor: Cursor) -> int:
             found = cursor.execute("SELECT sweep_id FROM sweeps WHERE sweep_key = ?", [key]).fetchone()
             if found is not None:
-                cursor.execute("UPDATE sweeps SET status = 'queued', message = NULL, updated_at = ? WHERE sweep_id = ?",
-                               [now, found[0]])
+                cursor.execute(
+                    "UPDATE sweeps SET status = 'queued', message = NULL, updated_at = ? WHERE sweep_id = ?",
+                    [now, found[0]],
+                )
                 return int(found[0])
-            row = {"sweep_key": key, "spec": text, "status": "queued", "started_by": started_by, "created_at": now,
-                   "updated_at": now}
-            return int(cursor.execute(_insert_sql("sweeps", row) + " RETURNING sweep_id", list(row.values())
-                                      ).fetchall()[0][0])
+            row = {
+                "sweep_key": key,
+                "spec": text,
+                "status": "queued",
+                "started_by": started_by,
+                "created_at": now,
+                "updated_at": now,
+            }
+            return int(
+                cursor.execute(_insert_sql("sweeps", row) + " RETURNING sweep_id", list(row.values())).fetchall()[0][0]
+            )
 
         return self._write(find_or_insert)
 
@@ -174,8 +184,10 @@ class Store:
         def update(cursor: Cursor) -> None:
             if cursor.execute("SELECT 1 FROM sweeps WHERE sweep_id = ?", [sweep_id]).fetchone() is None:
                 raise KvlabError(f"There is no sweep {sweep_id} in {self.path}.")
-            cursor.execute("UPDATE sweeps SET status = ?, message = ?, updated_at = ? WHERE sweep_id = ?",
-                           [status, message, utcnow(), sweep_id])
+            cursor.execute(
+                "UPDATE sweeps SET status = ?, message = ?, updated_at = ? WHERE sweep_id = ?",
+                [status, message, utcnow(), sweep_id],
+            )
 
         self._write(update)
 
@@ -185,10 +197,15 @@ class Store:
         """Every stored sweep, the most recently changed first."""
         with self._cursor() as cursor:
             rows = self._fetch(
-                cursor, "SELECT sweep_id, spec, status, message, started_by, created_at, updated_at FROM sweeps "
-                        "ORDER BY updated_at DESC, sweep_id DESC", [])
-        return [SweepRecord(int(sweep_id), json.loads(spec), status, message, started_by, created_at, updated_at)
-                for sweep_id, spec, status, message, started_by, created_at, updated_at in rows]
+                cursor,
+                "SELECT sweep_id, spec, status, message, started_by, created_at, updated_at FROM sweeps "
+                "ORDER BY updated_at DESC, sweep_id DESC",
+                [],
+            )
+        return [
+            SweepRecord(int(sweep_id), json.loads(spec), status, message, started_by, created_at, updated_at)
+            for sweep_id, spec, status, message, started_by, created_at, updated_at in rows
+        ]
 
     def list_runs(self, filters: RunFilter = RunFilter()) -> pd.DataFrame:
         """Runs matching ``filters``, oldest first, with their number of trials and accuracy (NaN without trials)."""
@@ -208,9 +225,7 @@ class Store:
 
     def trials_frame(self, filters: RunFilter = RunFilter()) -> pd.DataFrame:
         """One row per trial of the matching runs, with all run columns first; JSON columns stay JSON text."""
-        return self._read_trials(
-            "r.*, t.* EXCLUDE (run_id)", filters, "ORDER BY r.run_id, t.recorded_at, t.trial_key"
-        )
+        return self._read_trials("r.*, t.* EXCLUDE (run_id)", filters, "ORDER BY r.run_id, t.recorded_at, t.trial_key")
 
     def accuracy_by_depth(self, filters: RunFilter = RunFilter()) -> pd.DataFrame:
         """Accuracy per (run, context length, depth), for needle-in-a-haystack heatmaps.

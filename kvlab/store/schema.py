@@ -208,7 +208,12 @@ def v6_heap_layouts(cursor: Cursor) -> None:
 
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
 MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
-    v1_initial, v2_resumable_sweeps, v3_exact_match, v4_sweeps, v5_identity_and_marker, v6_heap_layouts,
+    v1_initial,
+    v2_resumable_sweeps,
+    v3_exact_match,
+    v4_sweeps,
+    v5_identity_and_marker,
+    v6_heap_layouts,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The first version with the marker; older kvlab databases are recognised by their tables and columns.
@@ -232,7 +237,8 @@ def stored_version(cursor: Cursor) -> int | None:
         marker = cursor.execute("SELECT key, value FROM kvlab_meta WHERE key = ?", [MARKER[0]]).fetchone()
         return _version(cursor) if marker == MARKER and "schema_version" in tables else None
     legacy = set(_LEGACY_TABLES) <= set(tables) <= set(_LEGACY_TABLES) | _LEGACY_OPTIONAL and all(
-        columns <= tables[name] for name, columns in _LEGACY_TABLES.items())
+        columns <= tables[name] for name, columns in _LEGACY_TABLES.items()
+    )
     version = _version(cursor) if legacy else None
     return version if version is not None and 1 <= version < MARKED_FROM else None
 

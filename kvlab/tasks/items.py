@@ -83,7 +83,9 @@ def prompt_ids(tokenizer: Any, context: str, question: str) -> tuple[tuple[int, 
         head, _, tail = rendered.partition(marker)
         return tuple(encode(tokenizer, head)), tuple(encode(tokenizer, question + tail))
     bos = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
-    return bos + tuple(encode(tokenizer, context)), tuple(encode(tokenizer, f"{QUESTION_PREFIX}{question}{ANSWER_PREFIX}"))
+    return bos + tuple(encode(tokenizer, context)), tuple(
+        encode(tokenizer, f"{QUESTION_PREFIX}{question}{ANSWER_PREFIX}")
+    )
 
 
 def load_jsonl(path: str | Path, tokenizer: Any, limits: Limits = Limits(), new_tokens: int = 0) -> list[TaskItem]:

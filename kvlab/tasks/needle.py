@@ -117,8 +117,9 @@ def load_haystacks(tokenizer: Any, directory: Path = HAYSTACK_DIR) -> list[Hayst
     return [Haystack.from_text(f.stem, f.read_text(encoding="utf-8"), tokenizer) for f in files]
 
 
-def insert_at_boundaries(window: np.ndarray, boundaries: np.ndarray,
-                         pieces: Sequence[tuple[Sequence[int], float]]) -> tuple[list[int], list[int]]:
+def insert_at_boundaries(
+    window: np.ndarray, boundaries: np.ndarray, pieces: Sequence[tuple[Sequence[int], float]]
+) -> tuple[list[int], list[int]]:
     """Insert each ``(ids, depth)`` piece at the boundary of ``window`` nearest ``depth * len(window)``.
 
     ``boundaries`` are positions in ``window`` (0, the window's start, is always allowed). Returns the new ids and,
@@ -130,7 +131,7 @@ def insert_at_boundaries(window: np.ndarray, boundaries: np.ndarray,
     out: list[int] = []
     cursor = 0
     for i in order:
-        out.extend(window[cursor:positions[i]].tolist())
+        out.extend(window[cursor : positions[i]].tolist())
         out.extend(pieces[i][0])
         cursor = positions[i]
     out.extend(window[cursor:].tolist())
@@ -166,8 +167,9 @@ class NeedleItem:
         return (torch.tensor([self.context_ids], dtype=torch.long), torch.tensor([self.question_ids], dtype=torch.long))
 
 
-def fact_pieces(tokenizer: Any, fact: Fact, depth: float, distractors: Sequence[Fact],
-                rng: random.Random) -> list[tuple[list[int], float]]:
+def fact_pieces(
+    tokenizer: Any, fact: Fact, depth: float, distractors: Sequence[Fact], rng: random.Random
+) -> list[tuple[list[int], float]]:
     """The ``(ids, depth)`` pieces to insert: the asked fact's statements first (its first value at ``depth``, any
     other values at random depths), then each distractor's statements at random depths."""
     depths = [depth] + [rng.random() for _ in fact.values[1:]]
@@ -182,8 +184,16 @@ def in_order_of_appearance(fact: Fact, positions: Sequence[int]) -> Fact:
     return Fact(fact.template, fact.key, tuple(fact.values[i] for i in order))
 
 
-def build_needle(tokenizer: Any, haystack: Haystack, context_tokens: int, depth: float, fact: Fact, *,
-                 distractors: Sequence[Fact] = (), rng: random.Random | None = None) -> NeedleItem:
+def build_needle(
+    tokenizer: Any,
+    haystack: Haystack,
+    context_tokens: int,
+    depth: float,
+    fact: Fact,
+    *,
+    distractors: Sequence[Fact] = (),
+    rng: random.Random | None = None,
+) -> NeedleItem:
     """A prompt of exactly ``context_tokens`` tokens asking for ``fact``, hidden at ``depth`` of ``haystack``.
 
     ``distractors`` are other facts stated at random depths (same template and other keys make a multi-key task).
@@ -205,12 +215,15 @@ def build_needle(tokenizer: Any, haystack: Haystack, context_tokens: int, depth:
             f"({len(haystack.ids)} tokens) with its facts and question."
         )
     start = int(rng.choice(starts.tolist())) if rng is not None else int(starts[0])
-    window = haystack.ids[start:start + window_len]
+    window = haystack.ids[start : start + window_len]
     local = haystack.boundaries[(haystack.boundaries > start) & (haystack.boundaries < start + window_len)] - start
     body, positions = insert_at_boundaries(window, local, pieces)
     context_ids = (*bos, *body)
-    kind: Kind = "multi-value" if fact.multi_value else (
-        "multi-key" if any(f.template.name == fact.template.name for f in distractors) else "single")
+    kind: Kind = (
+        "multi-value"
+        if fact.multi_value
+        else ("multi-key" if any(f.template.name == fact.template.name for f in distractors) else "single")
+    )
     return NeedleItem(
         context=tokenizer.decode(body),
         question=question_text(fact),
@@ -228,9 +241,19 @@ def build_needle(tokenizer: Any, haystack: Haystack, context_tokens: int, depth:
     )
 
 
-def needle_suite(tokenizer: Any, haystacks: Sequence[Haystack], templates: Sequence[Template], *,
-                 lengths: Sequence[int], depths: Sequence[float], per_depth: int, seed: int = 0,
-                 kind: Kind = "single", num_keys: int = 4, num_values: int = 3) -> list[NeedleItem]:
+def needle_suite(
+    tokenizer: Any,
+    haystacks: Sequence[Haystack],
+    templates: Sequence[Template],
+    *,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    per_depth: int,
+    seed: int = 0,
+    kind: Kind = "single",
+    num_keys: int = 4,
+    num_values: int = 3,
+) -> list[NeedleItem]:
     """A seeded grid of needle items: for each length and depth, ``per_depth`` items cycling templates and haystacks.
 
     ``kind="multi-key"`` adds ``num_keys - 1`` facts of the same template with other keys; ``kind="multi-value"``

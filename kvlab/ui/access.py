@@ -27,8 +27,10 @@ ALLOWED_HOSTS_ENV = "KVLAB_ALLOWED_HOSTS"
 #: Names of this machine that are always allowed.
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 #: What the model box answers for any name that leads to no loadable model, whether or not a file is there.
-NOT_A_MODEL = ("{name} is not a model this server can load: give a hub id, or the directory of a decoder-only "
-               "causal language model with its config.json, tokenizer and weights.")
+NOT_A_MODEL = (
+    "{name} is not a model this server can load: give a hub id, or the directory of a decoder-only "
+    "causal language model with its config.json, tokenizer and weights."
+)
 
 
 def allowed_models(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
@@ -89,8 +91,11 @@ def login_providers(auth: Mapping[str, Any]) -> list[str | None]:
     """The OIDC providers an ``[auth]`` section configures: ``None`` for settings written in ``[auth]`` itself
     (``st.login()``), else the names of its ``[auth.<name>]`` tables (``st.login(name)``)."""
     providers: list[str | None] = [None] if all(key in auth for key in PROVIDER_KEYS) else []
-    providers += [name for name, value in auth.items()
-                  if isinstance(value, Mapping) and all(key in value for key in PROVIDER_KEYS)]
+    providers += [
+        name
+        for name, value in auth.items()
+        if isinstance(value, Mapping) and all(key in value for key in PROVIDER_KEYS)
+    ]
     return providers
 
 
@@ -132,6 +137,9 @@ def exposure(address: str | None, login: bool) -> Exposure:
         return Exposure("caption", f"Login required (OIDC); listening on {where}.")
     if is_loopback(address):
         return Exposure("caption", f"No login configured: serving this machine only ({address}).")
-    return Exposure("warning", f"No login configured, and the server listens on {where}: anyone who can reach its "
-                               "port can run models here. Configure an OIDC login, or publish the port on localhost "
-                               "only (docs/deployment.md).")
+    return Exposure(
+        "warning",
+        f"No login configured, and the server listens on {where}: anyone who can reach its "
+        "port can run models here. Configure an OIDC login, or publish the port on localhost "
+        "only (docs/deployment.md).",
+    )

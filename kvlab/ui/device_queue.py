@@ -41,8 +41,10 @@ class Waiting:
         runs = "1 run is" if self.ahead == 1 else f"{self.ahead} runs are"
         started = self.running.started_at
         elapsed = "" if started is None else f", running for {time.monotonic() - started:.0f} s"
-        return (f"Waiting for the device: {runs} ahead of yours. Now running: {self.running.label} "
-                f"({self.running.progress:.0%} done{elapsed}).")
+        return (
+            f"Waiting for the device: {runs} ahead of yours. Now running: {self.running.label} "
+            f"({self.running.progress:.0%} done{elapsed})."
+        )
 
 
 class DeviceQueue:

@@ -41,10 +41,15 @@ class NeedleGridRequest:
 
     def grid(self) -> SweepGrid:
         """The sweep grid; a policy, budget or mode it cannot run is one sentence."""
-        return SweepGrid(tuple(make_policy(name) for name in self.policies), keeps=(self.keep,),
-                         contexts=self.contexts,
-                         depths=tuple(float(d) for d in np.linspace(0.0, 1.0, self.depths).round(4)),
-                         trials=self.trials, modes=(self.mode,), batch_size=self.batch_size)
+        return SweepGrid(
+            tuple(make_policy(name) for name in self.policies),
+            keeps=(self.keep,),
+            contexts=self.contexts,
+            depths=tuple(float(d) for d in np.linspace(0.0, 1.0, self.depths).round(4)),
+            trials=self.trials,
+            modes=(self.mode,),
+            batch_size=self.batch_size,
+        )
 
     def runs(self) -> int:
         """How many stored runs the grid fills: one per cell and context length."""
@@ -53,8 +58,10 @@ class NeedleGridRequest:
     def describe(self) -> str:
         """The grid in one line, for the page's list of sweeps."""
         trials = "1 trial" if self.trials == 1 else f"{self.trials} trials"
-        return (f"{', '.join(self.policies)} · keep {self.keep:g} · {self.mode} · "
-                f"{', '.join(f'{c:,}' for c in self.contexts)} tokens · {self.depths} depths x {trials}")
+        return (
+            f"{', '.join(self.policies)} · keep {self.keep:g} · {self.mode} · "
+            f"{', '.join(f'{c:,}' for c in self.contexts)} tokens · {self.depths} depths x {trials}"
+        )
 
     def spec(self) -> dict[str, Any]:
         """The request as the JSON object a sweep is stored with."""
@@ -70,8 +77,14 @@ class NeedleGridRequest:
         return cls(**{**values, "policies": tuple(values["policies"]), "contexts": tuple(values["contexts"])})
 
 
-def run_needle_grid(loaded: LoadedModel, store: Store, grid: SweepGrid, progress: Progress,
-                    started_by: str | None = None, should_stop: Callable[[], bool] | None = None) -> SweepSummary:
+def run_needle_grid(
+    loaded: LoadedModel,
+    store: Store,
+    grid: SweepGrid,
+    progress: Progress,
+    started_by: str | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> SweepSummary:
     """Run what the store does not hold yet, until ``should_stop`` says so. An error on the way (a GPU out of
     memory, which the engine turns into a sentence) says that the trials finished before it stay stored."""
     runner = SweepRunner(loaded, store, grid, started_by=started_by, progress=progress, should_stop=should_stop)

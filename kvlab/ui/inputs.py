@@ -21,6 +21,8 @@ from kvlab.policies.base import ParamSpec, param_spec
 KV_PRECISIONS: dict[str, str] = {"fp16 / bf16": "bf16", "fp8 / int8": "fp8", "int4": "int4", "2-bit": "int2"}
 #: Weight precisions the calculator offers, by display name.
 WEIGHT_PRECISIONS: dict[str, str] = {"bf16 / fp16": "bf16", "fp8 / int8": "fp8", "int4": "int4", "fp32": "fp32"}
+
+
 @dataclass(frozen=True)
 class ParamField:
     """One parameter of a policy, enough to draw its widget: name, Python type, default and what it allows (the

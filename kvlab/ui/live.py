@@ -5,16 +5,16 @@ The live page reads a prompt under a policy and redraws after every event. Every
 key positions the cache held during that pass, and, after every event, the physical bytes and the survivors. The
 trace is plain numpy, so the figure builders are pure functions of it and can be tested without a model.
 
-:class:`LiveRun` drives :class:`kvlab.engine.Generation` one event at a time and times the model alone (drawing
-between events is not counted), so the stored prefill and decode seconds are the model's, not the page's. It runs
-only while it holds the device (:meth:`LiveRun.on_device`), so that sessions sharing one GPU take turns.
+:class:`LiveRun` drives :class:`kvlab.engine.Generation` one event at a time; the engine times itself (drawing
+between events is not counted), so the stored prefill and decode seconds are the engine's, not the page's, and a
+live run is stored from the same :class:`~kvlab.engine.GenerationResult` as any other run. It runs only while it
+holds the device (:meth:`LiveRun.on_device`), so that sessions sharing one GPU take turns.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -25,17 +25,17 @@ import torch
 
 from kvlab.attention import StatsRequest
 from kvlab.budget import Budget
-from kvlab.engine import Event, Generation, Mode, RunSpec
+from kvlab.engine import Event, Generation, GenerationResult, Mode, RunSpec
 from kvlab.errors import KvlabError
 from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.limits import check_seed
 from kvlab.models import LoadedModel
 from kvlab.policies import make_policy
-from kvlab.records import Measured, needle_sources_hash, run_config, stops_for, trial
+from kvlab.records import batch_trials, needle_sources_hash, run_config, stops_for
 from kvlab.store import RunConfig, Store, Trial
 from kvlab.store.export import frame_bytes, record_frame
 from kvlab.tasks.facts import TEMPLATES, make_fact
-from kvlab.tasks.items import item_hash, prompt_ids, stop_token_ids
+from kvlab.tasks.items import TaskItem, item_hash, prompt_ids, stop_token_ids
 from kvlab.tasks.needle import Haystack, build_needle, encode, fact_piece, load_haystacks, score
 from kvlab.ui.device_queue import DeviceQueue, Waiting
 
@@ -89,6 +89,12 @@ class LivePrompt:
         """Every prompt token, context and question together."""
         return len(self.context_ids) + len(self.question_ids)
 
+    def item(self) -> TaskItem | None:
+        """The prompt as a task item to score and store, or None without an expected answer."""
+        if self.answer is None:
+            return None
+        return TaskItem(self.task_id, self.context_ids, self.question_ids, self.answer, self.depth)
+
 
 @lru_cache(maxsize=4)
 def _haystacks(tokenizer: Any) -> tuple[Haystack, ...]:
@@ -100,7 +106,7 @@ def find_span(ids: tuple[int, ...], piece: list[int]) -> tuple[int, int] | None:
     """Where ``piece`` first occurs in ``ids``, as ``[start, end)``."""
     width = len(piece)
     for start in range(len(ids) - width + 1):
-        if list(ids[start:start + width]) == piece:
+        if list(ids[start : start + width]) == piece:
             return start, start + width
     return None
 
@@ -116,14 +122,21 @@ def build_prompt(loaded: LoadedModel, task: NeedleTask | TextTask) -> LivePrompt
         rng = random.Random(f"live/{task.seed}")
         fact = make_fact(template, rng)
         haystacks = _haystacks(tokenizer)
-        item = build_needle(tokenizer, haystacks[task.seed % len(haystacks)], task.context_tokens, task.depth, fact,
-                            rng=rng)
+        item = build_needle(
+            tokenizer, haystacks[task.seed % len(haystacks)], task.context_tokens, task.depth, fact, rng=rng
+        )
         return LivePrompt(
-            context_ids=item.context_ids, question_ids=item.question_ids, answer=item.answer, task="needle",
-            task_hash=needle_sources_hash("single", "live"), task_id=f"needle-live-{template.name}-{task.seed}",
+            context_ids=item.context_ids,
+            question_ids=item.question_ids,
+            answer=item.answer,
+            task="needle",
+            task_hash=needle_sources_hash("single", "live"),
+            task_id=f"needle-live-{template.name}-{task.seed}",
             trial_key=f"live/depth={task.depth:.4f}/template={template.name}/seed={task.seed}",
-            question=fact.question, depth=item.depth,
-            needle=find_span(item.context_ids, encode(tokenizer, fact_piece(fact.statements[0]))), seed=task.seed,
+            question=fact.question,
+            depth=item.depth,
+            needle=find_span(item.context_ids, encode(tokenizer, fact_piece(fact.statements[0]))),
+            seed=task.seed,
         )
     if not task.context.strip():
         raise KvlabError("There is no text to read; paste a text or upload a UTF-8 text file.")
@@ -136,8 +149,14 @@ def build_prompt(loaded: LoadedModel, task: NeedleTask | TextTask) -> LivePrompt
     answer = task.answer.strip() or None
     digest = item_hash(context_ids, question_ids, answer)
     return LivePrompt(
-        context_ids=context_ids, question_ids=question_ids, answer=answer, task="text", task_hash=digest,
-        task_id=f"text-{digest[:8]}", trial_key=f"live/text={digest[:16]}", question=task.question.strip(),
+        context_ids=context_ids,
+        question_ids=question_ids,
+        answer=answer,
+        task="text",
+        task_hash=digest,
+        task_id=f"text-{digest[:8]}",
+        trial_key=f"live/text={digest[:16]}",
+        question=task.question.strip(),
     )
 
 
@@ -218,8 +237,6 @@ class LiveTrace:
     survivors: list[np.ndarray] = field(default_factory=list)
     seen_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
 
     @property
     def span(self) -> int:
@@ -266,14 +283,29 @@ class LiveTrace:
         new = np.arange(self.seen_tokens, event.seen_tokens, dtype=np.int64)
         if event.stats is not None:
             held, sinks = self.held_during(self.survivors, new)
-            self.observed.append(ObservedStep(
-                kind=event.kind, first_position=self.seen_tokens, end_position=event.seen_tokens,
-                pooled=event.stats["pooled"][:, 0, :].float().numpy(), held=held, sinks_held=sinks,
-                entropy=event.stats["entropy"][:, 0, :].float().numpy(),
-                sink_mass=event.stats["sink_mass"][:, 0, :].float().numpy(),
-            ))
-        self.memory.append(MemoryPoint(event.kind, event.seen_tokens, event.kv_bytes, event.kv_bytes_full,
-                                       event.kv_reserved_bytes, event.dead_share, event.compactions))
+            self.observed.append(
+                ObservedStep(
+                    kind=event.kind,
+                    first_position=self.seen_tokens,
+                    end_position=event.seen_tokens,
+                    pooled=event.stats["pooled"][:, 0, :].float().numpy(),
+                    held=held,
+                    sinks_held=sinks,
+                    entropy=event.stats["entropy"][:, 0, :].float().numpy(),
+                    sink_mass=event.stats["sink_mass"][:, 0, :].float().numpy(),
+                )
+            )
+        self.memory.append(
+            MemoryPoint(
+                event.kind,
+                event.seen_tokens,
+                event.kv_bytes,
+                event.kv_bytes_full,
+                event.kv_reserved_bytes,
+                event.dead_share,
+                event.compactions,
+            )
+        )
         self.survivors = [positions[0].numpy() for positions in event.survivors()]
         self.seen_tokens = event.seen_tokens
         if event.kind == "decode" and event.token_ids:
@@ -294,22 +326,17 @@ class LiveTrace:
 
 @dataclass(frozen=True)
 class LiveOutcome:
-    """What a finished live run produced, measured (bytes from tensors, seconds of the model alone)."""
+    """A finished live run: the engine's result (measured bytes, the engine's own seconds) and, when the prompt
+    has an expected answer, how the output scored against it."""
 
-    text: str
+    result: GenerationResult
     contains: bool | None
     exact: bool | None
-    kv_bytes: int
-    kv_bytes_full: int
-    peak_kv_bytes: int
-    kv_reserved_bytes: int
-    peak_kv_reserved_bytes: int
-    dead_share: float
-    compactions: int
-    peak_gpu_bytes: int | None
-    kept_tokens: int
-    prefill_seconds: float
-    decode_seconds: float
+
+    @property
+    def text(self) -> str:
+        """What the model generated."""
+        return self.result.texts[0]
 
 
 class LiveRun:
@@ -317,19 +344,33 @@ class LiveRun:
 
     def __init__(self, loaded: LoadedModel, prompt: LivePrompt, settings: LiveSettings) -> None:
         policy = make_policy(settings.policy, **settings.params)
-        budget = settings.budget if policy.evicts() else None
+        budget = settings.budget if policy.evicts else None
         self.stops = stops_for(loaded, one_line_answers=prompt.answer is not None or bool(prompt.question_ids))
-        self.spec = RunSpec(policy, budget, mode=cast(Mode, settings.mode), chunk=settings.chunk,  # RunSpec checks it
-                            max_new_tokens=settings.max_new_tokens, stop_token_ids=self.stops.token_ids,
-                            seed=prompt.seed or 0, stats=StatsRequest(settings.n_sink, settings.n_bins),
-                            layout=settings.layout, compact_at=settings.compact_at)
+        self.spec = RunSpec(
+            policy,
+            budget,
+            mode=cast(Mode, settings.mode),
+            chunk=settings.chunk,  # RunSpec checks it
+            max_new_tokens=settings.max_new_tokens,
+            stop_token_ids=self.stops.token_ids,
+            seed=prompt.seed or 0,
+            stats=StatsRequest(settings.n_sink, settings.n_bins),
+            layout=settings.layout,
+            compact_at=settings.compact_at,
+        )
         together = settings.query_aware or not prompt.question_ids
         context = prompt.context_ids + prompt.question_ids if together else prompt.context_ids
         suffix = None if together else torch.tensor([prompt.question_ids])
         self.loaded, self.prompt, self.settings = loaded, prompt, settings
         self.generation = Generation(loaded, self.spec, torch.tensor([context]), suffix)
-        self.trace = LiveTrace(loaded.arch.num_layers, prompt.context_tokens, settings.max_new_tokens,
-                               settings.n_bins, settings.n_sink, needle=prompt.needle)
+        self.trace = LiveTrace(
+            loaded.arch.num_layers,
+            prompt.context_tokens,
+            settings.max_new_tokens,
+            settings.n_bins,
+            settings.n_sink,
+            needle=prompt.needle,
+        )
 
     @property
     def label(self) -> str:
@@ -337,11 +378,13 @@ class LiveRun:
         return f"live run of {self.settings.policy} on {self.prompt.context_tokens:,} tokens"
 
     @contextlib.contextmanager
-    def on_device(self, queue: DeviceQueue, on_wait: Callable[[Waiting], None] | None = None
-                  ) -> Iterator[Iterator[Event]]:
+    def on_device(
+        self, queue: DeviceQueue, on_wait: Callable[[Waiting], None] | None = None
+    ) -> Iterator[Iterator[Event]]:
         """Wait for the device in ``queue`` (``on_wait`` is told the place meanwhile), then hold it for the block,
         which gets :meth:`events`; each event updates the progress that the sessions waiting behind it see."""
         with queue.turn(self.label, on_wait) as ticket:
+
             def events() -> Iterator[Event]:
                 for event in self.events():
                     ticket.progress = event.seen_tokens / self.trace.span
@@ -352,43 +395,18 @@ class LiveRun:
     def events(self) -> Iterator[Event]:
         """Run the generation, yielding each event once the trace has it. A GPU that runs out of memory becomes
         one sentence, and the memory is handed back so the next run can start."""
-        device = self.loaded.device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        events = self.generation.events()
-        while True:
-            started = time.perf_counter()
-            try:
-                event = next(events)
-            except StopIteration:
-                return
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - started
-            if event.kind == "decode":
-                self.trace.decode_seconds += elapsed
-            else:
-                self.trace.prefill_seconds += elapsed
+        for event in self.generation.events():
             self.trace.add(event)
             yield event
 
     def outcome(self) -> LiveOutcome:
         """The result once :meth:`events` is exhausted."""
-        trace = self.trace
-        text = self.loaded.tokenizer.decode(trace.token_ids, skip_special_tokens=True)
-        verdict = score(text, self.prompt.answer) if self.prompt.answer is not None else None
-        kept = trace.kept_per_layer()
-        last = trace.memory[-1]
-        device = self.loaded.device
+        result = self.generation.result()
+        verdict = score(result.texts[0], self.prompt.answer) if self.prompt.answer is not None else None
         return LiveOutcome(
-            text=text, contains=None if verdict is None else verdict.contains,
-            exact=None if verdict is None else verdict.exact, kv_bytes=last.kv_bytes,
-            kv_bytes_full=last.kv_bytes_full, peak_kv_bytes=self.generation.peak_kv_bytes,
-            kv_reserved_bytes=last.kv_reserved_bytes, peak_kv_reserved_bytes=self.generation.peak_kv_reserved_bytes,
-            dead_share=last.dead_share, compactions=last.compactions,
-            peak_gpu_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-            kept_tokens=round(sum(kept) / len(kept)) if kept else 0,
-            prefill_seconds=trace.prefill_seconds, decode_seconds=trace.decode_seconds,
+            result,
+            contains=None if verdict is None else verdict.contains,
+            exact=None if verdict is None else verdict.exact,
         )
 
 
@@ -415,23 +433,23 @@ class LiveResult:
 
 def live_config(live: LiveRun) -> RunConfig:
     """The stored configuration of a live run; the same settings on the same prompt find the same run."""
-    return run_config(live.loaded, live.spec, task=live.prompt.task, task_hash=live.prompt.task_hash,
-                      stop_rule=live.stops.rule, query_aware=live.settings.query_aware,
-                      context_length=live.prompt.context_tokens)
+    return run_config(
+        live.loaded,
+        live.spec,
+        task=live.prompt.task,
+        task_hash=live.prompt.task_hash,
+        stop_rule=live.stops.rule,
+        query_aware=live.settings.query_aware,
+        context_length=live.prompt.context_tokens,
+    )
 
 
 def live_trial(live: LiveRun, outcome: LiveOutcome) -> Trial | None:
     """The one trial of a finished live run; None when there is no answer to score it by."""
-    prompt = live.prompt
-    if prompt.answer is None:
+    item = live.prompt.item()
+    if item is None:
         return None
-    measured = Measured(kept_tokens=outcome.kept_tokens, kv_bytes=outcome.kv_bytes,
-                        peak_kv_bytes=outcome.peak_kv_bytes, kv_reserved_bytes=outcome.kv_reserved_bytes,
-                        peak_kv_reserved_bytes=outcome.peak_kv_reserved_bytes, compactions=outcome.compactions,
-                        peak_gpu_bytes=outcome.peak_gpu_bytes, prefill_s=outcome.prefill_seconds,
-                        decode_s=outcome.decode_seconds)
-    return trial(prompt.trial_key, prompt.task_id, prompt.context_ids, prompt.question_ids, prompt.answer,
-                 outcome.text, measured, prompt.depth)
+    return batch_trials([(live.prompt.trial_key, item)], outcome.result)[0]
 
 
 def store_live_run(store: Store, live: LiveRun, outcome: LiveOutcome, started_by: str | None = None) -> int | None:
@@ -445,8 +463,9 @@ def store_live_run(store: Store, live: LiveRun, outcome: LiveOutcome, started_by
     return run_id
 
 
-def file_live_run(opener: Callable[[], Store], live: LiveRun, outcome: LiveOutcome,
-                  started_by: str | None = None) -> Filed:
+def file_live_run(
+    opener: Callable[[], Store], live: LiveRun, outcome: LiveOutcome, started_by: str | None = None
+) -> Filed:
     """Store a finished live run in the store ``opener`` opens; a store that cannot be opened or written (locked,
     damaged, a full disk) loses nothing: the run comes back as a CSV record with the reason."""
     scored = live_trial(live, outcome)
@@ -466,7 +485,8 @@ def warm_up(loaded: LoadedModel) -> None:
     _haystacks(loaded.tokenizer)
     stop_token_ids(loaded.tokenizer)
     ids = torch.arange(48, dtype=torch.long).remainder(max(len(loaded.tokenizer), 1)).unsqueeze(0)
-    spec = RunSpec(make_policy("h2o"), Budget(tokens=16), mode="streaming", chunk=16, max_new_tokens=2,
-                   stats=StatsRequest(4, 16))
+    spec = RunSpec(
+        make_policy("h2o"), Budget(tokens=16), mode="streaming", chunk=16, max_new_tokens=2, stats=StatsRequest(4, 16)
+    )
     for _ in Generation(loaded, spec, ids).events():
         pass

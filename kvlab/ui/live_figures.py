@@ -135,8 +135,14 @@ def query_rows(trace: LiveTrace, layer: int | None = None, max_rows: int = MAX_R
         tick.append(short)
         decoded += len(members) if members[0].kind == "decode" else 0
     bins = trace.n_bins
-    return QueryRows(np.asarray(share).reshape(-1, bins), np.asarray(held).reshape(-1, bins), np.asarray(sink),
-                     np.asarray(first, dtype=np.int64), label, tick)
+    return QueryRows(
+        np.asarray(share).reshape(-1, bins),
+        np.asarray(held).reshape(-1, bins),
+        np.asarray(sink),
+        np.asarray(first, dtype=np.int64),
+        label,
+        tick,
+    )
 
 
 def sink_bins(trace: LiveTrace) -> np.ndarray:
@@ -144,8 +150,9 @@ def sink_bins(trace: LiveTrace) -> np.ndarray:
     return np.unique(trace.bin_of(np.arange(min(trace.n_sink, trace.span))))
 
 
-def heavy_hitter_bins(trace: LiveTrace, rows: QueryRows, max_pillars: int = MAX_PILLARS,
-                      ratio: float = PILLAR_RATIO) -> list[int]:
+def heavy_hitter_bins(
+    trace: LiveTrace, rows: QueryRows, max_pillars: int = MAX_PILLARS, ratio: float = PILLAR_RATIO
+) -> list[int]:
     """Key bins that stand as pillars: across the queries that lie well after them (more than two bins later, so
     local attention does not count) they receive at least ``ratio`` times the share a uniform spread over the held
     tokens would give them, in the median row, over at least a quarter of the rows and at least two. Sink bins are
@@ -198,37 +205,69 @@ def attention_landscape(trace: LiveTrace | None, layer: int | None = None, max_r
     high = max(np.ceil(np.nanmax(colour)) if np.isfinite(colour).any() else 0.0, low + 1)
     powers = np.arange(low, high + 1)
     y = np.arange(len(rows.label))
-    figure = go.Figure(go.Surface(
-        x=centres, y=y, z=surface, surfacecolor=colour, colorscale="Viridis", cmin=low, cmax=high,
-        customdata=np.repeat(np.asarray(rows.label, dtype=object)[:, None], trace.n_bins, axis=1),
-        hovertemplate="keys around %{x:.0f}<br>%{customdata}<br>weight per key %{z:.2e}<extra></extra>",
-        colorbar=dict(title="weight", len=0.6, tickvals=powers, ticktext=[f"1e{int(p)}" for p in powers]),
-        name="attention weight per held key", connectgaps=False,
-    ))
-    figure.add_trace(go.Scatter3d(
-        x=np.full(len(y), (min(trace.n_sink, trace.span) - 1) / 2), y=y, z=np.maximum(rows.sink, WEIGHT_FLOOR),
-        mode="lines+markers", line=dict(color=SINK_COLOUR, width=6), marker=dict(size=3, color=SINK_COLOUR),
-        name=f"sink: first {trace.n_sink} tokens",
-    ))
+    figure = go.Figure(
+        go.Surface(
+            x=centres,
+            y=y,
+            z=surface,
+            surfacecolor=colour,
+            colorscale="Viridis",
+            cmin=low,
+            cmax=high,
+            customdata=np.repeat(np.asarray(rows.label, dtype=object)[:, None], trace.n_bins, axis=1),
+            hovertemplate="keys around %{x:.0f}<br>%{customdata}<br>weight per key %{z:.2e}<extra></extra>",
+            colorbar=dict(title="weight", len=0.6, tickvals=powers, ticktext=[f"1e{int(p)}" for p in powers]),
+            name="attention weight per held key",
+            connectgaps=False,
+        )
+    )
+    figure.add_trace(
+        go.Scatter3d(
+            x=np.full(len(y), (min(trace.n_sink, trace.span) - 1) / 2),
+            y=y,
+            z=np.maximum(rows.sink, WEIGHT_FLOOR),
+            mode="lines+markers",
+            line=dict(color=SINK_COLOUR, width=6),
+            marker=dict(size=3, color=SINK_COLOUR),
+            name=f"sink: first {trace.n_sink} tokens",
+        )
+    )
     for pillar in heavy_hitter_bins(trace, rows):
-        figure.add_trace(go.Scatter3d(
-            x=np.full(len(y), centres[pillar]), y=y, z=surface[:, pillar], mode="lines",
-            line=dict(color=PILLAR_COLOUR, width=7), name=f"heavy hitter, keys {edges[pillar]}–{edges[pillar + 1] - 1}",
-        ))
+        figure.add_trace(
+            go.Scatter3d(
+                x=np.full(len(y), centres[pillar]),
+                y=y,
+                z=surface[:, pillar],
+                mode="lines",
+                line=dict(color=PILLAR_COLOUR, width=7),
+                name=f"heavy hitter, keys {edges[pillar]}–{edges[pillar + 1] - 1}",
+            )
+        )
     if trace.needle is not None:
         start, end = trace.needle
-        figure.add_trace(go.Scatter3d(
-            x=np.full(len(y), (start + end - 1) / 2), y=y, z=np.full(len(y), 10 ** low), mode="lines",
-            line=dict(color=NEEDLE_COLOUR, width=5, dash="dash"), name=f"needle, tokens {start}–{end - 1}",
-        ))
+        figure.add_trace(
+            go.Scatter3d(
+                x=np.full(len(y), (start + end - 1) / 2),
+                y=y,
+                z=np.full(len(y), 10**low),
+                mode="lines",
+                line=dict(color=NEEDLE_COLOUR, width=5, dash="dash"),
+                name=f"needle, tokens {start}–{end - 1}",
+            )
+        )
     tick_step = max(1, len(y) // 8)
     figure.update_layout(
-        title=title, height=560, margin=dict(l=0, r=0, t=40, b=0),
+        title=title,
+        height=560,
+        margin=dict(l=0, r=0, t=40, b=0),
         legend=dict(orientation="h", yanchor="bottom", y=-0.08, x=0),
         scene=dict(
             xaxis=dict(title="key position (token)", range=[0, trace.span]),
-            yaxis=dict(title="query (from token / +decoded)", tickvals=y[::tick_step].tolist(),
-                       ticktext=[rows.tick[i] for i in y[::tick_step]]),
+            yaxis=dict(
+                title="query (from token / +decoded)",
+                tickvals=y[::tick_step].tolist(),
+                ticktext=[rows.tick[i] for i in y[::tick_step]],
+            ),
             zaxis=dict(title="weight/key", type="log", range=[low, high], exponentformat="power"),
             camera=dict(eye=dict(x=1.45, y=-1.65, z=0.85)),
         ),
@@ -245,12 +284,23 @@ def sink_figure(trace: LiveTrace | None) -> go.Figure:
     latest = trace.observed[-1].sink_mass
     layers = np.arange(latest.shape[0])
     figure = go.Figure(go.Bar(x=layers, y=latest.mean(axis=1), name="mean over heads", marker_color=SINK_COLOUR))
-    figure.add_trace(go.Scatter(x=layers, y=latest.max(axis=1), mode="markers", name="strongest head",
-                                marker=dict(symbol="diamond", size=9, color="#333333")))
-    figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
-                         xaxis=_count_axis("layer", len(layers)),
-                         yaxis=dict(title="attention share", rangemode="tozero"),
-                         legend=dict(orientation="h", y=-0.3, x=0))
+    figure.add_trace(
+        go.Scatter(
+            x=layers,
+            y=latest.max(axis=1),
+            mode="markers",
+            name="strongest head",
+            marker=dict(symbol="diamond", size=9, color="#333333"),
+        )
+    )
+    figure.update_layout(
+        title=title,
+        height=320,
+        margin=dict(t=40, b=40),
+        xaxis=_count_axis("layer", len(layers)),
+        yaxis=dict(title="attention share", rangemode="tozero"),
+        legend=dict(orientation="h", y=-0.3, x=0),
+    )
     return figure
 
 
@@ -269,16 +319,27 @@ def entropy_over_time(trace: LiveTrace | None, max_columns: int = MAX_ROWS) -> g
         ticks.append(short)
         decoded += len(members) if members[0].kind == "decode" else 0
     matrix = np.stack(columns, axis=1)
-    figure = go.Figure(go.Heatmap(
-        z=matrix, x=list(range(len(labels))), y=list(range(matrix.shape[0])), colorscale="Cividis",
-        colorbar=dict(title="nats"), customdata=np.tile(np.asarray(labels, dtype=object), (matrix.shape[0], 1)),
-        hovertemplate="layer %{y}<br>%{customdata}<br>entropy %{z:.2f} nats<extra></extra>",
-    ))
+    figure = go.Figure(
+        go.Heatmap(
+            z=matrix,
+            x=list(range(len(labels))),
+            y=list(range(matrix.shape[0])),
+            colorscale="Cividis",
+            colorbar=dict(title="nats"),
+            customdata=np.tile(np.asarray(labels, dtype=object), (matrix.shape[0], 1)),
+            hovertemplate="layer %{y}<br>%{customdata}<br>entropy %{z:.2f} nats<extra></extra>",
+        )
+    )
     step = max(1, len(labels) // 8)
-    figure.update_layout(title=title, height=300, margin=dict(t=40, b=40),
-                         xaxis=dict(title="pass (from token / +decoded)",
-                                    tickvals=list(range(0, len(labels), step)), ticktext=ticks[::step]),
-                         yaxis=_count_axis("layer", trace.num_layers))
+    figure.update_layout(
+        title=title,
+        height=300,
+        margin=dict(t=40, b=40),
+        xaxis=dict(
+            title="pass (from token / +decoded)", tickvals=list(range(0, len(labels), step)), ticktext=ticks[::step]
+        ),
+        yaxis=_count_axis("layer", trace.num_layers),
+    )
     return figure
 
 
@@ -288,10 +349,21 @@ def head_entropy(trace: LiveTrace | None) -> go.Figure:
     if trace is None or not trace.observed:
         return _placeholder(title, IDLE if trace is None else WAITING)
     latest = trace.observed[-1].entropy
-    figure = go.Figure(go.Heatmap(z=latest, colorscale="Cividis", colorbar=dict(title="nats"),
-                                  hovertemplate="layer %{y}, head %{x}<br>%{z:.2f} nats<extra></extra>"))
-    figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
-                         xaxis=_count_axis("query head", latest.shape[1]), yaxis=_count_axis("layer", latest.shape[0]))
+    figure = go.Figure(
+        go.Heatmap(
+            z=latest,
+            colorscale="Cividis",
+            colorbar=dict(title="nats"),
+            hovertemplate="layer %{y}, head %{x}<br>%{z:.2f} nats<extra></extra>",
+        )
+    )
+    figure.update_layout(
+        title=title,
+        height=320,
+        margin=dict(t=40, b=40),
+        xaxis=_count_axis("query head", latest.shape[1]),
+        yaxis=_count_axis("layer", latest.shape[0]),
+    )
     return figure
 
 
@@ -305,8 +377,9 @@ def survival(trace: LiveTrace, max_columns: int = MAX_COLUMNS) -> tuple[np.ndarr
     matrix = np.full((len(trace.survivors), columns), np.nan)
     for layer, positions in enumerate(trace.survivors):
         heads = positions.shape[0] if positions.ndim > 1 else 1
-        counts = np.bincount(np.clip(positions.ravel().astype(np.int64) * columns // trace.span, 0, columns - 1),
-                             minlength=columns)
+        counts = np.bincount(
+            np.clip(positions.ravel().astype(np.int64) * columns // trace.span, 0, columns - 1), minlength=columns
+        )
         matrix[layer] = np.where(seen > 0, counts / np.maximum(seen * heads, 1), np.nan)
     return matrix, edges
 
@@ -319,19 +392,34 @@ def cache_map(trace: LiveTrace | None, max_columns: int = MAX_COLUMNS) -> go.Fig
         return _placeholder(title, IDLE if trace is None else WAITING)
     matrix, edges = survival(trace, max_columns)
     centres = (edges[:-1] + edges[1:] - 1) / 2
-    figure = go.Figure(go.Heatmap(
-        z=matrix, x=centres, y=list(range(matrix.shape[0])), zmin=0, zmax=1,
-        colorscale=[[0.0, EVICTED_COLOUR], [0.02, "#dfe8f5"], [1.0, HELD_COLOUR]],
-        colorbar=dict(title="held", tickformat=".0%"),
-        hovertemplate="layer %{y}<br>tokens around %{x:.0f}<br>held %{z:.0%}<extra></extra>",
-    ))
+    figure = go.Figure(
+        go.Heatmap(
+            z=matrix,
+            x=centres,
+            y=list(range(matrix.shape[0])),
+            zmin=0,
+            zmax=1,
+            colorscale=[[0.0, EVICTED_COLOUR], [0.02, "#dfe8f5"], [1.0, HELD_COLOUR]],
+            colorbar=dict(title="held", tickformat=".0%"),
+            hovertemplate="layer %{y}<br>tokens around %{x:.0f}<br>held %{z:.0%}<extra></extra>",
+        )
+    )
     if trace.needle is not None:
         start, end = trace.needle
-        figure.add_vrect(x0=start - 0.5, x1=end - 0.5, line=dict(color=NEEDLE_COLOUR, width=2),
-                         annotation_text="needle", annotation_position="top left")
-    figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
-                         xaxis=dict(title="original position (token)", range=[0, trace.span]),
-                         yaxis=_count_axis("layer", trace.num_layers))
+        figure.add_vrect(
+            x0=start - 0.5,
+            x1=end - 0.5,
+            line=dict(color=NEEDLE_COLOUR, width=2),
+            annotation_text="needle",
+            annotation_position="top left",
+        )
+    figure.update_layout(
+        title=title,
+        height=320,
+        margin=dict(t=40, b=40),
+        xaxis=dict(title="original position (token)", range=[0, trace.span]),
+        yaxis=_count_axis("layer", trace.num_layers),
+    )
     return figure
 
 
@@ -346,24 +434,58 @@ def memory_figure(trace: LiveTrace | None) -> go.Figure:
     seen = [point.seen_tokens for point in points]
     divisor, unit = byte_unit(max(max(max(p.kv_bytes_full, p.kv_reserved_bytes) for p in points), 1))
     figure = go.Figure()
-    figure.add_trace(go.Scatter(x=seen, y=[p.kv_bytes_full / divisor for p in points], mode="lines",
-                                name="full cache (computed)", line=dict(dash="dash", color="#888888")))
+    figure.add_trace(
+        go.Scatter(
+            x=seen,
+            y=[p.kv_bytes_full / divisor for p in points],
+            mode="lines",
+            name="full cache (computed)",
+            line=dict(dash="dash", color="#888888"),
+        )
+    )
     dead = [f"{p.kind}; {p.dead_share:.0%} of the slots in use are dead" for p in points]
     hover = f"after %{{customdata}}, %{{x}} tokens<br>%{{y:.2f}} {unit}<extra></extra>"
-    figure.add_trace(go.Scatter(x=seen, y=[p.kv_reserved_bytes / divisor for p in points], mode="lines",
-                                name="reserved (measured from tensors)", line=dict(color=RESERVED_COLOUR, shape="hv"),
-                                customdata=dead, hovertemplate=hover))
-    figure.add_trace(go.Scatter(x=seen, y=[p.kv_bytes / divisor for p in points], mode="lines+markers",
-                                name="in use (measured from tensors)", line=dict(color=HELD_COLOUR),
-                                marker=dict(size=4), customdata=dead, hovertemplate=hover))
+    figure.add_trace(
+        go.Scatter(
+            x=seen,
+            y=[p.kv_reserved_bytes / divisor for p in points],
+            mode="lines",
+            name="reserved (measured from tensors)",
+            line=dict(color=RESERVED_COLOUR, shape="hv"),
+            customdata=dead,
+            hovertemplate=hover,
+        )
+    )
+    figure.add_trace(
+        go.Scatter(
+            x=seen,
+            y=[p.kv_bytes / divisor for p in points],
+            mode="lines+markers",
+            name="in use (measured from tensors)",
+            line=dict(color=HELD_COLOUR),
+            marker=dict(size=4),
+            customdata=dead,
+            hovertemplate=hover,
+        )
+    )
     compacted = [i for i in range(len(points)) if points[i].compactions > (points[i - 1].compactions if i else 0)]
     if compacted:
-        figure.add_trace(go.Scatter(
-            x=[seen[i] for i in compacted], y=[points[i].kv_reserved_bytes / divisor for i in compacted],
-            mode="markers", name="compacted", marker=dict(symbol="triangle-down", size=9, color=RESERVED_COLOUR),
-            hovertemplate="compacted after %{x} tokens<extra></extra>"))
-    figure.update_layout(title=title, height=320, margin=dict(t=40, b=40),
-                         xaxis=dict(title="tokens read", rangemode="tozero"),
-                         yaxis=dict(title=f"KV bytes ({unit})", rangemode="tozero"),
-                         legend=dict(orientation="h", y=-0.3, x=0))
+        figure.add_trace(
+            go.Scatter(
+                x=[seen[i] for i in compacted],
+                y=[points[i].kv_reserved_bytes / divisor for i in compacted],
+                mode="markers",
+                name="compacted",
+                marker=dict(symbol="triangle-down", size=9, color=RESERVED_COLOUR),
+                hovertemplate="compacted after %{x} tokens<extra></extra>",
+            )
+        )
+    figure.update_layout(
+        title=title,
+        height=320,
+        margin=dict(t=40, b=40),
+        xaxis=dict(title="tokens read", rangemode="tozero"),
+        yaxis=dict(title=f"KV bytes ({unit})", rangemode="tozero"),
+        legend=dict(orientation="h", y=-0.3, x=0),
+    )
     return figure

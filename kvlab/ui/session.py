@@ -70,8 +70,10 @@ def right_host() -> bool:
     site's DNS points here is told so and nothing else runs for it."""
     if host_allowed(st.context.headers.get("Host"), allowed_hosts()):
         return True
-    st.error("This kvlab server does not answer to the name this page used. Open it by one of its own names; its "
-             "operator lists them in KVLAB_ALLOWED_HOSTS.")
+    st.error(
+        "This kvlab server does not answer to the name this page used. Open it by one of its own names; its "
+        "operator lists them in KVLAB_ALLOWED_HOSTS."
+    )
     return False
 
 
@@ -81,7 +83,7 @@ def show_details() -> bool:
     return st.get_option("client.showErrorDetails") in ("full", "stacktrace", True)
 
 
-def guarded(work: Callable[[], None], where: str) -> None:
+def guarded(work: Callable[[], object], where: str) -> None:
     """Run a page: a sentence a user caused is shown as it is; a bug becomes one sentence with a reference, its
     traceback in the server log (outside development mode)."""
     try:
@@ -105,8 +107,10 @@ def login_page() -> None:
     st.write("This kvlab server is for its team only: log in to use it.")
     providers = login_providers(auth_settings())
     if not providers:
-        st.error("The server's [auth] settings name no OIDC provider (client_id, client_secret and "
-                 "server_metadata_url), so nobody can log in; ask its operator.")
+        st.error(
+            "The server's [auth] settings name no OIDC provider (client_id, client_secret and "
+            "server_metadata_url), so nobody can log in; ask its operator."
+        )
     for provider in providers:
         label = "Log in" if provider is None else f"Log in with {provider}"
         if st.button(label, type="primary", icon=":material/login:", key=f"login-{provider or 'default'}"):
@@ -166,8 +170,12 @@ def model_sidebar() -> LoadedModel | None:
     st.session_state.setdefault(MODEL_KEY, initial_model(default_model(), allowed))
     sidebar = st.sidebar
     only = f" This server loads only: {', '.join(allowed)}." if allowed else ""
-    sidebar.text_input("Model", key=MODEL_KEY, help="A Hugging Face hub id (e.g. Qwen/Qwen2.5-0.5B) or a local "
-                       "model directory. It is loaded once and shared by every session of this server." + only)
+    sidebar.text_input(
+        "Model",
+        key=MODEL_KEY,
+        help="A Hugging Face hub id (e.g. Qwen/Qwen2.5-0.5B) or a local "
+        "model directory. It is loaded once and shared by every session of this server." + only,
+    )
     loaded: LoadedModel | None = None
     name = model_name()
     try:
@@ -184,9 +192,13 @@ def model_sidebar() -> LoadedModel | None:
         sidebar.error(plain(log_to_server(error, "loading a model")))
     else:
         arch = loaded.arch
-        sidebar.caption(plain(
-            f"{arch.model_type} · {arch.num_layers} layers · {arch.num_q_heads} query / {arch.num_kv_heads} KV "
-            f"heads · head dim {arch.head_dim}") + f"  \nRunning on **{plain(loaded.device)}** in {loaded.dtype_name}")
+        sidebar.caption(
+            plain(
+                f"{arch.model_type} · {arch.num_layers} layers · {arch.num_q_heads} query / {arch.num_kv_heads} KV "
+                f"heads · head dim {arch.head_dim}"
+            )
+            + f"  \nRunning on **{plain(loaded.device)}** in {loaded.dtype_name}"
+        )
     sidebar.caption(f"Runs are stored in {plain(default_db_path())}")
     st.session_state[LOADED_KEY] = loaded
     return loaded
@@ -223,6 +235,7 @@ def writing_store(slot: DeltaGenerator | None = None) -> Store | None:
 
 def waiting_notice(notice: DeltaGenerator) -> Callable[[Waiting], None]:
     """What a run waiting for the device shows in ``notice``: how many runs are ahead and what is running."""
+
     def show(waiting: Waiting) -> None:
         notice.info(plain(waiting.sentence()), icon=":material/hourglass_top:")
 

@@ -20,26 +20,47 @@ def needle_heatmaps(cells: pd.DataFrame, max_panels: int = 6) -> go.Figure:
     labels = sorted(cells["label"].unique())[:max_panels]
     if not labels:
         figure = go.Figure()
-        figure.add_annotation(text="No stored needle trials for this selection.", showarrow=False,
-                              x=0.5, y=0.5, xref="paper", yref="paper")
+        figure.add_annotation(
+            text="No stored needle trials for this selection.",
+            showarrow=False,
+            x=0.5,
+            y=0.5,
+            xref="paper",
+            yref="paper",
+        )
         figure.update_layout(xaxis_visible=False, yaxis_visible=False, height=260)
         return figure
     contexts = sorted(cells["context_length"].unique())
-    figure = make_subplots(rows=1, cols=len(labels), subplot_titles=labels, shared_yaxes=True,
-                           horizontal_spacing=0.03)
+    figure = make_subplots(rows=1, cols=len(labels), subplot_titles=labels, shared_yaxes=True, horizontal_spacing=0.03)
     for index, label in enumerate(labels, start=1):
         panel = cells[cells["label"] == label]
         accuracy = panel.pivot(index="context_length", columns="depth", values="accuracy").reindex(contexts)
         trials = panel.pivot(index="context_length", columns="depth", values="trials").reindex(
-            index=contexts, columns=accuracy.columns)
-        text = [[("" if pd.isna(a) else f"{a:.0f}%<br>n={int(n)}") for a, n in zip(row_a, row_n)]
-                for row_a, row_n in zip(accuracy.to_numpy(), trials.to_numpy())]
-        figure.add_trace(go.Heatmap(
-            z=accuracy.to_numpy(), x=[f"{100 * d:.0f}%" for d in accuracy.columns], y=[str(c) for c in contexts],
-            zmin=0, zmax=100, colorscale=ACCURACY_SCALE, text=text, texttemplate="%{text}",
-            colorbar=dict(title="accuracy %"), showscale=index == 1, xgap=2, ygap=2,
-            hovertemplate="context %{y} tokens<br>depth %{x}<br>accuracy %{z:.0f}%<extra></extra>",
-        ), row=1, col=index)
+            index=contexts, columns=accuracy.columns
+        )
+        text = [
+            [("" if pd.isna(a) else f"{a:.0f}%<br>n={int(n)}") for a, n in zip(row_a, row_n)]
+            for row_a, row_n in zip(accuracy.to_numpy(), trials.to_numpy())
+        ]
+        figure.add_trace(
+            go.Heatmap(
+                z=accuracy.to_numpy(),
+                x=[f"{100 * d:.0f}%" for d in accuracy.columns],
+                y=[str(c) for c in contexts],
+                zmin=0,
+                zmax=100,
+                colorscale=ACCURACY_SCALE,
+                text=text,
+                texttemplate="%{text}",
+                colorbar=dict(title="accuracy %"),
+                showscale=index == 1,
+                xgap=2,
+                ygap=2,
+                hovertemplate="context %{y} tokens<br>depth %{x}<br>accuracy %{z:.0f}%<extra></extra>",
+            ),
+            row=1,
+            col=index,
+        )
         figure.update_xaxes(title_text="needle depth", type="category", row=1, col=index)
     figure.update_yaxes(title_text="context length (tokens)", type="category", row=1, col=1)
     figure.update_layout(height=120 + 70 * len(contexts), margin=dict(t=60, b=40))
@@ -51,28 +72,47 @@ def frontier_figure(points: pd.DataFrame, x_title: str, bytes_axis: bool) -> go.
     logarithmic scale (budgets span orders of magnitude); the kept fraction is linear from 0 to 1."""
     figure = go.Figure()
     if points.empty:
-        figure.add_annotation(text="No stored runs for this selection.", showarrow=False, x=0.5, y=0.5,
-                              xref="paper", yref="paper")
+        figure.add_annotation(
+            text="No stored runs for this selection.", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper"
+        )
         figure.update_layout(xaxis_visible=False, yaxis_visible=False, height=360)
         return figure
     divisor = float(1 << 20) if bytes_axis else 1.0
     colours = qualitative.Plotly
     for index, (line, group) in enumerate(points.groupby("line", sort=True)):
-        figure.add_trace(go.Scatter(
-            x=group["x"] / divisor, y=group["accuracy"], mode="lines+markers", name=line,
-            line=dict(color=colours[index % len(colours)]), customdata=group[["label", "trials"]].to_numpy(),
-            hovertemplate="%{customdata[0]}<br>x %{x:.3g}<br>accuracy %{y:.0f}% (n=%{customdata[1]})<extra></extra>",
-        ))
+        figure.add_trace(
+            go.Scatter(
+                x=group["x"] / divisor,
+                y=group["accuracy"],
+                mode="lines+markers",
+                name=line,
+                line=dict(color=colours[index % len(colours)]),
+                customdata=group[["label", "trials"]].to_numpy(),
+                hovertemplate=(
+                    "%{customdata[0]}<br>x %{x:.3g}<br>accuracy %{y:.0f}% (n=%{customdata[1]})<extra></extra>"
+                ),
+            )
+        )
     front = points[points["front"]].sort_values("x")
-    figure.add_trace(go.Scatter(
-        x=front["x"] / divisor, y=front["accuracy"], mode="markers+lines", name="Pareto front",
-        line=dict(color="black", dash="dot", shape="hv", width=1),
-        marker=dict(symbol="circle-open", size=16, color="black", line=dict(width=2)), hoverinfo="skip",
-    ))
+    figure.add_trace(
+        go.Scatter(
+            x=front["x"] / divisor,
+            y=front["accuracy"],
+            mode="markers+lines",
+            name="Pareto front",
+            line=dict(color="black", dash="dot", shape="hv", width=1),
+            marker=dict(symbol="circle-open", size=16, color="black", line=dict(width=2)),
+            hoverinfo="skip",
+        )
+    )
     figure.update_layout(
-        height=380, margin=dict(t=30, b=40),
-        xaxis=dict(title=f"{x_title} (MiB)" if bytes_axis else x_title, type="log" if bytes_axis else "linear",
-                   range=None if bytes_axis else [0, 1.05]),
+        height=380,
+        margin=dict(t=30, b=40),
+        xaxis=dict(
+            title=f"{x_title} (MiB)" if bytes_axis else x_title,
+            type="log" if bytes_axis else "linear",
+            range=None if bytes_axis else [0, 1.05],
+        ),
         yaxis=dict(title="accuracy (%)", range=[-3, 103]),
         legend=dict(orientation="h", y=-0.25),
     )
@@ -95,8 +135,17 @@ def cost_bars(full: CostEstimate, evicted: CostEstimate) -> go.Figure:
     figure = make_subplots(rows=1, cols=len(panels), subplot_titles=[title for title, *_ in panels])
     names = ("full cache", f"evicted (keep {evicted.keep_fraction:.0%})")
     for index, (_, *values) in enumerate(panels, start=1):
-        figure.add_trace(go.Bar(x=list(names), y=values, marker_color=["#888888", "#1f4e9c"],
-                                text=[_short(v) for v in values], textposition="auto", showlegend=False),
-                         row=1, col=index)
+        figure.add_trace(
+            go.Bar(
+                x=list(names),
+                y=values,
+                marker_color=["#888888", "#1f4e9c"],
+                text=[_short(v) for v in values],
+                textposition="auto",
+                showlegend=False,
+            ),
+            row=1,
+            col=index,
+        )
     figure.update_layout(height=300, margin=dict(t=50, b=30))
     return figure

@@ -88,8 +88,9 @@ class SweepJobs:
         self._lock = threading.Lock()
         self._jobs: dict[tuple[Path, int], SweepJob] = {}
 
-    def start(self, request: NeedleGridRequest, loaded: LoadedModel, store: Store,
-              started_by: str | None = None) -> SweepJob:
+    def start(
+        self, request: NeedleGridRequest, loaded: LoadedModel, store: Store, started_by: str | None = None
+    ) -> SweepJob:
         """Start (or resume) the sweep of ``request`` in the background and return its job; when the same grid is
         already waiting or running in this process, its job is returned and nothing new starts."""
         if loaded.name != request.model:
@@ -101,8 +102,9 @@ class SweepJobs:
                     return job
             sweep_id = store.begin_sweep(request.spec(), started_by=started_by)
             job = SweepJob(sweep_id, request, store.path, started_by)
-            job._thread = threading.Thread(target=self._work, args=(job, loaded, store), daemon=True,
-                                           name=f"kvlab-sweep-{sweep_id}")
+            job._thread = threading.Thread(
+                target=self._work, args=(job, loaded, store), daemon=True, name=f"kvlab-sweep-{sweep_id}"
+            )
             self._jobs[(store.path, sweep_id)] = job
             job._thread.start()
         return job
@@ -114,6 +116,7 @@ class SweepJobs:
 
     def _work(self, job: SweepJob, loaded: LoadedModel, store: Store) -> None:
         """The worker: wait for the device, run the grid, and record how it ended in the job and the store."""
+
         def wait(waiting: Waiting) -> None:
             job.waiting = waiting
             if job._stop.is_set():
@@ -129,8 +132,9 @@ class SweepJobs:
                 job.waiting = None
                 job.status = "running"
                 store.set_sweep_status(job.sweep_id, "running")
-                job.summary = run_needle_grid(loaded, store, job.request.grid(), progress, job.started_by,
-                                              should_stop=job._stop.is_set)
+                job.summary = run_needle_grid(
+                    loaded, store, job.request.grid(), progress, job.started_by, should_stop=job._stop.is_set
+                )
             status = "stopped" if job.summary.stopped else "finished"
         except _StoppedWhileWaiting:
             status = "stopped"
@@ -200,19 +204,32 @@ def _job_view(sweep_id: int, title: str, job: SweepJob) -> SweepView:
     """A sweep this process runs or ran: its place in the queue, its progress, or how it ended."""
     if job.status == "queued":
         sentence = job.waiting.sentence() if job.waiting is not None else "Waiting for the device."
-        return SweepView(sweep_id, title, ("Stopping… " if job.stopping else "") + sentence, "info",
-                         can_stop=not job.stopping)
+        return SweepView(
+            sweep_id, title, ("Stopping… " if job.stopping else "") + sentence, "info", can_stop=not job.stopping
+        )
     if job.status == "running":
         prefix = "Stopping after the batch in flight · " if job.stopping else ""
-        return SweepView(sweep_id, title, f"{prefix}{job.done} of {job.total} trials · {job.label}", "progress",
-                         fraction=job.done / max(job.total, 1), can_stop=not job.stopping)
+        return SweepView(
+            sweep_id,
+            title,
+            f"{prefix}{job.done} of {job.total} trials · {job.label}",
+            "progress",
+            fraction=job.done / max(job.total, 1),
+            can_stop=not job.stopping,
+        )
     if job.status == "finished" and job.summary is not None:
-        return SweepView(sweep_id, title, f"Ran {job.summary.ran} trials; {job.summary.skipped} were already stored.",
-                         "success")
+        return SweepView(
+            sweep_id, title, f"Ran {job.summary.ran} trials; {job.summary.skipped} were already stored.", "success"
+        )
     if job.status == "stopped":
         ran = f"after {job.summary.ran} trials" if job.summary is not None else "before it started"
-        return SweepView(sweep_id, title, f"Stopped {ran}; the finished trials are stored. Resume to go on.",
-                         "warning", can_resume=True)
+        return SweepView(
+            sweep_id,
+            title,
+            f"Stopped {ran}; the finished trials are stored. Resume to go on.",
+            "warning",
+            can_resume=True,
+        )
     return SweepView(sweep_id, title, job.message or "Failed.", "error", can_resume=True)
 
 
@@ -221,8 +238,10 @@ def _record_view(sweep_id: int, title: str, record: SweepRecord) -> SweepView:
     sentences: dict[str, tuple[str, Level]] = {
         "finished": ("Finished.", "success"),
         "stopped": ("Stopped; the finished trials are stored. Resume to go on.", "warning"),
-        "interrupted": ("Interrupted when its server stopped; the finished trials are stored. Resume to go on.",
-                        "warning"),
+        "interrupted": (
+            "Interrupted when its server stopped; the finished trials are stored. Resume to go on.",
+            "warning",
+        ),
         "failed": (record.message or "Failed.", "error"),
     }
     sentence, level = sentences.get(record.status, ("Interrupted; resume to go on.", "warning"))

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvlab.policies import is_full_cache
+
 FRONTIER_AXES: dict[str, str] = {
     "keep": "kept fraction of the context",
     "kv_bytes": "KV bytes held at the end (measured)",
@@ -35,7 +37,7 @@ def budget_label(keep: object, budget_tokens: object) -> str:
 
 def run_label(policy: str, mode: str, keep: object = None, budget_tokens: object = None) -> str:
     """How a run is named on charts: ``h2o · prefill · keep 10%``; the full cache has no mode or budget to show."""
-    if policy == "full":
+    if is_full_cache(policy):
         return "full cache"
     return f"{policy} · {mode} · {budget_label(keep, budget_tokens)}"
 
@@ -54,12 +56,14 @@ def needle_grid(by_depth: pd.DataFrame, runs: pd.DataFrame, depth_bins: int = 11
     are pooled, weighted by their trials.
     """
     columns = ["label", "context_length", "depth", "accuracy", "trials"]
-    frame = by_depth.dropna(subset=["depth"]).merge(runs[["run_id", "policy", "mode", "keep", "budget_tokens"]],
-                                                      on="run_id")
+    frame = by_depth.dropna(subset=["depth"]).merge(
+        runs[["run_id", "policy", "mode", "keep", "budget_tokens"]], on="run_id"
+    )
     if frame.empty:
         return pd.DataFrame(columns=columns)
-    frame["label"] = [run_label(*row) for row in frame[["policy", "mode", "keep", "budget_tokens"]].itertuples(
-        index=False)]
+    frame["label"] = [
+        run_label(*row) for row in frame[["policy", "mode", "keep", "budget_tokens"]].itertuples(index=False)
+    ]
     frame["depth"] = np.round(frame["depth"].astype(float) * (depth_bins - 1)) / (depth_bins - 1)
     frame["correct"] = frame["accuracy"] * frame["trials"]
     cells = frame.groupby(["label", "context_length", "depth"], as_index=False)[["correct", "trials"]].sum()
@@ -69,7 +73,7 @@ def needle_grid(by_depth: pd.DataFrame, runs: pd.DataFrame, depth_bins: int = 11
 
 def at_budget(runs: pd.DataFrame, keep: float) -> pd.DataFrame:
     """The runs at kept fraction ``keep``, and the full cache (the ceiling every budget is measured against)."""
-    return runs[(runs["policy"] == "full") | (runs["keep"].astype(float).sub(keep).abs() < 1e-9)]
+    return runs[runs["policy"].map(is_full_cache) | (runs["keep"].astype(float).sub(keep).abs() < 1e-9)]
 
 
 def _matching(runs: pd.DataFrame, equal: dict[str, object]) -> pd.DataFrame:
@@ -87,8 +91,9 @@ def most_runs(runs: pd.DataFrame, column: str, **equal: object) -> list:
     """The same values as :func:`choices`, those with the most runs first (ties: larger values first), so that a
     page can open on the best-measured selection."""
     counts = _matching(runs, equal)[column].dropna().value_counts()
-    return sorted(counts.index.tolist(),
-                  key=lambda value: (-counts[value], -value if isinstance(value, (int, float)) else 0))
+    return sorted(
+        counts.index.tolist(), key=lambda value: (-counts[value], -value if isinstance(value, (int, float)) else 0)
+    )
 
 
 def pareto_front(cost: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
@@ -115,23 +120,38 @@ def frontier_points(frontier: pd.DataFrame, axis: str = "keep", metric: str = "a
         return pd.DataFrame(columns=columns)
     points = frontier.copy()
     if axis == "keep":
-        points["x"] = points["keep"].astype(float).where(points["policy"] != "full", 1.0)
+        points["x"] = points["keep"].astype(float).mask(points["policy"].map(is_full_cache), 1.0)
     else:
         points["x"] = points[f"mean_{axis}"].astype(float)
     points = points.dropna(subset=["x", metric])
-    points["line"] = [("full cache" if p == "full" else f"{p} · {m}") for p, m in zip(points["policy"], points["mode"])]
-    points["label"] = [run_label(*row) for row in points[["policy", "mode", "keep", "budget_tokens"]].itertuples(
-        index=False)]
+    points["line"] = [
+        ("full cache" if is_full_cache(p) else f"{p} · {m}") for p, m in zip(points["policy"], points["mode"])
+    ]
+    points["label"] = [
+        run_label(*row) for row in points[["policy", "mode", "keep", "budget_tokens"]].itertuples(index=False)
+    ]
     points["accuracy"] = 100 * points[metric].astype(float)
     points["front"] = pareto_front(points["x"].to_numpy(), points["accuracy"].to_numpy())
     return points.sort_values(["line", "x"])[columns].reset_index(drop=True)
 
 
 RUN_COLUMNS: dict[str, str] = {
-    "run_id": "run", "status": "status", "model": "model", "task": "task", "policy": "policy", "mode": "mode",
-    "budget": "budget", "context_length": "context", "chunk": "chunk", "trials": "trials",
-    "accuracy": "accuracy %", "exact_accuracy": "exact %", "device": "device", "dtype": "dtype",
-    "started_at": "started (UTC)", "started_by": "started by",
+    "run_id": "run",
+    "status": "status",
+    "model": "model",
+    "task": "task",
+    "policy": "policy",
+    "mode": "mode",
+    "budget": "budget",
+    "context_length": "context",
+    "chunk": "chunk",
+    "trials": "trials",
+    "accuracy": "accuracy %",
+    "exact_accuracy": "exact %",
+    "device": "device",
+    "dtype": "dtype",
+    "started_at": "started (UTC)",
+    "started_by": "started by",
 }
 
 
@@ -148,28 +168,45 @@ def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
 def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Selected runs side by side, one column per run: configuration, provenance, and the means of their trials
     (bytes measured from the cache tensors, seconds of the model)."""
-    means = trials.groupby("run_id").agg(
-        kept_tokens=("kept_tokens", "mean"), kv_bytes=("kv_bytes", "mean"), peak_kv_bytes=("peak_kv_bytes", "mean"),
-        prefill_s=("prefill_s", "mean"), decode_s=("decode_s", "mean"),
-    ) if not trials.empty else pd.DataFrame()
+    means = (
+        trials.groupby("run_id").agg(
+            kept_tokens=("kept_tokens", "mean"),
+            kv_bytes=("kv_bytes", "mean"),
+            peak_kv_bytes=("peak_kv_bytes", "mean"),
+            prefill_s=("prefill_s", "mean"),
+            decode_s=("decode_s", "mean"),
+        )
+        if not trials.empty
+        else pd.DataFrame()
+    )
     columns = {}
     for run in runs.itertuples(index=False):
         mean = means.loc[run.run_id] if run.run_id in means.index else None
         columns[f"run {run.run_id}"] = {
-            "model": short_model_name(run.model), "task": run.task, "policy": run.policy,
+            "model": short_model_name(run.model),
+            "task": run.task,
+            "policy": run.policy,
             "parameters": ", ".join(f"{k}={v}" for k, v in json.loads(run.policy_params or "{}").items()) or "—",
-            "mode": run.mode, "budget": budget_label(run.keep, run.budget_tokens), "chunk": _text(run.chunk),
+            "mode": run.mode,
+            "budget": budget_label(run.keep, run.budget_tokens),
+            "chunk": _text(run.chunk),
             "question read before compression": _text(run.query_aware),
-            "tokens generated at most": _text(run.max_new_tokens), "stop rule": _text(run.stop_rule),
-            "context length": _text(run.context_length), "trials": str(int(run.trials)),
-            "accuracy %": _number(100 * run.accuracy), "exact match %": _number(100 * run.exact_accuracy),
+            "tokens generated at most": _text(run.max_new_tokens),
+            "stop rule": _text(run.stop_rule),
+            "context length": _text(run.context_length),
+            "trials": str(int(run.trials)),
+            "accuracy %": _number(100 * run.accuracy),
+            "exact match %": _number(100 * run.exact_accuracy),
             "mean tokens kept per layer": _number(None if mean is None else mean["kept_tokens"]),
             "mean KV bytes at end (measured)": _number(None if mean is None else mean["kv_bytes"], 0),
             "mean peak KV bytes (measured)": _number(None if mean is None else mean["peak_kv_bytes"], 0),
             "mean prefill s": _number(None if mean is None else mean["prefill_s"], 3),
             "mean decode s": _number(None if mean is None else mean["decode_s"], 3),
-            "device · dtype": f"{run.device} · {run.dtype}", "kvlab": _text(run.kvlab_version),
-            "commit": _text(run.git_commit), "status": run.status, "started (UTC)": str(run.started_at)[:19],
+            "device · dtype": f"{run.device} · {run.dtype}",
+            "kvlab": _text(run.kvlab_version),
+            "commit": _text(run.git_commit),
+            "status": run.status,
+            "started (UTC)": str(run.started_at)[:19],
         }
     return pd.DataFrame(columns)
 
@@ -203,6 +240,7 @@ def stored_keep_fractions(runs: pd.DataFrame) -> dict[str, float]:
 def formatted_costs(table: pd.DataFrame) -> pd.DataFrame:
     """``kvlab.costs.cost_table`` with every number written out for reading: thousands separated, three significant
     digits for fractional values, dollars to four significant digits."""
+
     def cell(value: object, unit: str) -> str:
         if isinstance(value, str):
             return value

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from kvlab.train.mix import MixBuilder, MixSettings, MixStream
-from kvlab.train.model import ModelShape, export, new_model, shape_dict
+from training.mix import MixBuilder, MixSettings, MixStream
+from training.model import ModelShape, export, new_model, shape_dict
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,9 @@ def _optimizer(model: Any, s: TrainSettings, device: torch.device) -> torch.opti
     return torch.optim.AdamW(groups, lr=s.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
 
 
-def _heldout_batches(workdir: Path, tokenizer: Any, mix: MixSettings,
-                     s: TrainSettings) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _heldout_batches(
+    workdir: Path, tokenizer: Any, mix: MixSettings, s: TrainSettings
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed hold-out batches (half retrieval, half plain) for the loss curve's hold-out points."""
     builder = MixBuilder(np.load(workdir / "heldout.npy", mmap_mode="r"), tokenizer, mix)
     rng = random.Random(f"heldout/{s.seed}")
@@ -119,10 +120,14 @@ def train(workdir: Path, out_dir: Path, shape: ModelShape, s: TrainSettings, ini
         state = ckpt["state"]
         state["max_steps"] = s.max_steps or state["max_steps"]
         print(f"resumed from step {state['step']}", flush=True)
-    run = torch.compile(model) if s.compile and device.type == "cuda" else model
-    loader = DataLoader(MixStream(workdir / "train.npy", workdir / "tokenizer", mix, s.seed, state["step"]),
-                        batch_size=s.batch_size, num_workers=s.workers, pin_memory=device.type == "cuda",
-                        prefetch_factor=4 if s.workers else None)
+    run: Any = torch.compile(model) if s.compile and device.type == "cuda" else model
+    loader = DataLoader(
+        MixStream(workdir / "train.npy", workdir / "tokenizer", mix, s.seed, state["step"]),
+        batch_size=s.batch_size,
+        num_workers=s.workers,
+        pin_memory=device.type == "cuda",
+        prefetch_factor=4 if s.workers else None,
+    )
     heldout = _heldout_batches(workdir, tokenizer, mix, s)
     log = (workdir / "train_log.jsonl").open("a")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -166,9 +171,13 @@ def train(workdir: Path, out_dir: Path, shape: ModelShape, s: TrainSettings, ini
             record["heldout_lm_loss"] = float(np.mean([h[0].item() for h in held]))
             record["heldout_answer_loss"] = float(np.mean([h[1].item() for h in held]))
         if record:
-            record.update(step=state["step"], lr=lr, tokens=state["tokens"],
-                          train_seconds=round(state["train_seconds"], 2),
-                          tokens_per_s=round(state["tokens"] / max(state["train_seconds"], 1e-9)))
+            record.update(
+                step=state["step"],
+                lr=lr,
+                tokens=state["tokens"],
+                train_seconds=round(state["train_seconds"], 2),
+                tokens_per_s=round(state["tokens"] / max(state["train_seconds"], 1e-9)),
+            )
             log.write(json.dumps(record) + "\n")
             log.flush()
             print(json.dumps(record), flush=True)

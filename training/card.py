@@ -15,7 +15,7 @@ from typing import Any
 
 from kvlab.tasks.facts import HELD_OUT_TEMPLATES, TRAIN_TEMPLATES
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_BENCHES = (REPO_ROOT / "bench" / "cpu_forward.json", REPO_ROOT / "bench" / "cpu_forward_eager.json")
 RECORDS = ("training.json", "corpus.json", "train_log.jsonl")
 
@@ -31,12 +31,27 @@ def plot_loss(log: list[dict[str, Any]], png: Path) -> None:
     train = [r for r in log if "lm_loss" in r]
     held = [r for r in log if "heldout_lm_loss" in r]
     ax.plot([r["tokens"] / 1e6 for r in train], [r["lm_loss"] for r in train], lw=0.8, label="train, all tokens")
-    ax.plot([r["tokens"] / 1e6 for r in train], [r["answer_loss"] for r in train], lw=0.6, alpha=0.6,
-            label="train, answer tokens")
-    ax.plot([r["tokens"] / 1e6 for r in held], [r["heldout_lm_loss"] for r in held], "o-", ms=3,
-            label="hold-out, all tokens")
-    ax.plot([r["tokens"] / 1e6 for r in held], [r["heldout_answer_loss"] for r in held], "s-", ms=3,
-            label="hold-out, answer tokens")
+    ax.plot(
+        [r["tokens"] / 1e6 for r in train],
+        [r["answer_loss"] for r in train],
+        lw=0.6,
+        alpha=0.6,
+        label="train, answer tokens",
+    )
+    ax.plot(
+        [r["tokens"] / 1e6 for r in held],
+        [r["heldout_lm_loss"] for r in held],
+        "o-",
+        ms=3,
+        label="hold-out, all tokens",
+    )
+    ax.plot(
+        [r["tokens"] / 1e6 for r in held],
+        [r["heldout_answer_loss"] for r in held],
+        "s-",
+        ms=3,
+        label="hold-out, answer tokens",
+    )
     ax.set_xlabel("training tokens (millions)")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_yscale("log")
@@ -53,8 +68,10 @@ def _pct(x: float) -> str:
 
 def _accuracy_table(report: dict[str, Any], suites: list[tuple[str, str]]) -> list[str]:
     lengths = [str(n) for n in report["lengths"]]
-    lines = ["| items | " + " | ".join(f"{n} tokens" for n in lengths) + " | all |",
-             "|---|" + "---|" * (len(lengths) + 1)]
+    lines = [
+        "| items | " + " | ".join(f"{n} tokens" for n in lengths) + " | all |",
+        "|---|" + "---|" * (len(lengths) + 1),
+    ]
     for key, label in suites:
         by = report[key]["by_length"]
         overall = next(iter(report[key]["overall"].values()))
@@ -65,8 +82,11 @@ def _accuracy_table(report: dict[str, Any], suites: list[tuple[str, str]]) -> li
 
 def _depth_table(report: dict[str, Any], key: str) -> list[str]:
     depths = report[key]["by_depth"]
-    return ["| depth | " + " | ".join(depths) + " |", "|---|" + "---|" * len(depths),
-            "| exact match | " + " | ".join(_pct(v["exact"]) for v in depths.values()) + " |"]
+    return [
+        "| depth | " + " | ".join(depths) + " |",
+        "|---|" + "---|" * len(depths),
+        "| exact match | " + " | ".join(_pct(v["exact"]) for v in depths.values()) + " |",
+    ]
 
 
 def write_card(model_dir: Path, workdir: Path) -> Path:
@@ -83,8 +103,9 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         plot_loss(log, png)
     shape, settings = training["shape"], training["settings"]
     budget = settings["time_budget_s"]
-    train_command = "python -m kvlab.train train " + (
-        f"--time-budget-min {budget / 60:g}" if budget else f"--max-steps {training['max_steps']}")
+    train_command = "python -m training train " + (
+        f"--time-budget-min {budget / 60:g}" if budget else f"--max-steps {training['max_steps']}"
+    )
     attention = report["attention"]
     sinks, per_head = attention["first_token_mass"], attention["first_token_mass_per_head"]
     layers_with_sink = sum(m > 0.5 for m in sinks)
@@ -114,7 +135,7 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         "",
         "## Corpus",
         "",
-        f"Built by `python -m kvlab.train prepare` from the `.py`, `.pyi`, `.md`, `.rst` and `.txt` files of the "
+        f"Built by `python -m training prepare` from the `.py`, `.pyi`, `.md`, `.rst` and `.txt` files of the "
         f"Python {corpus['python']} installation and its site-packages on the training machine (nothing downloaded): "
         f"{corpus['train']['files']} training files, {corpus['train']['bytes'] / 1e6:.0f} MB, "
         f"{corpus['train']['tokens'] / 1e6:.1f}M tokens (file-list SHA-256 "
@@ -132,7 +153,8 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         "`corpus.json`.",
         "",
         f"{_pct(1 - training['mix']['retrieval_fraction'])} of the training sequences are plain corpus windows; the "
-        f"other {_pct(training['mix']['retrieval_fraction'])} carry needle-retrieval episodes (`kvlab/train/mix.py`): a window of corpus text with facts inserted at sentence or line boundaries, then "
+        f"other {_pct(training['mix']['retrieval_fraction'])} carry needle-retrieval episodes "
+        "(`training/mix.py`): a window of corpus text with facts inserted at sentence or line boundaries, then "
         f"a question and its answer, packed until the sequence is full. {len(TRAIN_TEMPLATES)} fact templates plus "
         "randomly composed subjects, values of three shapes (digits, words, identifiers), single-fact, multi-key "
         "and multi-value episodes, distractor facts about other subjects. The templates "
@@ -162,8 +184,10 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         "## Perplexity",
         "",
     ]
-    for key, label in (("perplexity_heldout_corpus", "hold-out corpus files (code and docs)"),
-                       ("perplexity_haystacks", "haystacks (Python documentation prose, never trained on)")):
+    for key, label in (
+        ("perplexity_heldout_corpus", "hold-out corpus files (code and docs)"),
+        ("perplexity_haystacks", "haystacks (Python documentation prose, never trained on)"),
+    ):
         if key in report:
             p = report[key]
             lines.append(f"- {label}: **{p['perplexity']:.2f}** over {p['tokens']} tokens in windows of {p['window']}.")
@@ -171,15 +195,20 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         "",
         "## Needle retrieval with the full cache",
         "",
-        f"`python -m kvlab.train evaluate` on {report['device']}: {report['decoding']} decoding of the prompt built by "
+        f"`python -m training evaluate` on {report['device']}: {report['decoding']} decoding of the prompt built by "
         "`kvlab.tasks.needle.build_needle` on the held-out haystacks, exact match of the first generated line. "
         f"Depths {report['depths'][0]:g} to {report['depths'][-1]:g} in steps of "
         f"{report['depths'][1] - report['depths'][0]:g}; new keys and values drawn for every item.",
         "",
-        *_accuracy_table(report, [("train_templates", "training templates, one fact"),
-                                  ("held_out_templates", "held-out templates, one fact"),
-                                  ("multi_key", "multi-key (4 keys of one template)"),
-                                  ("multi_value", "multi-value (3 values of one key)")]),
+        *_accuracy_table(
+            report,
+            [
+                ("train_templates", "training templates, one fact"),
+                ("held_out_templates", "held-out templates, one fact"),
+                ("multi_key", "multi-key (4 keys of one template)"),
+                ("multi_value", "multi-value (3 values of one key)"),
+            ],
+        ),
         "",
         "By depth (training templates, all lengths):",
         "",
@@ -189,12 +218,15 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         "",
         "| template | exact match | n |",
         "|---|---|---|",
-        *[f"| {name} | {_pct(v['exact'])} | {v['n']} |"
-          for suite in ("train_templates", "held_out_templates") for name, v in report[suite]["by_template"].items()],
+        *[
+            f"| {name} | {_pct(v['exact'])} | {v['n']} |"
+            for suite in ("train_templates", "held_out_templates")
+            for name, v in report[suite]["by_template"].items()
+        ],
         "",
         "## Attention profile",
         "",
-        f"`python -m kvlab.train attention` (on {attention['device']}): eager attention on the first "
+        f"`python -m training attention` (on {attention['device']}): eager attention on the first "
         f"{attention['window']} tokens of each of the {len(attention['haystacks'])} haystacks (BOS first), averaged "
         "over heads, query positions 1 onwards and haystacks. *Sink*: attention mass on the first token (mean over "
         "heads, and in the strongest head). *Previous* and *last 8*: mass on the previous token and on the 8 tokens "
@@ -206,17 +238,30 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         "",
         "| layer | sink (mean) | sink (strongest head) | previous | last 8 | entropy (nats) | top 1% keys | BOS top |",
         "|---|---|---|---|---|---|---|---|",
-        *[f"| {i} | {s:.3f} | {max(h):.3f} | {p:.3f} | {r:.3f} | {e:.2f} | {k:.3f} | {b:.2f} |"
-          for i, (s, h, p, r, e, k, b) in enumerate(zip(sinks, per_head, attention["previous_token_mass"],
-                                                        attention["recent8_mass"], attention["entropy_nats"],
-                                                        attention["top1pct_keys_share"],
-                                                        attention["first_token_is_top_key"]))],
+        *[
+            f"| {i} | {s:.3f} | {max(h):.3f} | {p:.3f} | {r:.3f} | {e:.2f} | {k:.3f} | {b:.2f} |"
+            for i, (s, h, p, r, e, k, b) in enumerate(
+                zip(
+                    sinks,
+                    per_head,
+                    attention["previous_token_mass"],
+                    attention["recent8_mass"],
+                    attention["entropy_nats"],
+                    attention["top1pct_keys_share"],
+                    attention["first_token_is_top_key"],
+                )
+            )
+        ],
         "",
         f"**{layers_with_sink} of {len(sinks)} layers put more than half of their attention on the first token.** "
         f"The first token is the most attended key in {layers_bos_top} of {len(sinks)} layers (a weak signal: under "
         "causal masking every query sees it, so even uniform attention makes it the top key), and "
         f"{len(sink_heads)} of {sum(len(h) for h in per_head)} heads put more than half of their attention on it"
-        + (" (" + ", ".join(f"layer {l} head {h}: {m:.2f}" for l, h, m in sink_heads) + ")" if sink_heads else "")
+        + (
+            " (" + ", ".join(f"layer {layer} head {h}: {m:.2f}" for layer, h, m in sink_heads) + ")"
+            if sink_heads
+            else ""
+        )
         + ".",
         "",
     ]
@@ -229,10 +274,18 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
             "tokens and park that attention on a fixed, always-visible token, and studies of it report that it emerges "
             "with enough training data. This model is small and was trained for a few minutes, and its heads stay "
             "busy: "
-            + (f"layer{'s' if len(flat) > 1 else ''} {', '.join(map(str, flat))} attend{'' if len(flat) > 1 else 's'} "
-               "almost uniformly (a running average of the context), " if flat else "")
-            + (f"layer{'s' if len(local) > 1 else ''} {', '.join(map(str, local))} put most of "
-               f"{'their' if len(local) > 1 else 'its'} attention on the last 8 tokens, " if local else "")
+            + (
+                f"layer{'s' if len(flat) > 1 else ''} {', '.join(map(str, flat))} attend{'' if len(flat) > 1 else 's'} "
+                "almost uniformly (a running average of the context), "
+                if flat
+                else ""
+            )
+            + (
+                f"layer{'s' if len(local) > 1 else ''} {', '.join(map(str, local))} put most of "
+                f"{'their' if len(local) > 1 else 'its'} attention on the last 8 tokens, "
+                if local
+                else ""
+            )
             + "and the sink is carried by a few heads. What that means for eviction (does dropping the first tokens "
             "cost this model accuracy?) is for kvlab's experiments to measure, not for this card to assume.",
             "",
@@ -240,16 +293,30 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
     benches = [json.loads(p.read_text()) for p in CPU_BENCHES if p.exists()]
     if benches:
         lines += ["## CPU speed", ""]
-        lines += [f"- `{b['command']}`: one forward pass over {b['tokens']} tokens with {b['attention']} attention "
-                  f"in {b['dtype']} takes **{b['median_s']:.2f} s** (median of {len(b['seconds'])}) on {b['machine']}."
-                  for b in benches]
+        lines += [
+            f"- `{b['command']}`: one forward pass over {b['tokens']} tokens with {b['attention']} attention "
+            f"in {b['dtype']} takes **{b['median_s']:.2f} s** (median of {len(b['seconds'])}) on {b['machine']}."
+            for b in benches
+        ]
         lines.append("")
-    lines += ["## Reproduce", "", "On one GPU, from the repository root (see `docs/model.md`):", "", "```",
-              "python -m kvlab.train prepare", train_command, "python -m kvlab.train evaluate",
-              "python -m kvlab.train attention", "python -m kvlab.train card", "python bench/cpu_forward.py",
-              "```", "",
-              "Licence: the weights are derived from the installed packages' text; the haystacks are Python "
-              "documentation under the PSF licence (`data/haystacks/README.md`).", ""]
+    lines += [
+        "## Reproduce",
+        "",
+        "On one GPU, from the repository root (see `docs/model.md`):",
+        "",
+        "```",
+        "python -m training prepare",
+        train_command,
+        "python -m training evaluate",
+        "python -m training attention",
+        "python -m training card",
+        "python bench/cpu_forward.py",
+        "```",
+        "",
+        "Licence: the weights are derived from the installed packages' text; the haystacks are Python "
+        "documentation under the PSF licence (`data/haystacks/README.md`).",
+        "",
+    ]
     readme = model_dir / "README.md"
     readme.write_text("\n".join(lines))
     return readme

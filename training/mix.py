@@ -59,7 +59,7 @@ class MixBuilder:
 
     def _window(self, rng: random.Random, length: int) -> np.ndarray:
         start = rng.randrange(0, len(self.tokens) - length)
-        return np.asarray(self.tokens[start:start + length], dtype=np.int64)
+        return np.asarray(self.tokens[start : start + length], dtype=np.int64)
 
     def plain(self, rng: random.Random) -> tuple[np.ndarray, np.ndarray]:
         """BOS and a random corpus window; no answer tokens."""
@@ -72,8 +72,9 @@ class MixBuilder:
             return composed_template(rng)
         return rng.choice(TRAIN_TEMPLATES)
 
-    def _fact(self, rng: random.Random, template: Template, used: set[str], num_values: int = 1,
-              key: str | None = None) -> Fact:
+    def _fact(
+        self, rng: random.Random, template: Template, used: set[str], num_values: int = 1, key: str | None = None
+    ) -> Fact:
         """A fact whose subject (with its key) is not yet stated in this sequence, so no question is ambiguous."""
         while True:
             fact = make_fact(template, rng, num_values=num_values, key=key)

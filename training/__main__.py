@@ -1,11 +1,11 @@
-"""``python -m kvlab.train <command>``: haystacks, prepare, train, evaluate, attention, card.
+"""``python -m training <command>``: haystacks, prepare, train, evaluate, attention, card.
 
 A full run on one GPU (about 16 minutes on one H100)::
 
-    python -m kvlab.train prepare
-    python -m kvlab.train train --time-budget-min 13
-    python -m kvlab.train evaluate
-    python -m kvlab.train card
+    python -m training prepare
+    python -m training train --time-budget-min 13
+    python -m training evaluate
+    python -m training card
 
 ``train`` resumes from ``<workdir>/checkpoint.pt`` when it exists, so it can be run in pieces. ``--tiny`` trains a
 toy shape on short sequences, to check the pipeline on a CPU in a minute.
@@ -18,15 +18,16 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from kvlab.train.model import TINY_SHAPE, ModelShape
+from training.model import TINY_SHAPE, ModelShape
 
 DEFAULT_WORKDIR = Path("out/train")
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent.parent / "data" / "models" / "kvlab-tiny-llama"
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "kvlab-tiny-llama"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kvlab.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m training", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="corpus, checkpoints and logs")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="where the trained model is written/read")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -39,8 +40,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tiny", action="store_true", help="a toy corpus and vocabulary for a CPU check")
     t = sub.add_parser("train", help="train (or resume) and export the model")
     t.add_argument("--max-steps", type=int, help="train this many steps (overrides --time-budget-min)")
-    t.add_argument("--time-budget-min", type=float, default=13.0,
-                   help="fit the number of steps to this much training time (default 13)")
+    t.add_argument(
+        "--time-budget-min",
+        type=float,
+        default=13.0,
+        help="fit the number of steps to this much training time (default 13)",
+    )
     t.add_argument("--batch-size", type=int, default=16)
     t.add_argument("--lr", type=float, default=1.5e-3)
     t.add_argument("--workers", type=int, default=6)
@@ -57,38 +62,59 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     if args.command == "haystacks":
-        from kvlab.train.haystacks import write_haystacks
+        from training.haystacks import write_haystacks
 
         write_haystacks()
     elif args.command == "prepare":
-        from kvlab.train.prepare import prepare
+        from training.prepare import prepare
 
-        scale = dict(max_bytes=3_000_000, tokenizer_bytes=1_000_000, vocab_size=512) if args.tiny else dict(
-            max_bytes=args.max_bytes, tokenizer_bytes=args.tokenizer_bytes, vocab_size=args.vocab)
+        scale = (
+            dict(max_bytes=3_000_000, tokenizer_bytes=1_000_000, vocab_size=512)
+            if args.tiny
+            else dict(max_bytes=args.max_bytes, tokenizer_bytes=args.tokenizer_bytes, vocab_size=args.vocab)
+        )
         max_length = (TINY_SHAPE if args.tiny else ModelShape()).max_positions
         manifest = prepare(args.workdir, max_length=max_length, workers=args.workers, **scale)
         print(json.dumps({k: manifest[k] for k in ("train", "heldout", "haystack_contamination", "prepare_seconds")}))
     elif args.command == "train":
-        from kvlab.train.loop import TrainSettings, train
+        from training.loop import TrainSettings, train
 
-        settings = TrainSettings(batch_size=args.batch_size, lr=args.lr, max_steps=args.max_steps,
-                                 time_budget_s=None if args.max_steps else args.time_budget_min * 60,
-                                 seed=args.seed, compile=not args.no_compile, workers=args.workers)
+        settings = TrainSettings(
+            batch_size=args.batch_size,
+            lr=args.lr,
+            max_steps=args.max_steps,
+            time_budget_s=None if args.max_steps else args.time_budget_min * 60,
+            seed=args.seed,
+            compile=not args.no_compile,
+            workers=args.workers,
+        )
         if args.tiny:
-            settings = replace(settings, warmup_steps=5, checkpoint_every=10, log_every=2, eval_every=10,
-                               eval_batches=1, calibration_steps=3)
+            settings = replace(
+                settings,
+                warmup_steps=5,
+                checkpoint_every=10,
+                log_every=2,
+                eval_every=10,
+                eval_batches=1,
+                calibration_steps=3,
+            )
         print(train(args.workdir, args.model, TINY_SHAPE if args.tiny else ModelShape(), settings, args.init_from))
     elif args.command == "evaluate":
-        from kvlab.train.evaluate import evaluate
+        from training.evaluate import evaluate
 
-        evaluate(args.model, args.workdir, per_depth=args.per_depth, variant_per_depth=args.variant_per_depth,
-                 batch=args.batch)
+        evaluate(
+            args.model,
+            args.workdir,
+            per_depth=args.per_depth,
+            variant_per_depth=args.variant_per_depth,
+            batch=args.batch,
+        )
     elif args.command == "attention":
-        from kvlab.train.evaluate import measure_attention
+        from training.evaluate import measure_attention
 
         print(json.dumps(measure_attention(args.model)["first_token_mass"]))
     elif args.command == "card":
-        from kvlab.train.card import write_card
+        from training.card import write_card
 
         print(write_card(args.model, args.workdir))
 

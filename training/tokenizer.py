@@ -54,6 +54,6 @@ def encode_documents(tokenizer: Tokenizer, texts: Sequence[str], batch: int = 20
         raise ValueError("the token stream is stored as uint16; the vocabulary is too large for it")
     parts: list[np.ndarray] = []
     for start in range(0, len(texts), batch):
-        for encoding in tokenizer.encode_batch(list(texts[start:start + batch]), add_special_tokens=False):
+        for encoding in tokenizer.encode_batch(list(texts[start : start + batch]), add_special_tokens=False):
             parts.append(np.asarray(encoding.ids + [eos], dtype=np.uint16))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)

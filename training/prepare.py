@@ -13,12 +13,21 @@ from pathlib import Path
 import numpy as np
 
 from kvlab.tasks.needle import HAYSTACK_DIR
-from kvlab.train.corpus import contamination, installed_roots, scan
-from kvlab.train.tokenizer import encode_documents, save_tokenizer, train_tokenizer
+from training.corpus import contamination, installed_roots, scan
+from training.tokenizer import encode_documents, save_tokenizer, train_tokenizer
 
 
-def prepare(workdir: Path, *, max_bytes: int, vocab_size: int, tokenizer_bytes: int, max_length: int,
-            roots: list[Path] | None = None, haystack_dir: Path = HAYSTACK_DIR, workers: int = 8) -> dict[str, object]:
+def prepare(
+    workdir: Path,
+    *,
+    max_bytes: int,
+    vocab_size: int,
+    tokenizer_bytes: int,
+    max_length: int,
+    roots: list[Path] | None = None,
+    haystack_dir: Path = HAYSTACK_DIR,
+    workers: int = 8,
+) -> dict[str, object]:
     """Build everything training needs in ``workdir`` and return the manifest.
 
     The tokenizer is trained on the first ``tokenizer_bytes`` of the training documents (in corpus order), which is
@@ -30,8 +39,9 @@ def prepare(workdir: Path, *, max_bytes: int, vocab_size: int, tokenizer_bytes: 
     manifest = corpus.manifest()
     haystacks = [p.read_text(encoding="utf-8") for p in sorted(haystack_dir.glob("*.txt"))]
     manifest["haystack_contamination"] = contamination(haystacks, corpus.train, workers=workers)
-    (workdir / "files.tsv").write_text("".join(f"{d.path}\t{d.sha1}\t{'heldout' if d.held_out else 'train'}\n"
-                                               for d in corpus.train + corpus.heldout))
+    (workdir / "files.tsv").write_text(
+        "".join(f"{d.path}\t{d.sha1}\t{'heldout' if d.held_out else 'train'}\n" for d in corpus.train + corpus.heldout)
+    )
     sample, size = [], 0
     for doc in corpus.train:
         if size >= tokenizer_bytes:

@@ -34,8 +34,16 @@ class ModelShape:
     rope_theta: float = 10000.0
 
 
-TINY_SHAPE = ModelShape(vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
-                        intermediate_size=128, max_positions=512)
+TINY_SHAPE = ModelShape(
+    vocab_size=512,
+    hidden_size=64,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=32,
+    intermediate_size=128,
+    max_positions=512,
+)
 
 
 def llama_config(shape: ModelShape, tokenizer: Any) -> Any:

@@ -5,7 +5,7 @@ haystacks, scored by exact match of the first generated line. Items of one lengt
 without padding. Perplexity is measured on the corpus's hold-out files and on the haystacks. The attention profile
 runs the eager attention on haystack windows and reports, per layer, the attention mass on the first token (the
 sink), on the previous token, the entropy of the attention rows, and how concentrated the rest is on a few keys
-(heavy hitters); ``python -m kvlab.train attention`` re-measures it alone.
+(heavy hitters); ``python -m training attention`` re-measures it alone.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def load(model_dir: Path, device: torch.device, attn: str = "sdpa") -> tuple[Any
     """The model in float32 (as kvlab runs it on a CPU) and its tokenizer, offline."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
     return model.to(device).eval(), AutoTokenizer.from_pretrained(model_dir)
 
 
@@ -38,9 +38,14 @@ def load(model_dir: Path, device: torch.device, attn: str = "sdpa") -> tuple[Any
 def answer(model: Any, tokenizer: Any, items: Sequence[NeedleItem], max_new_tokens: int = 32) -> list[str]:
     """Greedy continuations of items that all have the same prompt length, in one batch."""
     ids = torch.tensor([list(i.context_ids) + list(i.question_ids) for i in items], device=model.device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                         pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
 
 
 def run_needles(model: Any, tokenizer: Any, items: Sequence[NeedleItem], batch: int) -> list[dict[str, Any]]:
@@ -48,15 +53,25 @@ def run_needles(model: Any, tokenizer: Any, items: Sequence[NeedleItem], batch: 
     by_length: dict[int, list[NeedleItem]] = defaultdict(list)
     for item in items:
         by_length[item.context_tokens].append(item)
-    chunks = [group[i:i + batch] for group in by_length.values() for i in range(0, len(group), batch)]
+    chunks = [group[i : i + batch] for group in by_length.values() for i in range(0, len(group), batch)]
     rows = []
     for chunk in chunks:
         for item, text in zip(chunk, answer(model, tokenizer, chunk)):
             s = score(text, item.answer)
-            rows.append({"length": item.context_tokens, "depth": item.requested_depth, "actual_depth": item.depth,
-                         "template": item.template, "kind": item.kind, "haystack": item.haystack,
-                         "answer": item.answer, "output": text.split("\n", 1)[0], "exact": s.exact,
-                         "contains": s.contains})
+            rows.append(
+                {
+                    "length": item.context_tokens,
+                    "depth": item.requested_depth,
+                    "actual_depth": item.depth,
+                    "template": item.template,
+                    "kind": item.kind,
+                    "haystack": item.haystack,
+                    "answer": item.answer,
+                    "output": text.split("\n", 1)[0],
+                    "exact": s.exact,
+                    "contains": s.contains,
+                }
+            )
     return rows
 
 
@@ -65,8 +80,14 @@ def table(rows: Sequence[dict[str, Any]], by: str) -> dict[str, dict[str, float]
     groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[r[by]].append(r)
-    return {str(k): {"n": len(v), "exact": float(np.mean([r["exact"] for r in v])),
-                     "contains": float(np.mean([r["contains"] for r in v]))} for k, v in sorted(groups.items())}
+    return {
+        str(k): {
+            "n": len(v),
+            "exact": float(np.mean([r["exact"] for r in v])),
+            "contains": float(np.mean([r["contains"] for r in v])),
+        }
+        for k, v in sorted(groups.items())
+    }
 
 
 @torch.no_grad()
@@ -75,7 +96,7 @@ def perplexity(model: Any, tokens: np.ndarray, bos: int, window: int, windows: i
     starts = np.linspace(0, len(tokens) - window, windows).astype(int)
     nll, count = 0.0, 0
     for s in starts:
-        ids = torch.tensor([[bos, *tokens[s:s + window - 1].tolist()]], device=model.device)
+        ids = torch.tensor([[bos, *tokens[s : s + window - 1].tolist()]], device=model.device)
         logits = model(input_ids=ids).logits[0, :-1].float()
         nll += torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum").item()
         count += ids.shape[1] - 1
@@ -94,7 +115,7 @@ def attention_profile(model: Any, haystacks: Sequence[Haystack], bos: int, windo
     """
     rows: dict[str, list[list[float]]] = defaultdict(list)
     for hay in haystacks:
-        ids = torch.tensor([[bos, *hay.ids[:window - 1].tolist()]], device=model.device)
+        ids = torch.tensor([[bos, *hay.ids[: window - 1].tolist()]], device=model.device)
         layers: dict[str, list[Any]] = defaultdict(list)
         for att in model(input_ids=ids, output_attentions=True).attentions:
             a = att[0, :, 1:, :].float()
@@ -115,7 +136,8 @@ def attention_profile(model: Any, haystacks: Sequence[Haystack], bos: int, windo
     uniform = torch.tril(torch.ones(window, window)) / torch.arange(1, window + 1)[:, None]
     received = uniform[1:, 1:].sum(0)
     profile: dict[str, Any] = {
-        "window": window, "haystacks": [h.name for h in haystacks],
+        "window": window,
+        "haystacks": [h.name for h in haystacks],
         "uniform_entropy_nats": float(np.mean(np.log(np.arange(2, window + 1)))),
         "uniform_top1pct_keys_share": float(received.topk(max(1, len(received) // 100)).values.sum() / received.sum()),
     }
@@ -136,16 +158,21 @@ def measure_attention(model_dir: Path) -> dict[str, Any]:
     return profile
 
 
-def evaluate(model_dir: Path, workdir: Path | None, *, per_depth: int, variant_per_depth: int, batch: int,
-             seed: int = 1234) -> dict[str, Any]:
+def evaluate(
+    model_dir: Path, workdir: Path | None, *, per_depth: int, variant_per_depth: int, batch: int, seed: int = 1234
+) -> dict[str, Any]:
     """Run every measurement and return the JSON-ready report (also written to ``model_dir/eval.json``)."""
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load(model_dir, device)
     haystacks = load_haystacks(tokenizer)
     bos = tokenizer.bos_token_id
-    report: dict[str, Any] = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                              "lengths": list(LENGTHS), "depths": list(DEPTHS), "decoding": "greedy, full cache"}
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "lengths": list(LENGTHS),
+        "depths": list(DEPTHS),
+        "decoding": "greedy, full cache",
+    }
     suites: dict[str, tuple[Sequence[Any], Kind, int]] = {
         "train_templates": (TRAIN_TEMPLATES, "single", per_depth),
         "held_out_templates": (HELD_OUT_TEMPLATES, "single", per_depth),
@@ -153,13 +180,18 @@ def evaluate(model_dir: Path, workdir: Path | None, *, per_depth: int, variant_p
         "multi_value": (TRAIN_TEMPLATES, "multi-value", variant_per_depth),
     }
     for offset, (name, (templates, kind, n)) in enumerate(suites.items()):
-        items = needle_suite(tokenizer, haystacks, templates, lengths=LENGTHS, depths=DEPTHS, per_depth=n,
-                             seed=seed + offset, kind=kind)
+        items = needle_suite(
+            tokenizer, haystacks, templates, lengths=LENGTHS, depths=DEPTHS, per_depth=n, seed=seed + offset, kind=kind
+        )
         assert all(i.context_tokens in LENGTHS for i in items)
         rows = run_needles(model, tokenizer, items, batch)
-        report[name] = {"by_length": table(rows, "length"), "by_depth": table(rows, "depth"),
-                        "by_template": table(rows, "template"), "overall": table(rows, "kind"),
-                        "failures": [r for r in rows if not r["exact"]][:20]}
+        report[name] = {
+            "by_length": table(rows, "length"),
+            "by_depth": table(rows, "depth"),
+            "by_template": table(rows, "template"),
+            "overall": table(rows, "kind"),
+            "failures": [r for r in rows if not r["exact"]][:20],
+        }
         print(name, json.dumps(report[name]["by_length"]), flush=True)
     hay_tokens = np.concatenate([h.ids for h in haystacks])
     report["perplexity_haystacks"] = perplexity(model, hay_tokens, bos, 4096, 8)

@@ -56,13 +56,16 @@ class Corpus:
 
     def manifest(self) -> dict[str, object]:
         """What went into training and what was held out, with a hash of each file list."""
+
         def describe(docs: Sequence[Document]) -> dict[str, object]:
             listing = "".join(f"{d.path}\t{d.sha1}\n" for d in docs)
             return {
                 "files": len(docs),
                 "bytes": sum(len(d.text.encode("utf-8")) for d in docs),
-                "bytes_by_kind": {k: sum(len(d.text.encode("utf-8")) for d in docs if d.kind == k)
-                                  for k in sorted(set(EXTENSIONS.values()))},
+                "bytes_by_kind": {
+                    k: sum(len(d.text.encode("utf-8")) for d in docs if d.kind == k)
+                    for k in sorted(set(EXTENSIONS.values()))
+                },
                 "file_list_sha256": hashlib.sha256(listing.encode("utf-8")).hexdigest(),
             }
 
@@ -140,7 +143,7 @@ def scan(roots: Iterable[Path], *, max_bytes_total: int) -> Corpus:
 
 def _ngrams(text: str) -> set[str]:
     words = re.findall(r"\S+", text)
-    return {" ".join(words[i:i + NGRAM]) for i in range(len(words) - NGRAM + 1)}
+    return {" ".join(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)}
 
 
 def _hits(args: tuple[Sequence[str], frozenset[str]]) -> set[str]:
@@ -161,5 +164,9 @@ def contamination(haystack_texts: Sequence[str], docs: Sequence[Document], worke
     chunks = [(texts[i::workers], wanted) for i in range(workers)]
     with ProcessPoolExecutor(workers) as pool:
         found = set().union(*pool.map(_hits, chunks))
-    return {"ngram_words": NGRAM, "haystack_ngrams": len(wanted), "found_in_training_text": len(found),
-            "fraction": len(found) / max(1, len(wanted))}
+    return {
+        "ngram_words": NGRAM,
+        "haystack_ngrams": len(wanted),
+        "found_in_training_text": len(found),
+        "fraction": len(found) / max(1, len(wanted)),
+    }
