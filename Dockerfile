@@ -1,16 +1,19 @@
 # kvlab dashboard for a team: build with `docker build -t kvlab .` (GPU, through the CUDA libraries that the torch
 # wheel brings) or `docker build --build-arg KVLAB_TORCH_INDEX=https://download.pytorch.org/whl/cpu -t kvlab:cpu .`
 # (CPU only). It installs kvlab with its dashboard extra through scripts/install.sh, the script CI runs, so the image
-# holds what CI tested. PIP_FIND_LINKS names a directory of wheels to take first (mounted into the build with
-# `buildah bud -v` or `docker buildx build --mount`), e.g. a torch wheel already on the building machine.
+# holds what CI tested. For a build behind a proxy that inspects TLS, or from wheels already on the building machine,
+# PIP_CERT names a CA bundle and PIP_FIND_LINKS a directory of wheels to take first, each mounted into the build
+# (`buildah bud -v`); neither is kept in the image.
 ARG PYTHON_VERSION=3.11
 FROM python:${PYTHON_VERSION}-slim-bookworm
 
 ARG KVLAB_TORCH_INDEX=""
+ARG PIP_CERT
 ARG PIP_FIND_LINKS
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     KVLAB_VENV=/opt/kvlab/venv \
+    PATH=/opt/kvlab/venv/bin:$PATH \
     KVLAB_DB=/data/runs.duckdb \
     HF_HOME=/cache/huggingface \
     KVLAB_DEFAULT_MODEL=/app/data/models/kvlab-tiny-llama \

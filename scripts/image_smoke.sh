@@ -8,14 +8,16 @@
 # debootstrap and tagged with that name, so the Dockerfile is built unchanged.
 #
 # KVLAB_WHEELS (optional): a directory of wheels to install first (mounted into the build, passed as
-# PIP_FIND_LINKS), e.g. a CPU build of torch already on this machine. KVLAB_SMOKE_PORT: the port the server
-# listens on (default 8501, the image's).
+# PIP_FIND_LINKS), e.g. a CPU build of torch already on this machine. KVLAB_CA_BUNDLE (default: $PIP_CERT): a CA
+# bundle for pip behind a proxy that inspects TLS (mounted into the build, passed as PIP_CERT). KVLAB_SMOKE_PORT:
+# the port the server listens on (default 8501, the image's).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 base="python:3.11-slim-bookworm"
 image="localhost/kvlab:smoke"
 port="${KVLAB_SMOKE_PORT:-8501}"
 wheels="${KVLAB_WHEELS:-}"
+ca_bundle="${KVLAB_CA_BUNDLE:-${PIP_CERT:-}}"
 export STORAGE_DRIVER="${STORAGE_DRIVER:-vfs}"  # overlay mounts are not allowed everywhere; vfs works everywhere
 
 say() { printf '[image-smoke] %s\n' "$*"; }
@@ -39,6 +41,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+began=$(date +%s)
 say "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 say "$(buildah --version)"
 
@@ -68,6 +71,9 @@ fi
 build_args=(--isolation chroot --pull-never --format docker -t "$image")
 if [ -n "$wheels" ]; then
   build_args+=(-v "$wheels:/wheels:ro" --build-arg PIP_FIND_LINKS=/wheels)
+fi
+if [ -n "$ca_bundle" ]; then
+  build_args+=(-v "$ca_bundle:/etc/ssl/certs/build-ca-bundle.crt:ro" --build-arg PIP_CERT=/etc/ssl/certs/build-ca-bundle.crt)
 fi
 started=$(date +%s)
 buildah bud "${build_args[@]}" "$root" >"$work/build.log" 2>&1 || { tail -n 40 "$work/build.log"; fail "the build failed."; }
@@ -133,6 +139,8 @@ stop_server
 say "server stopped"
 
 start_server
+tools="$(buildah from "$image")"  # a new container too: the run must come from the volume, not a container's state
+containers+=("$tools")
 in_image kvlab runs >"$work/runs.log" 2>&1 || { cat "$work/runs.log"; fail "kvlab runs failed after the restart."; }
 grep -q "h2o" "$work/runs.log" || { cat "$work/runs.log"; fail "the run is not in the volume after the restart."; }
 say "after the restart the volume still holds the run:"
@@ -140,4 +148,4 @@ sed 's/^/[image-smoke]   /' "$work/runs.log"
 curl -fsS "http://127.0.0.1:$port/" | grep -qi "<html" || fail "the dashboard's page did not load."
 say "the dashboard's page loads"
 stop_server
-say "PASSED"
+say "PASSED in $(( $(date +%s) - began )) s"
