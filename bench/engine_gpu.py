@@ -27,28 +27,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from heap_gpu import LLAMA3_8B  # noqa: E402  (the same model shape as the heap benchmark)
+
 from kvlab.budget import Budget  # noqa: E402
 from kvlab.engine import RunSpec, generate  # noqa: E402
 from kvlab.models import wrap_model  # noqa: E402
 from kvlab.policies import make_policy  # noqa: E402
 
-LLAMA3_8B = dict(
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=32768 + 1024,
-    rope_theta=500000.0,
-    tie_word_embeddings=False,
-)
-
 
 def build_model(layers: int | None):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    shape: dict[str, Any] = {**LLAMA3_8B, **({"num_hidden_layers": layers} if layers else {})}
+    shape: dict[str, Any] = {
+        **LLAMA3_8B,
+        "max_position_embeddings": 32768 + 1024,
+        **({"num_hidden_layers": layers} if layers else {}),
+    }
     config = LlamaConfig(**shape)
     torch.manual_seed(0)
     with torch.device("cuda"):
