@@ -3,7 +3,7 @@
 # (CPU only). It installs kvlab with its dashboard extra through scripts/install.sh, the script CI runs, so the image
 # holds what CI tested. For a build behind a proxy that inspects TLS, or from wheels already on the building machine,
 # PIP_CERT names a CA bundle and PIP_FIND_LINKS a directory of wheels to take first, each mounted into the build
-# (`buildah bud -v`); neither is kept in the image.
+# (`buildah bud -v` or `podman build -v`; `docker build` has no such mount); neither is kept in the image.
 ARG PYTHON_VERSION=3.11
 FROM python:${PYTHON_VERSION}-slim-bookworm
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.budget import Budget  # noqa: E402
 from kvlab.engine import Mode, RunSpec, generate  # noqa: E402
-from kvlab.heap import LAYOUTS  # noqa: E402
+from kvlab.layouts import LAYOUTS  # noqa: E402
 from kvlab.models import wrap_model  # noqa: E402
 from kvlab.policies import POLICIES, make_policy  # noqa: E402
 

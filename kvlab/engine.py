@@ -35,9 +35,10 @@ import torch
 
 from kvlab.attention import ForwardContext, StatsAccumulator, StatsRequest, forward_context, sdpa_backends
 from kvlab.budget import Budget, check_budget
-from kvlab.errors import KvlabError
-from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout, KVHeap, survivors
-from kvlab.models import LoadedModel, shown_name
+from kvlab.errors import KvlabError, shown_name
+from kvlab.heap import KVHeap, survivors
+from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
+from kvlab.models import LoadedModel
 from kvlab.policies import LayerView, Policy, evict_layer, eviction_count
 from kvlab.policies.full import Full
 
@@ -56,7 +57,7 @@ class RunSpec:
     (``streaming`` mode) evicts during decoding once every that many tokens instead of at every token, as kvpress's
     ``DecodingPress`` does: the heap then holds up to budget + interval tokens, which must stay within the chunk so
     that the budget + chunk bound holds. ``layout`` and ``compact_at`` choose what becomes of evicted slots
-    (:class:`kvlab.heap.HeapLayout`). ``static`` chooses how decoding runs: ``None`` in static steps captured in CUDA
+    (:class:`kvlab.layouts.HeapLayout`). ``static`` chooses how decoding runs: ``None`` in static steps captured in CUDA
     graphs where the run allows it on a GPU, else eagerly; ``True`` in static steps always (eagerly on a CPU: the
     same computation a graph replays); ``False`` eagerly. Decoding is greedy.
     """
@@ -107,12 +108,13 @@ class Event:
 
     ``kind`` is ``prefill`` (a chunk of context was read), ``compress`` (prefill mode's one eviction) or ``decode``
     (a token was chosen; ``token_ids`` holds it for each sequence). ``kv_bytes`` are the K/V bytes of the slots
-    holding a token after the step and ``kv_reserved_bytes`` those of the heap's tensors (both measured from the
-    tensors held); ``kv_bytes_full`` is what a full cache of the same dtype and shapes would hold after the same
-    tokens (computed, since no full cache exists). ``dead_share`` is the share of free slots among those in use,
-    ``compactions`` the compactions so far. ``stats`` holds the requested attention statistics of the step's
-    forward pass, as CPU tensors. ``positions`` are the heap's position tensors, valid until the generation goes on.
-    ``seconds`` is the wall time the engine took to produce the event, the device synchronised.
+    holding a token after the step (live slots times the bytes one slot takes in the heap's tensors) and
+    ``kv_reserved_bytes`` those of the heap's tensors (their sizes as allocated); ``kv_bytes_full`` is what a full
+    cache of the same dtype and shapes would hold after the same tokens (computed, since no full cache exists).
+    ``dead_share`` is the share of free slots among those in use, ``compactions`` the compactions so far. ``stats``
+    holds the requested attention statistics of the step's forward pass, as CPU tensors. ``positions`` are the
+    heap's position tensors, valid until the generation goes on. ``seconds`` is the wall time the engine took to
+    produce the event, the device synchronised.
     """
 
     kind: Literal["prefill", "compress", "decode"]
@@ -142,12 +144,13 @@ class GenerationResult:
 
     ``kv_bytes`` and ``peak_kv_bytes`` are the bytes of slots holding a token (at the end; at the most, after a
     forward pass and before eviction); ``kv_reserved_bytes`` and ``peak_kv_reserved_bytes`` those of the heap's
-    tensors. ``compactions`` and ``compaction_seconds`` count and time the heap's compactions (outside captured
-    steps); ``decode_graphs`` is the number of CUDA graphs the decode steps were captured in (0: eager).
-    ``prefill_seconds`` and ``decode_seconds`` are the engine's own time reading (and compressing) the prompt and
-    decoding, summed over its events; a generation continuing a context read once for several policies counts that
-    read too, as a separate run would. ``token_seconds`` is the time of each decode step (so the first steps carry a
-    graph's warm-up and capture, and the steady rate is read from the later ones). ``peak_gpu_bytes`` is
+    tensors. ``compactions`` counts the heap's compactions and ``compaction_seconds`` times those outside static
+    decode steps (inside one, a compaction is part of the step's time); ``decode_graphs`` is the number of CUDA
+    graphs the decode steps were captured in (0: eager). ``prefill_seconds`` and ``decode_seconds`` are the engine's
+    own time reading (and compressing) the prompt and decoding, summed over its events; a generation continuing a
+    context read once for several policies counts that read's seconds and peak GPU allocation too, as a separate run
+    would. ``token_seconds`` is the time of each decode step (so the first steps carry a graph's warm-up and
+    capture, and the steady rate is read from the later ones). ``peak_gpu_bytes`` is
     ``torch.cuda.max_memory_allocated`` over the generation (None on a CPU).
     """
 
@@ -240,6 +243,7 @@ class Prefilled:
     peak_kv_bytes: int
     peak_kv_reserved_bytes: int
     seconds: float
+    peak_gpu_bytes: int | None
 
 
 def prefill_once(
@@ -258,6 +262,7 @@ def prefill_once(
         reader.peak_kv_bytes,
         reader.peak_kv_reserved_bytes,
         reader.prefill_seconds,
+        reader.peak_gpu_bytes,
     )
 
 
@@ -338,7 +343,7 @@ class Generation:
         self.decode_graphs = 0
         self.prefill_seconds = 0.0 if prefilled is None else prefilled.seconds
         self.decode_seconds = 0.0
-        self.peak_gpu_bytes: int | None = None
+        self.peak_gpu_bytes: int | None = None if prefilled is None else prefilled.peak_gpu_bytes
         self.tokens: list[list[int]] = [[] for _ in range(int(input_ids.shape[0]))]
         self._step_seconds: list[float] = []
         self._logits_to_keep = _supports(loaded.model, "logits_to_keep")
@@ -474,8 +479,8 @@ class Generation:
             yield self.make_event("prefill", first_step + index, stats=stats, logits=logits)
 
     def compress(self, step: int) -> Event:
-        """Prefill mode's one eviction: cut every layer to its budget, leaving room for what is still to come."""
-        self.cache.room = self._span - self.context_tokens
+        """Prefill mode's one eviction: cut every layer to its budget (the heap's room, planned for prefill mode,
+        leaves space for the question and the tokens to generate)."""
         self.evict()
         self.cache.stop_observing()
         return self.make_event("compress", step)
@@ -497,18 +502,22 @@ class Generation:
             torch.cuda.reset_peak_memory_stats(device)
         with torch.inference_mode(), _out_of_memory_as_error(self.cache):
             steps = self._steps()
-            while True:
-                started = time.perf_counter()
-                event = next(steps, None)
-                if event is None:
-                    return
-                _synchronize(device)
-                event.seconds = time.perf_counter() - started
-                self._account(event)
-                yield event
+            try:
+                while True:
+                    started = time.perf_counter()
+                    event = next(steps, None)
+                    if event is None:
+                        return
+                    _synchronize(device)
+                    event.seconds = time.perf_counter() - started
+                    self._account(event)
+                    yield event
+            finally:  # read once, also when the consumer stops early (reading it builds the allocator's statistics)
+                if device.type == "cuda":
+                    self.peak_gpu_bytes = max(self.peak_gpu_bytes or 0, torch.cuda.max_memory_allocated(device))
 
     def _account(self, event: Event) -> None:
-        """Add an event to the run's seconds, tokens and peak GPU allocation."""
+        """Add an event to the run's seconds and tokens."""
         if event.kind == "decode":
             self.decode_seconds += event.seconds
             self._step_seconds.append(event.seconds)
@@ -516,8 +525,6 @@ class Generation:
                 sequence.append(token)
         else:
             self.prefill_seconds += event.seconds
-        if self.loaded.device.type == "cuda":
-            self.peak_gpu_bytes = torch.cuda.max_memory_allocated(self.loaded.device)
 
     def _steps(self) -> Iterator[Event]:
         step = 0

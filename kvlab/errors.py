@@ -5,6 +5,15 @@ is raised as a :class:`KvlabError` whose message is one plain sentence. The CLI 
 non-zero; the dashboard shows it on the page. Anything else is a bug and keeps its traceback.
 """
 
+#: A quoted model name is cut to this many characters, so a pasted page cannot flood a message.
+_SHOWN_NAME_CHARS = 80
+
+
+def shown_name(name: str) -> str:
+    """A model name as a sentence quotes it: shortened when it is long, so a pasted page cannot flood a message."""
+    short = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
+    return repr(short)
+
 
 class KvlabError(Exception):
     """An error caused by the user's input or environment, described in one sentence."""

@@ -1,4 +1,5 @@
-"""Evaluating one policy on a list of task items (user tasks from JSONL files), optionally storing the run."""
+"""Evaluating one policy on a list of task items (user tasks from JSONL files); each trial goes to ``on_trial``
+(the command line stores it there)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.engine import RunSpec, generate
-from kvlab.models import LoadedModel, shown_name
+from kvlab.errors import shown_name
+from kvlab.models import LoadedModel
 from kvlab.records import batch_trials
 from kvlab.store import Trial
 from kvlab.sweep import prompt_tensors

@@ -65,7 +65,8 @@ class StaticDecoder:
         return cls(generation, capture=cuda and spec.policy.capturable)
 
     def decode(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
-        """Greedy decoding in static steps: the same tokens and events as eager decoding."""
+        """Greedy decoding in static steps: the same tokens and events as eager decoding (only the first event
+        carries logits: the steps keep theirs on the device)."""
         generation = self.generation
         spec = generation.spec
         tokens = logits.argmax(dim=-1).tolist()
@@ -116,7 +117,7 @@ class StaticDecoder:
             graph.replay()
             self._advance(signature)
             return
-        if self.capture:  # warm-up for a later capture: a real step, run on a side stream as CUDA graphs require
+        if self.capture and len(self.graphs) < MAX_GRAPHS:  # warm-up for a capture: on a side stream, as graphs need
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):

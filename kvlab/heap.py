@@ -30,40 +30,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 
-from kvlab.errors import KvlabError
+from kvlab.layouts import HeapLayout
 
-Layout = Literal["compact", "bitmask", "threshold"]
-LAYOUTS: tuple[str, ...] = get_args(Layout)
-DEFAULT_LAYOUT: Layout = "threshold"
-DEFAULT_COMPACT_AT = 0.5
 #: The position stored in a slot that holds no token.
 FREE = -1
 _LAST = torch.iinfo(torch.int32).max
-
-
-@dataclass(frozen=True)
-class HeapLayout:
-    """How freed slots are handled (see the module's docstring); ``compact_at`` is the threshold layout's dead
-    share."""
-
-    kind: Layout = DEFAULT_LAYOUT
-    compact_at: float = DEFAULT_COMPACT_AT
-
-    def __post_init__(self) -> None:
-        if self.kind not in LAYOUTS:
-            raise KvlabError(f"Unknown layout {self.kind!r}; use one of {', '.join(LAYOUTS)}.")
-        if not 0.0 < self.compact_at <= 1.0:
-            raise KvlabError(f"The threshold layout compacts at a dead share in (0, 1], not {self.compact_at}.")
-
-    def compacts(self, dead: int, used: int) -> bool:
-        """Whether a layer with ``dead`` free slots among ``used`` is compacted now."""
-        if dead == 0 or self.kind == "bitmask":
-            return False
-        return self.kind == "compact" or dead / used >= self.compact_at
 
 
 @dataclass
@@ -173,7 +148,6 @@ class KVHeap:
         self.static = False
         self.seen_tokens = 0
         self.compactions = 0
-        self.grown = 0
         self._compaction_clocks: list[_Clock] = []
         self._pending_positions: torch.Tensor | None = None
 
@@ -181,8 +155,8 @@ class KVHeap:
 
     def begin_forward(self, positions: torch.Tensor) -> None:
         """Declare the original positions ``(q,)`` of the tokens the next forward pass appends (consecutive, starting
-        at :attr:`seen_tokens`)."""
-        self._pending_positions = positions
+        at :attr:`seen_tokens`), converted once here for every layer's write."""
+        self._pending_positions = positions.to(torch.int32)
 
     def end_forward(self, count: int) -> None:
         """Count the ``count`` tokens just appended as seen (no device synchronisation)."""
@@ -200,16 +174,12 @@ class KVHeap:
         (transformers' contract)."""
         layer = self.layers[layer_idx]
         batch, kv_heads, count, head_dim = key_states.shape
-        device = key_states.device
-        if self._pending_positions is None:
-            positions = torch.arange(self.seen_tokens, self.seen_tokens + count, device=device)
-        else:
-            positions = self._pending_positions
-        new_positions = positions.to(device=device, dtype=torch.int32).expand(batch, kv_heads, count)
+        assert self._pending_positions is not None, "begin_forward() declares the positions of every forward pass"
+        new_positions = self._pending_positions.expand(batch, kv_heads, count)
         if layer.keys is None:
             self._allocate(layer, key_states, max(layer.planned, count))
         elif layer.live + count > layer.capacity:
-            self._grow(layer, layer.live + count)
+            self._grow(layer, max(layer.planned, layer.live + count))
         self._own(layer, "keys", "values", "positions", "scores")
         keys, values, slot_positions = layer.slots(layer.capacity)
         if layer.dead == 0 and not self.static:  # the free slots are the tail: append in order
@@ -284,7 +254,7 @@ class KVHeap:
         memory); in static mode it is rewritten in place."""
         positions = layer.slots(layer.capacity)[2]
         clock = _Clock.start(positions.device) if not self.static else None
-        order = positions.masked_fill(positions < 0, _LAST).argsort(dim=-1)[..., : layer.live]
+        order = position_order(positions)[..., : layer.live]
         if self.static:
             capacity = layer.capacity
         else:
@@ -320,12 +290,12 @@ class KVHeap:
         if self.track_scores:
             layer.scores = torch.zeros(batch, kv_heads, capacity, dtype=torch.float32, device=like.device)
 
-    def _grow(self, layer: HeapLayer, needed: int) -> None:
-        """More capacity than planned (an unplanned write, e.g. a fork that goes on after its source's plan): the
-        layer is copied into tensors of the needed size plus the room. Never happens in static mode."""
+    def _grow(self, layer: HeapLayer, capacity: int) -> None:
+        """Copy the layer into tensors of ``capacity`` slots: a fork of a context read for several policies holds
+        its source's tensors, sized for the context alone, and goes on past them. Never in static mode
+        (:meth:`make_static` grows every layer to its plan first)."""
         if self.static:
             raise RuntimeError("a static heap cannot grow; its capacity was planned too small")
-        capacity = needed + self.room
         for name in ("keys", "values", "positions", "scores"):
             old = getattr(layer, name)
             if old is None:
@@ -335,7 +305,6 @@ class KVHeap:
             new[:, :, : layer.used] = old[:, :, : layer.used]
             setattr(layer, name, new)
             layer.shared.discard(name)
-        self.grown += 1
 
     def _own(self, layer: HeapLayer, *names: str) -> None:
         """Copy the tensors a fork still shares with its source before changing them (copy on write)."""
@@ -395,9 +364,12 @@ class KVHeap:
         return forked
 
     def make_static(self) -> None:
-        """Switch to static mode for captured decode steps: every tensor owned, and, for the policies that score by
-        an observation window, the window full (so its shape never changes)."""
+        """Switch to static mode for captured decode steps: every layer at its planned capacity and every tensor
+        owned, so that nothing is allocated while steps run (the generation decodes statically only once an
+        observation window is full, see :meth:`kvlab.graphs.StaticDecoder.for_generation`)."""
         for layer in self.layers:
+            if layer.keys is not None and layer.capacity < layer.planned:
+                self._grow(layer, layer.planned)  # a fork still at its source's size
             self._own(layer, *list(layer.shared))
         self.static = True
 
@@ -413,8 +385,8 @@ class KVHeap:
             layer.recent_query_positions = None
 
     def compaction_seconds(self) -> float:
-        """Time the compactions outside captured steps took on the device (read from device events on a GPU, so
-        no compaction waits for the GPU; inside a captured decode step a compaction is part of the step's time)."""
+        """Time the compactions outside static decode steps took on the device (read from device events on a GPU,
+        so no compaction waits for the GPU; inside a static step a compaction is part of the step's time)."""
         return sum(clock.seconds() for clock in self._compaction_clocks)
 
     def kv_bytes(self) -> int:
@@ -439,10 +411,15 @@ class KVHeap:
         return [layer.live for layer in self.layers]
 
 
+def position_order(positions: torch.Tensor) -> torch.Tensor:
+    """The slots of each sequence and KV head ordered by the position they hold, free slots last."""
+    return positions.masked_fill(positions < 0, _LAST).argsort(dim=-1)
+
+
 def survivors(positions: torch.Tensor, live: int) -> torch.Tensor:
     """The original positions held in a layer, ``(batch, kv_heads, live)`` in increasing order, whatever the slot
     order."""
-    return positions.masked_fill(positions < 0, _LAST).sort(dim=-1).values[..., :live]
+    return positions.gather(-1, position_order(positions)[..., :live])
 
 
 def _gather_slots(tensor: torch.Tensor, order: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 
 from kvlab.arch import ArchFacts, arch_from_config, dtype_name
 from kvlab.attention import ATTN_IMPLEMENTATION, register_attention
-from kvlab.errors import KvlabError, NotAModel
+from kvlab.errors import KvlabError, NotAModel, shown_name
 from kvlab.limits import Limits, limits_for
 from kvlab.provenance import weights_identity
 
@@ -31,7 +31,6 @@ _LOGGER = logging.getLogger(__name__)
 #: A hub id: an optional owner and a name, of the characters the hub allows.
 _HUB_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
-_SHOWN_NAME_CHARS = 80
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_DIR = REPO_ROOT / "data" / "models" / "kvlab-tiny-llama"
@@ -121,12 +120,6 @@ def tokenizer_hash(tokenizer: Any) -> str | None:
         "eos_token_id": tokenizer.eos_token_id,
     }
     return hashlib.sha256((core + json.dumps(extra, sort_keys=True, default=str)).encode()).hexdigest()
-
-
-def shown_name(name: str) -> str:
-    """A model name as a sentence quotes it: shortened when it is long, so a pasted page cannot flood a message."""
-    short = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
-    return repr(short)
 
 
 def pick_device(device: str | None = None) -> torch.device:

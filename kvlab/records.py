@@ -3,9 +3,11 @@
 The command line, ``eval``, sweeps and the dashboard all file runs through this one module, so the same settings on
 the same prompts are the same run wherever they ran, and a run is found again only when nothing that can change
 its results differs: model weights, tokenizer, policy and parameters, budget, mode, chunk, compression interval,
-whether the question is read before compression, generation length and stop rule, the task's content, seed, dtype,
-device kind and kvlab's version (:func:`kvlab.store.run_key`). Batch size is left out on purpose: sequences of one
-batch have the same length and are computed independently, so it changes only floating-point rounding.
+whether the question is read before compression, generation length and stop rule, the KV heap's layout and its
+threshold, the task's content, seed, dtype, device kind and kvlab's version (:func:`kvlab.store.run_key`). Batch
+size is left out on purpose: sequences of one batch have the same length and are computed independently, so it
+changes no token beyond floating-point rounding; it does change the seconds and the peak GPU memory a trial
+records, which are its batch's (:func:`batch_trials`).
 """
 
 from __future__ import annotations
@@ -51,17 +53,20 @@ def stops_for(loaded: LoadedModel, *, one_line_answers: bool) -> Stops:
 
 
 def items_hash(hashes: Iterable[str]) -> str:
-    """One hash for a list of prompts (each :func:`~kvlab.tasks.items.item_hash`), in order."""
+    """One hash for a list of prompts, in order: each described by a line (``eval`` gives its id and
+    :func:`~kvlab.tasks.items.item_hash`)."""
     return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=4)
-def needle_sources_hash(kind: str, generator: str, haystack_dir: Path = HAYSTACK_DIR) -> str:
-    """The identity of generated needle tasks of one ``kind``: the haystack texts and the generator's code
-    (``generator`` names which of kvlab's generators, e.g. the sweeps' or the live page's). Items are generated from
-    these and the seed, so equal hashes and seeds give equal prompts for the same tokenizer."""
+def needle_sources_hash(kind: str, generator: str) -> str:
+    """The identity of generated needle tasks of one ``kind``: the haystack texts and the files that make facts and
+    prompts from them (:data:`NEEDLE_SOURCES`), with the name of the generator that draws the items (``sweep`` or
+    ``live``). The drawing code itself is not hashed: a change to it that gives other prompts for the same keys is
+    caught trial by trial, since every trial records the hash of its prompt and a sweep refuses to resume over
+    different ones."""
     digest = hashlib.sha256(f"{kind}\n{generator}\n".encode())
-    for path in [*sorted(haystack_dir.glob("*.txt")), *NEEDLE_SOURCES]:
+    for path in [*sorted(HAYSTACK_DIR.glob("*.txt")), *NEEDLE_SOURCES]:
         digest.update(path.name.encode() + b"\n" + hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
     return digest.hexdigest()
 
@@ -106,8 +111,9 @@ def run_config(
 
 def batch_trials(batch: Sequence[tuple[str, TaskItem]], result: GenerationResult) -> list[Trial]:
     """The trials of one generation over a batch of items, each answer scored against the item's expected one.
-    Bytes and seconds are the batch's divided by its size: every sequence of a batch holds the same number of
-    tokens, and the batch decodes together."""
+    KV bytes and seconds are the batch's divided by its size: every sequence of a batch holds the same number of
+    tokens, and the batch decodes together. The peak GPU allocation is the device's during the batch (weights and
+    activations included), which cannot be divided among its sequences: it is recorded as it is."""
     size = len(batch)
     trials = []
     for (key, item), output in zip(batch, result.texts):

@@ -21,10 +21,10 @@ import torch
 
 from kvlab.budget import Budget, check_budget
 from kvlab.engine import MODES, GenerationResult, Mode, Prefilled, RunSpec, generate, prefill_once
-from kvlab.errors import KvlabError
-from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
+from kvlab.errors import KvlabError, shown_name
+from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
 from kvlab.limits import check_seed
-from kvlab.models import LoadedModel, shown_name
+from kvlab.models import LoadedModel
 from kvlab.policies import Policy, make_policy
 from kvlab.records import batch_trials, needle_sources_hash, run_config, stops_for
 from kvlab.store import RunConfig, Store

@@ -6,13 +6,13 @@ import streamlit as st
 
 from kvlab.budget import Budget
 from kvlab.errors import KvlabError
-from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUTS
+from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
 from kvlab.policies import POLICIES
 from kvlab.store import open_store
 from kvlab.tasks.facts import TEMPLATES
 from kvlab.ui import live_figures as figures
 from kvlab.ui.device_queue import DEVICE_QUEUE
-from kvlab.ui.inputs import policy_fields, policy_summary, read_upload
+from kvlab.ui.inputs import longest_context, policy_fields, policy_summary, read_upload
 from kvlab.ui.live import (
     LiveResult,
     LiveRun,
@@ -28,11 +28,6 @@ from kvlab.ui.text import plain
 
 RESULT_KEY = "live_result"
 BROWSER_INT = (1 << 53) - 1  # the largest whole number a browser's number field holds exactly
-LAYOUT_HELP = (
-    "What becomes of evicted slots. compact: survivors gathered to the front after each eviction, memory "
-    "returned, at the cost of a copy. bitmask: slots marked free and refilled in place, no copy, memory "
-    "held. threshold: bitmask until the dead share reaches the threshold, then compact."
-)
 REDRAW_EVERY_DECODED = 4
 
 page_setup()
@@ -51,7 +46,7 @@ with task_column:
     kind = st.radio("Task", ["Needle in a haystack", "Your text"], horizontal=True)
     task: NeedleTask | TextTask | None
     if kind == "Needle in a haystack":
-        longest = int(getattr(loaded.model.config, "max_position_embeddings", 4096) if loaded else 4096)
+        longest = longest_context(loaded)
         length = st.number_input(
             "Context length (tokens)", min_value=64, max_value=longest, value=min(2048, longest), step=256
         )
@@ -255,12 +250,12 @@ else:
         help="Share of the fact sentence's tokens still in the cache (any KV head), mean over layers.",
     )
     kept[1].metric(
-        "Prefill (model)",
+        "Prefill (engine)",
         f"{outcome.result.prefill_seconds:.2f} s",
         help="The engine's own time (model and eviction); drawing excluded.",
     )
     kept[2].metric(
-        "Decode (model)",
+        "Decode (engine)",
         f"{outcome.result.decode_seconds:.2f} s",
         help="The engine's own time (model and eviction); drawing excluded.",
     )

@@ -9,6 +9,7 @@ from kvlab.errors import KvlabError
 from kvlab.policies import POLICIES
 from kvlab.store import RunFilter, Store, SweepRecord, open_store
 from kvlab.ui.grid import NeedleGridRequest
+from kvlab.ui.inputs import longest_context
 from kvlab.ui.session import (
     allowed_model,
     current_model,
@@ -44,7 +45,7 @@ with settings:
     keep = st.slider("Kept fraction", 0.01, 1.0, 0.1, 0.01)
     mode = st.radio("Mode", ["prefill", "streaming"], horizontal=True)
 with contexts_column:
-    longest = int(getattr(loaded.model.config, "max_position_embeddings", 4096) if loaded else 4096)
+    longest = longest_context(loaded)
     usable = [c for c in CONTEXTS if c <= longest]
     contexts = st.multiselect("Context lengths (tokens)", usable, default=[c for c in (512, 1024) if c in usable])
     depths = st.slider("Depths from 0 to 1", 2, 11, 5)

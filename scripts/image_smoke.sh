@@ -145,7 +145,20 @@ in_image kvlab runs >"$work/runs.log" 2>&1 || { cat "$work/runs.log"; fail "kvla
 grep -q "h2o" "$work/runs.log" || { cat "$work/runs.log"; fail "the run is not in the volume after the restart."; }
 say "after the restart the volume still holds the run:"
 sed 's/^/[image-smoke]   /' "$work/runs.log"
-curl -fsS "http://127.0.0.1:$port/" | grep -qi "<html" || fail "the dashboard's page did not load."
-say "the dashboard's page loads"
+curl -fsS "http://127.0.0.1:$port/" | grep -qi "<html" || fail "the server did not serve the dashboard."
+# The server answers with its page shell; the pages' own code runs only for a browser's session. Streamlit's AppTest
+# runs it in the image as a session would: the Runs page must show the stored run.
+in_image python -c '
+from streamlit.testing.v1 import AppTest
+app = AppTest.from_file("/app/app.py", default_timeout=120)
+app.run()
+app.switch_page("pages/runs.py")
+app.run()
+assert not app.exception, app.exception
+captions = [caption.value for caption in app.caption]
+assert any(caption.startswith("1 of 1 runs") for caption in captions), captions
+print("the Runs page lists", captions[0].split(".")[0])
+' >"$work/page.log" 2>&1 || { cat "$work/page.log"; fail "the Runs page failed in the image."; }
+say "$(tail -n 1 "$work/page.log")"
 stop_server
 say "PASSED in $(( $(date +%s) - began )) s"

@@ -1,6 +1,8 @@
 """Fixtures the test modules share: the shipped model, a tiny checkpoint on disk and an empty store."""
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -11,7 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # Hypothesis keeps examples and constants in ./.hypothesis unless told otherwise; the suite must leave the working
 # tree as it found it, so it keeps nothing between runs and writes its scratch files to a temporary directory.
-os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="kvlab-hypothesis-"))
+if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:
+    _scratch = tempfile.mkdtemp(prefix="kvlab-hypothesis-")
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = _scratch
+    atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
 
 from hypothesis import settings  # noqa: E402
 

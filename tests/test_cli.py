@@ -123,3 +123,14 @@ def test_a_fraction_below_the_policy_minimum_is_refused_once_the_context_is_know
     )
     assert status == 2
     assert "keep 0.05 of" in err and "minimum of 5" in err
+
+
+def test_the_command_line_starts_without_loading_torch():
+    """``kvlab --help``, ``runs`` and ``export`` answer in a fraction of a second: building the parser must not
+    import torch (the commands that run a model import it when they run)."""
+    import subprocess
+    import sys
+
+    code = "import sys, kvlab.cli; kvlab.cli.build_parser(); print('torch' in sys.modules)"
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert shown == "False"

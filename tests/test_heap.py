@@ -11,7 +11,8 @@ from tiny_models import ARCHITECTURES, prompt, small_policy, tiny_model
 from kvlab.budget import Budget
 from kvlab.engine import Generation, RunSpec, generate, prefill_once
 from kvlab.errors import KvlabError
-from kvlab.heap import FREE, LAYOUTS, HeapLayout
+from kvlab.heap import FREE
+from kvlab.layouts import LAYOUTS, HeapLayout
 from kvlab.models import wrap_model
 from kvlab.policies import EVICTING, POLICIES, make_policy
 
@@ -173,6 +174,22 @@ def test_a_shared_prefill_gives_each_layout_the_result_of_its_own_run(layout, ch
         forked = generate(loaded, None, run_spec, suffix_ids=question, prefilled=shared)
         assert forked.tokens == alone.tokens and forked.kept_per_layer == alone.kept_per_layer, policy.name
     assert all(layer.shared == set() or layer.keys is not None for layer in shared.cache.layers)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("static", [False, True])
+def test_a_fork_that_outgrows_its_shared_context_decodes_like_its_own_run(layout, static):
+    """A large budget keeps most of the context, so the question and the new tokens do not fit the tensors the
+    fork shares with the context's read: the fork grows to its own plan, also before static steps (as on a GPU)."""
+    loaded = wrap_model(tiny_model("llama"))
+    ids, question = prompt(length=40, seed=4), prompt(length=5, seed=6)
+    policy = small_policy("h2o")
+    shared = prefill_once(loaded, ids, [policy])
+    run_spec = RunSpec(policy, Budget(keep=0.8), max_new_tokens=10, stop_token_ids=(), layout=layout, static=static)
+    alone = generate(loaded, ids, run_spec, suffix_ids=question)
+    forked = generate(loaded, None, run_spec, suffix_ids=question, prefilled=shared)
+    assert forked.tokens == alone.tokens and forked.kept_per_layer == alone.kept_per_layer
+    assert forked.kv_reserved_bytes == alone.kv_reserved_bytes
 
 
 def test_a_layout_is_checked():

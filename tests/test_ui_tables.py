@@ -240,3 +240,9 @@ def test_user_text_is_escaped_for_markdown_and_no_address_becomes_a_link():
     frame = plain_frame(pd.DataFrame({"a*": ["**x**", 3]}, index=["[i]", "j"]))
     assert list(frame.columns) == ["a\\*"] and frame.iloc[0, 0] == "\\*\\*x\\*\\*" and frame.iloc[1, 0] == 3
     assert list(frame.index) == ["\\[i\\]", "j"]
+
+
+def test_a_run_names_its_heap_layout_and_threshold():
+    assert tables.layout_label("threshold", 0.5) == "threshold at 50%"
+    assert tables.layout_label("bitmask", None) == "bitmask"
+    assert tables.layout_label(None, None) == "—"  # stored before the heap had layouts

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvlab.cli.options import (
     add_db_argument,
@@ -21,7 +23,9 @@ from kvlab.cli.options import (
     run_spec_from_args,
     whole,
 )
-from kvlab.tasks.needle import Kind
+
+if TYPE_CHECKING:  # the parser is built without loading torch
+    from kvlab.tasks.needle import Kind
 
 NEEDLE_KINDS: dict[str, Kind] = {"needle": "single", "needle-multikey": "multi-key", "needle-multivalue": "multi-value"}
 
@@ -133,7 +137,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     grid = sweep_grid(args)
     loaded = _load(args)
-    grid.check_fits(loaded)
+    grid.check_fits(loaded)  # before the store is opened: a grid that cannot run creates no database
     store = open_store(args.db)
     bar = tqdm(total=0, unit="trial", file=sys.stderr, disable=args.quiet)
 
@@ -169,14 +173,15 @@ def run_eval(args: argparse.Namespace) -> int:
     from kvlab.store import open_store
     from kvlab.tasks.items import load_jsonl
 
-    spec = run_spec_from_args(args)  # bad policy settings are refused before the model is loaded
+    spec = run_spec_from_args(args)  # bad settings and stores are refused before the model loads
+    store = open_store(args.db) if args.db else None
     loaded = _load(args)
     items = load_jsonl(args.tasks, loaded.tokenizer, loaded.limits, args.max_new_tokens)
-    store = open_store(args.db) if args.db else None
     stops = stops_for(loaded, one_line_answers=True)
     spec = dataclasses.replace(spec, stop_token_ids=stops.token_ids)
     query_aware = not args.query_agnostic
     run_id = None
+    on_trial = None
     if store is not None:
         config = run_config(
             loaded,
@@ -188,10 +193,7 @@ def run_eval(args: argparse.Namespace) -> int:
             context_length=None,
         )
         run_id = store.begin_run(config)
-    on_trial = None
-    if store is not None and run_id is not None:
-        writer, stored_run = store, run_id
-        on_trial = lambda trial: writer.add_trial(stored_run, trial)  # noqa: E731
+        on_trial = functools.partial(store.add_trial, run_id)
     finished = False
     try:
         evaluation = evaluate_items(loaded, items, spec, query_aware=query_aware, on_trial=on_trial)

@@ -82,15 +82,13 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_heap_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the KV heap: its layout, the threshold layout's dead share, and eager decoding."""
-    from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUTS
+    from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
 
     parser.add_argument(
         "--layout",
         default=DEFAULT_LAYOUT,
         choices=LAYOUTS,
-        help="what becomes of evicted slots: compact (survivors gathered, memory returned), bitmask "
-        "(slots refilled in place, memory held), threshold (bitmask until --compact-at of the "
-        f"slots in use are dead, then compact); default {DEFAULT_LAYOUT}",
+        help=f"{LAYOUT_HELP} The threshold is --compact-at. Default: {DEFAULT_LAYOUT}.",
     )
     parser.add_argument(
         "--compact-at",

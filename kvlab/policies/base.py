@@ -17,7 +17,7 @@ import torch
 
 from kvlab.attention import window_attention
 from kvlab.errors import KvlabError
-from kvlab.heap import FREE, HeapLayer, KVHeap
+from kvlab.heap import FREE, HeapLayer, KVHeap, position_order
 
 KEEP = float("inf")
 
@@ -61,7 +61,7 @@ class LayerView:
         sequence gives the same answer in every layout."""
         if self.cache.ordered and self.cache.dead == 0:  # live slots first, in position order, free ones after
             return along_positions(values)
-        order = self.positions.masked_fill(self.positions < 0, torch.iinfo(torch.int32).max).argsort(dim=-1)
+        order = position_order(self.positions)
         return torch.empty_like(values).scatter_(2, order, along_positions(values.gather(2, order)))
 
     def most_recent(self, count: int) -> torch.Tensor:

@@ -1,10 +1,10 @@
 """The run store: every run and trial kvlab measures, kept in one DuckDB file.
 
-A *run* is one configuration (model, weights, tokenizer, policy and its parameters, budget, mode, chunk, task and
-its content, generation settings, seed, device, dtype) with the provenance that produced it; a *trial* is one prompt
-answered under that run. Sweeps are resumable because a run is found again by :func:`run_key`, the hash of its
-configuration, and a trial by its ``trial_key``: re-running a sweep skips what :meth:`Store.stored_trials` returns,
-and storing a trial twice stores it once.
+A *run* is one configuration (model, weights, tokenizer, policy and its parameters, budget, mode, chunk, KV heap
+layout, task and its content, generation settings, seed, device, dtype) with the provenance that produced it; a
+*trial* is one prompt answered under that run. Sweeps are resumable because a run is found again by
+:func:`run_key`, the hash of its configuration, and a trial by its ``trial_key``: re-running a sweep skips what
+:meth:`Store.stored_trials` returns, and storing a trial twice stores it once.
 
 The package's modules: :mod:`~kvlab.store.rows` (the values), :mod:`~kvlab.store.schema` (migrations and kvlab's
 marker), :mod:`~kvlab.store.connection` (opening files for reading or writing), :mod:`~kvlab.store.queries` (the

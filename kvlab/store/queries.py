@@ -322,7 +322,9 @@ def _is_collision(exc: duckdb.Error) -> bool:
     uncommitted transaction inserted: worth retrying), rather than failing on its own (a full disk also fails a
     commit with a transaction error, and retrying that would only fail again)."""
     text = str(exc)
-    return not is_disk_full(exc) and "Could not write" not in text and "IO Error" not in text
+    if is_disk_full(exc) or "Could not write" in text or "IO Error" in text:
+        return False
+    return "conflict" in text.lower() or "duplicate key" in text.lower()
 
 
 def _run_row(config: RunConfig, key: str, provenance: Provenance, started_by: str | None) -> dict[str, Any]:

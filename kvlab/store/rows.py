@@ -69,8 +69,8 @@ class Trial:
 
     Byte counts are of the KV cache as physically held: ``kv_bytes`` of the slots holding a token at the end of the
     trial and ``peak_kv_bytes`` at the most; ``kv_reserved_bytes`` and ``peak_kv_reserved_bytes`` of the heap's
-    tensors; ``compactions`` counts the heap's compactions. ``peak_gpu_bytes`` is the device's peak allocation where
-    there is a GPU.
+    tensors; ``compactions`` counts the heap's compactions. ``peak_gpu_bytes`` is the device's peak allocation during
+    the trial's batch, where there is a GPU.
     """
 
     trial_key: str

@@ -12,5 +12,6 @@ The pages in ``pages/`` hold layout and widgets only. Everything they show is co
 * :mod:`kvlab.ui.downloads`: stored runs and trials as CSV or Parquet bytes;
 * :mod:`kvlab.ui.device_queue`: the process-wide queue that lets one session at a time use the device;
 * :mod:`kvlab.ui.access`: who may use the server (login or localhost) and which models it may load;
-* :mod:`kvlab.ui.session`: the Streamlit side shared by all pages (login, model picker, store, waiting notices).
+* :mod:`kvlab.ui.session`: the Streamlit side shared by all pages (login, model picker, store, waiting notices);
+* :mod:`kvlab.ui.text`: user text shown as plain text inside Streamlit's Markdown.
 """

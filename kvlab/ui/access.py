@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, shown_name
 
 #: Environment variable with the comma-separated hub ids or model directories the server may load (empty: any).
 ALLOWED_MODELS_ENV = "KVLAB_ALLOWED_MODELS"
@@ -53,8 +53,7 @@ def check_model_allowed(name: str, allowed: Sequence[str]) -> None:
 
 def model_refusal(name: str) -> str:
     """The one sentence for a model name that leads to no loadable model (see :data:`NOT_A_MODEL`)."""
-    shown = name.strip() if len(name.strip()) <= 80 else name.strip()[:80] + "…"
-    return NOT_A_MODEL.format(name=repr(shown))
+    return NOT_A_MODEL.format(name=shown_name(name.strip()))
 
 
 def allowed_hosts(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:

@@ -38,6 +38,17 @@ class ParamField:
         return self.spec.choices
 
 
+#: The longest context a page offers when no model is loaded, or when neither the model nor the operator sets one.
+FALLBACK_LONGEST_CONTEXT = 4096
+
+
+def longest_context(loaded: LoadedModel | None) -> int:
+    """The longest context a page offers: the model's positions and the operator's prompt limit
+    (``KVLAB_MAX_PROMPT_TOKENS``), whichever is smaller."""
+    most = loaded.limits.most_prompt_tokens() if loaded is not None else None
+    return most if most is not None else FALLBACK_LONGEST_CONTEXT
+
+
 def policy_fields(policy: str) -> list[ParamField]:
     """The parameters of a policy as the page draws them, from the policy's own declaration."""
     cls = POLICIES[policy]

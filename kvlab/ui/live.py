@@ -27,7 +27,7 @@ from kvlab.attention import StatsRequest
 from kvlab.budget import Budget
 from kvlab.engine import Event, Generation, GenerationResult, Mode, RunSpec
 from kvlab.errors import KvlabError
-from kvlab.heap import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
+from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.limits import check_seed
 from kvlab.models import LoadedModel
 from kvlab.policies import make_policy

@@ -165,6 +165,15 @@ def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     return table[list(RUN_COLUMNS)].rename(columns=RUN_COLUMNS).iloc[::-1].reset_index(drop=True)
 
 
+def layout_label(layout: object, compact_at: object) -> str:
+    """A run's KV heap layout: ``bitmask``, ``compact``, ``threshold at 50%`` (runs stored before layouts: a dash)."""
+    if not _present(layout):
+        return "—"
+    if layout == "threshold" and _present(compact_at):
+        return f"threshold at {100 * float(compact_at):.4g}%"  # type: ignore[arg-type]
+    return str(layout)
+
+
 def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Selected runs side by side, one column per run: configuration, provenance, and the means of their trials
     (bytes measured from the cache tensors, seconds of the model)."""
@@ -173,6 +182,7 @@ def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
             kept_tokens=("kept_tokens", "mean"),
             kv_bytes=("kv_bytes", "mean"),
             peak_kv_bytes=("peak_kv_bytes", "mean"),
+            peak_kv_reserved_bytes=("peak_kv_reserved_bytes", "mean"),
             prefill_s=("prefill_s", "mean"),
             decode_s=("decode_s", "mean"),
         )
@@ -190,6 +200,7 @@ def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
             "mode": run.mode,
             "budget": budget_label(run.keep, run.budget_tokens),
             "chunk": _text(run.chunk),
+            "heap layout": layout_label(run.layout, run.compact_at),
             "question read before compression": _text(run.query_aware),
             "tokens generated at most": _text(run.max_new_tokens),
             "stop rule": _text(run.stop_rule),
@@ -200,6 +211,9 @@ def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
             "mean tokens kept per layer": _number(None if mean is None else mean["kept_tokens"]),
             "mean KV bytes at end (measured)": _number(None if mean is None else mean["kv_bytes"], 0),
             "mean peak KV bytes (measured)": _number(None if mean is None else mean["peak_kv_bytes"], 0),
+            "mean peak KV bytes reserved (measured)": _number(
+                None if mean is None else mean["peak_kv_reserved_bytes"], 0
+            ),
             "mean prefill s": _number(None if mean is None else mean["prefill_s"], 3),
             "mean decode s": _number(None if mean is None else mean["decode_s"], 3),
             "device · dtype": f"{run.device} · {run.dtype}",
