@@ -16,6 +16,7 @@ ENV PYTHONUNBUFFERED=1 \
     PATH=/opt/kvlab/venv/bin:$PATH \
     KVLAB_DB=/data/runs.duckdb \
     HF_HOME=/cache/huggingface \
+    KVLAB_MODEL_CACHE=/cache/kvlab-models \
     KVLAB_DEFAULT_MODEL=/app/data/models/kvlab-tiny-llama \
     KVLAB_ALLOWED_MODELS="" \
     HF_HUB_OFFLINE=0 \
@@ -24,7 +25,7 @@ ENV PYTHONUNBUFFERED=1 \
 
 RUN groupadd --system --gid 10001 kvlab \
     && useradd --system --uid 10001 --gid kvlab --create-home --home-dir /home/kvlab kvlab \
-    && mkdir -p /app /data /cache/huggingface /opt/kvlab \
+    && mkdir -p /app /data /cache/huggingface /cache/kvlab-models /opt/kvlab \
     && chown -R kvlab:kvlab /app /data /cache /opt/kvlab
 
 WORKDIR /app
@@ -32,12 +33,12 @@ WORKDIR /app
 # reinstall the dependencies; the editable install then finds the rest of the package once it is copied in.
 COPY --chown=kvlab:kvlab pyproject.toml README.md /app/
 COPY --chown=kvlab:kvlab kvlab/__init__.py /app/kvlab/__init__.py
-COPY --chown=kvlab:kvlab scripts/install.sh /app/scripts/install.sh
+COPY --chown=kvlab:kvlab scripts/install.sh scripts/published_models.txt /app/scripts/
 USER 10001:10001
 RUN KVLAB_EXTRAS=dashboard KVLAB_TORCH_INDEX="${KVLAB_TORCH_INDEX}" bash /app/scripts/install.sh
 COPY --chown=kvlab:kvlab . /app
 
-VOLUME ["/data", "/cache/huggingface"]
+VOLUME ["/data", "/cache/huggingface", "/cache/kvlab-models"]
 EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/opt/kvlab/venv/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4)"]

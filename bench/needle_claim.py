@@ -80,7 +80,7 @@ def main() -> None:
     report: dict = {
         "device": torch.cuda.get_device_name() if loaded.device.type == "cuda" else platform.processor() or "cpu",
         "torch_threads": torch.get_num_threads(),
-        "model": loaded.name,
+        "model": loaded.source.label,
         "context": args.context,
         "trials_per_cell": args.trials,
         "batch_size": args.batch_size,

@@ -105,9 +105,14 @@ def _config_object(mapping: Mapping[str, Any]) -> Any:
         return mapping
 
 
-def arch_from_config(config: Any) -> ArchFacts:
-    """Read the architecture facts from a transformers config object or a ``config.json`` mapping."""
-    if isinstance(config, Mapping):
+def arch_from_config(config: Any, *, derive: bool = True) -> ArchFacts:
+    """Read the architecture facts from a transformers config object or a ``config.json`` mapping.
+
+    ``derive=False`` reads a mapping exactly as written, without transformers' derived fields and so without
+    importing transformers (which imports torch): for mappings that spell out every field, such as the cost
+    presets the claims are computed from.
+    """
+    if isinstance(config, Mapping) and derive:
         config = _config_object(config)
     text = config if isinstance(config, Mapping) else _text_config(config)
     num_layers = _get(text, "num_hidden_layers", "n_layer", "num_layers")

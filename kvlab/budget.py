@@ -58,14 +58,16 @@ class Budget:
 
 
 def check_budget(policy: Policy, budget: Budget | None, context_tokens: int) -> int | None:
-    """The per-layer budget in tokens for this policy and context, or ``None`` for no eviction (the full cache, or
-    a kept fraction of 1: in streaming mode a budget of the prompt's length would still evict while decoding).
+    """The per-layer budget in tokens for this policy and context, or ``None`` for none: the full cache, the
+    first-token ablation, or a kept fraction of 1 (in streaming mode a budget of the prompt's length would still
+    evict while decoding).
 
     Raises one sentence when the budget cannot be honoured, for example a budget below a policy's sinks plus window.
     """
     if not policy.evicts:
         if budget is not None:
-            raise KvlabError(f"Policy {policy.name!r} keeps every token, so it takes no budget; drop --keep/--budget.")
+            kept = "every token but its first" if policy.removes_first else "every token"
+            raise KvlabError(f"Policy {policy.name!r} keeps {kept}, so it takes no budget; drop --keep/--budget.")
         return None
     if budget is None:
         raise KvlabError(f"Policy {policy.name!r} evicts tokens, so it needs a budget (tokens or a kept fraction).")
@@ -79,3 +81,17 @@ def check_budget(policy: Policy, budget: Budget | None, context_tokens: int) -> 
             f"{policy.min_budget()}: {policy.describe_min_budget()}."
         )
     return tokens
+
+
+PYRAMID_BETA = 20
+"""PyramidKV's default steepness (the paper's beta): the top layer keeps ``1/beta`` of the mean budget."""
+
+
+def pyramid_shares(spare: float, beta: float, num_layers: int) -> list[float]:
+    """PyramidKV's budget per layer beyond its observation window, falling linearly with depth from ``2 - 1/beta``
+    times the mean ``spare`` at the bottom layer to ``1/beta`` times it at the top, so that the layers hold what a
+    uniform budget holds. Torch-free, so that the claims about layer budgets are computed by the policy's own rule.
+    """
+    top = spare / beta
+    bottom = 2 * spare - top
+    return [bottom - (bottom - top) * layer / (num_layers - 1) for layer in range(num_layers)]

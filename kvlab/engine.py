@@ -274,6 +274,11 @@ class Generation:
     from a context already read by :func:`prefill_once` (``prefill`` mode only) instead of ``input_ids``; the heap
     also remembers what the policies in ``observe_for`` need, for forks that they will compress.
 
+    ``forced_ids`` (``(batch, max_new_tokens)``) are fed as the decoded tokens instead of the greedy choice: teacher
+    forcing, a known text read one token at a time as if it had been generated, the cache evicting as decoding
+    does, each decode event carrying the logits the step computed. Stop tokens do not end them, and the steps run
+    eagerly (:mod:`kvlab.tasks.quality` scores a text this way).
+
     Its steps are public (:meth:`read`, :meth:`compress`, :meth:`decode`); :meth:`events` runs them in order and
     measures each event, and :meth:`result` reports the whole run once the events are exhausted.
     """
@@ -286,6 +291,7 @@ class Generation:
         suffix_ids: torch.Tensor | None = None,
         prefilled: Prefilled | None = None,
         observe_for: Sequence[Policy] = (),
+        forced_ids: torch.Tensor | None = None,
     ) -> None:
         if prefilled is not None:
             if spec.mode != "prefill":
@@ -297,6 +303,8 @@ class Generation:
             raise KvlabError("The prompt is empty; give at least one token of context.")
         if suffix_ids is not None and (suffix_ids.dim() != 2 or suffix_ids.shape[0] != input_ids.shape[0]):
             raise KvlabError("The question tokens must have one row per prompt.")
+        if forced_ids is not None and tuple(forced_ids.shape) != (input_ids.shape[0], spec.max_new_tokens):
+            raise KvlabError("The forced tokens must have one row per prompt and max_new_tokens tokens in each.")
         self.loaded = loaded
         self.spec = spec
         self.input_ids = input_ids.to(loaded.device)
@@ -306,6 +314,8 @@ class Generation:
         loaded.limits.check(self.context_tokens + suffix_tokens, spec.max_new_tokens, shown_name(loaded.name))
         self.budget_tokens = check_budget(spec.policy, spec.budget, self.context_tokens)
         self.evicting = self.budget_tokens is not None
+        #: Whether evictions can free anything: a budget, sliding-window layers, or tokens the policy never keeps.
+        self.prunes = self.evicting or bool(loaded.arch.sliding_layers) or spec.policy.removes_first > 0
         arch = loaded.arch
         self.layer_budgets = (
             spec.policy.layer_budgets(self.budget_tokens, arch.num_layers, capacity=self.context_tokens)
@@ -347,7 +357,12 @@ class Generation:
         self.tokens: list[list[int]] = [[] for _ in range(int(input_ids.shape[0]))]
         self._step_seconds: list[float] = []
         self._logits_to_keep = _supports(loaded.model, "logits_to_keep")
-        self.stops = set(spec.stop_token_ids if spec.stop_token_ids is not None else eos_token_ids(loaded))
+        self.forced_ids = forced_ids.to(loaded.device) if forced_ids is not None else None
+        self.stops = (
+            set()
+            if forced_ids is not None
+            else set(spec.stop_token_ids if spec.stop_token_ids is not None else eos_token_ids(loaded))
+        )
 
     @property
     def batch_size(self) -> int:
@@ -428,24 +443,32 @@ class Generation:
     def eviction_counts(self) -> list[int]:
         """How many tokens each layer gives up at the next eviction (host counts only: the same rule as
         :func:`kvlab.policies.evict_layer`)."""
-        if not self.evicting and not self.loaded.arch.sliding_layers:
+        if not self.prunes:
             return [0] * len(self.layer_budgets)
+        budgets = self.budgets()
+        return [eviction_count(layer, budget, uniform) for layer, (budget, uniform) in zip(self.cache.layers, budgets)]
+
+    def budgets(self) -> list[tuple[int, int]]:
+        """Each layer's budget and the uniform budget for an eviction now: the run's, at most the tokens seen after
+        those the policy never keeps (:attr:`~kvlab.policies.Policy.removes_first`)."""
         uniform = self.budget_tokens or NO_BUDGET
-        return [eviction_count(layer, budget, uniform) for layer, budget in zip(self.cache.layers, self.layer_budgets)]
+        removed = self.spec.policy.removes_first
+        most = max(self.cache.seen_tokens - removed, 0) if removed else NO_BUDGET
+        return [(min(budget, most), min(uniform, most)) for budget in self.layer_budgets]
 
     def evict(self, next_position: int | torch.Tensor | None = None) -> None:
         """Cut every layer back to its budget."""
-        if not self.evicting and not self.loaded.arch.sliding_layers:
+        if not self.prunes:
             return
         position = self.cache.seen_tokens if next_position is None else next_position
-        for layer_idx, budget in enumerate(self.layer_budgets):
+        for layer_idx, (budget, uniform) in enumerate(self.budgets()):
             layer = self.cache.layers[layer_idx]
             view = LayerView(
                 layer_idx,
                 len(self.layer_budgets),
                 layer,
                 budget,
-                self.budget_tokens or NO_BUDGET,
+                uniform,
                 position,
                 self.generator,
                 layer.span(self.cache.static),
@@ -486,11 +509,11 @@ class Generation:
         return self.make_event("compress", step)
 
     def decode(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
-        """Greedy decoding from the prompt's last ``logits``: in static steps where they apply
-        (:mod:`kvlab.graphs`), else one eager forward pass per token."""
+        """Greedy decoding (or the forced tokens) from the prompt's last ``logits``: in static steps where they
+        apply (:mod:`kvlab.graphs`), else one eager forward pass per token."""
         from kvlab.graphs import StaticDecoder
 
-        decoder = StaticDecoder.for_generation(self)
+        decoder = StaticDecoder.for_generation(self) if self.forced_ids is None else None
         return decoder.decode(logits, step) if decoder is not None else self._decode_eagerly(logits, step)
 
     def events(self) -> Iterator[Event]:
@@ -533,7 +556,7 @@ class Generation:
             for event in self.read(self.input_ids, step):
                 step, logits = step + 1, event.logits
                 yield event
-        if self.spec.mode == "prefill" and self.budget_tokens is not None:
+        if self.spec.mode == "prefill" and (self.evicting or self.spec.policy.removes_first):
             yield self.compress(step)
             step += 1
         if self.suffix_ids is not None:
@@ -545,10 +568,10 @@ class Generation:
             yield from self.decode(logits, step)
 
     def _decode_eagerly(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
-        """Greedy decoding, one eager forward pass per token."""
+        """Greedy decoding (or the forced tokens), one eager forward pass per token."""
         finished = torch.zeros(self.batch_size, dtype=torch.bool)
         for index in range(self.spec.max_new_tokens):
-            next_ids = logits.argmax(dim=-1)
+            next_ids = logits.argmax(dim=-1) if self.forced_ids is None else self.forced_ids[:, index]
             tokens = next_ids.tolist()
             finished |= torch.tensor([token in self.stops for token in tokens])
             if index == self.spec.max_new_tokens - 1 or bool(finished.all()):

@@ -23,7 +23,7 @@ class Evaluation:
 
     @property
     def accuracy(self) -> float:
-        return sum(t.correct for t in self.trials) / len(self.trials)
+        return sum(bool(t.correct) for t in self.trials) / len(self.trials)
 
     @property
     def exact_accuracy(self) -> float:

@@ -98,6 +98,7 @@ class StaticDecoder:
         generation = self.generation
         heap = generation.cache
         state = heap.host_state()
+        heap.seen_tokens += 1
         for layer in heap.layers:
             heap.account_write(layer, 1)
         counts = tuple(generation.eviction_counts()) if evicting else (0,) * len(heap.layers)

@@ -1,9 +1,9 @@
 """Loading a causal language model for kvlab.
 
-A model is loaded once (by hub id or local directory) onto CUDA when there is one, else the CPU, in bf16 on CUDA and
-fp32 on CPU unless asked otherwise, and switched to kvlab's attention function so that the engine can run it under a
-budgeted cache. Everything a user can get wrong here (a path that does not exist, a model that is not a causal LM,
-no network for a hub id) becomes one sentence in a :class:`~kvlab.errors.KvlabError`.
+A model is loaded once (by hub id, local directory or GGUF file, see :mod:`kvlab.gguf`) onto CUDA when there is one,
+else the CPU, in bf16 on CUDA and fp32 on CPU unless asked otherwise, and switched to kvlab's attention function so that
+the engine can run it under a budgeted cache. Everything a user can get wrong here (a path that does not exist, a model
+that is not a causal LM, no network for a hub id) becomes one sentence in a :class:`~kvlab.errors.KvlabError`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from typing import Any
 
 import torch
 
+from kvlab import gguf
 from kvlab.arch import ArchFacts, arch_from_config, dtype_name
 from kvlab.attention import ATTN_IMPLEMENTATION, register_attention
+from kvlab.catalog import SHIPPED_MODELS_DIR, installed_name, package_of, readme_licence
 from kvlab.errors import KvlabError, NotAModel, shown_name
 from kvlab.limits import Limits, limits_for
 from kvlab.provenance import weights_identity
@@ -32,8 +34,7 @@ _LOGGER = logging.getLogger(__name__)
 _HUB_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL_DIR = REPO_ROOT / "data" / "models" / "kvlab-tiny-llama"
+DEFAULT_MODEL_DIR = SHIPPED_MODELS_DIR / "kvlab-tiny-llama"
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -50,9 +51,35 @@ def default_model() -> str:
     return os.environ.get("KVLAB_DEFAULT_MODEL", str(DEFAULT_MODEL_DIR))
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model came from, as shown beside it and stored with its runs.
+
+    ``label`` is the portable name runs and exports carry (a hub id as it is, a local directory or GGUF file by its
+    last component, never the path it was typed as); ``origin`` says where the files came from; ``quantisation`` is
+    a GGUF file's type (``Q4_1``), ``None`` for floating-point checkpoints; ``weights_hash`` is the identity of the
+    weights when it is known before loading (a GGUF file's sha256).
+    """
+
+    label: str
+    origin: str
+    licence: str | None = None
+    quantisation: str | None = None
+    weights_hash: str | None = None
+
+    def describe(self) -> str:
+        """One line for a person: origin, quantisation and licence."""
+        parts = [self.origin]
+        if self.quantisation:
+            parts.append(f"GGUF {self.quantisation}, dequantised to floating point")
+        parts.append(f"licence {self.licence}" if self.licence else "licence not stated in its files")
+        return " · ".join(parts)
+
+
 @dataclass
 class LoadedModel:
-    """A model ready for the engine, with the facts that shape its cache."""
+    """A model ready for the engine, with the facts that shape its cache. ``name`` is what it was loaded by;
+    ``source`` where it came from and the portable name its runs are stored under."""
 
     name: str
     model: Any
@@ -61,6 +88,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     cache_kwarg: str
+    source: ModelSource
 
     @property
     def kv_bytes_per_element(self) -> int:
@@ -87,8 +115,10 @@ class LoadedModel:
 
     @functools.cached_property
     def weights_hash(self) -> str | None:
-        """The identity of the weights: the hash of a local model's safetensors files, else the hub commit, else
-        (a model built in memory) the hash of its parameters."""
+        """The identity of the weights: a GGUF file's sha256, else the hash of a local model's safetensors files,
+        else the hub commit, else (a model built in memory) the hash of its parameters."""
+        if self.source.weights_hash is not None:
+            return self.source.weights_hash
         identity = weights_identity(self.name, self.model.config)
         return identity if identity is not None else parameters_hash(self.model)
 
@@ -171,11 +201,11 @@ def local_model_path(name: str) -> Path | None:
         return None
 
 
-def _load_config(name: str, trust_remote_code: bool) -> Any:
+def _load_config(name: str, trust_remote_code: bool, shown: str) -> Any:
+    """The config of a model directory or hub id; ``shown`` is how the model is named in a refusal."""
     from transformers import AutoConfig
 
     path = local_model_path(name)
-    shown = shown_name(name)
     if path is not None and not (path / "config.json").is_file():
         raise NotAModel(f"{shown} has no config.json, so it is not a model directory.")
     if path is None and not _HUB_ID.match(name):
@@ -234,24 +264,37 @@ def _is_causal_lm(config: Any, trust_remote_code: bool) -> bool:
 def load_model(
     name: str | None = None,
     *,
+    gguf_file: str | None = None,
     device: str | None = None,
     dtype: str | torch.dtype | None = None,
     trust_remote_code: bool = False,
 ) -> LoadedModel:
-    """Load a decoder-only causal LM by hub id or local directory, ready for the engine.
+    """Load a decoder-only causal LM by hub id, local directory or GGUF file, ready for the engine.
 
-    ``trust_remote_code`` stays off unless the caller switches it on explicitly: loading a hub model must never run
-    code from the hub by surprise.
+    ``gguf_file`` names a GGUF file inside the directory or hub repository ``name``; a GGUF file can also be named
+    directly (``path/to/model.gguf`` or ``owner/repo/model.gguf``), and a shipped or installed model by its label
+    (:func:`kvlab.catalog.installed_name`). It is dequantised once and cached (:mod:`kvlab.gguf`). ``trust_remote_code``
+    stays off unless the caller switches it on explicitly: loading a hub model must never run code from the hub by
+    surprise.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    name = name or default_model()
+    name = installed_name(gguf.with_gguf_file(name or default_model(), gguf_file))
     if not name.strip():
-        raise NotAModel("No model was named; give a hub id or a local model directory.")
+        raise NotAModel("No model was named; give a hub id, a local model directory or a GGUF file.")
     torch_device = pick_device(device)
     torch_dtype = pick_dtype(torch_device, dtype)
-    config = _load_config(name, trust_remote_code)
     shown = shown_name(name)
+    if gguf.is_gguf_name(name):
+        gguf_path = gguf.locate(name)
+        facts = gguf.read_facts(gguf_path)
+        source_dir: str = str(gguf.converted_dir(gguf_path, facts))
+        source = _gguf_source(name, gguf_path, facts)
+    else:
+        path = local_model_path(name)
+        source_dir = str(path) if path is not None else name
+        source = _source_of(name, path)
+    config = _load_config(source_dir, trust_remote_code, shown)
     if getattr(config, "is_encoder_decoder", False):
         raise NotAModel(f"{shown} is an encoder-decoder model; kvlab runs decoder-only causal language models.")
     if not _is_causal_lm(config, trust_remote_code):
@@ -263,17 +306,15 @@ def load_model(
         arch = arch_from_config(config)
     except KvlabError as error:
         raise NotAModel(f"{shown}: {error}") from None
-    path = local_model_path(name)
-    source = str(path) if path is not None else name
     register_attention()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source_dir, trust_remote_code=trust_remote_code)
     except Exception as error:  # tokenizers, sentencepiece and transformers raise many kinds for one cause
         _LOGGER.info("tokenizer of %s failed to load", name, exc_info=True)
         raise KvlabError(f"Could not load the tokenizer of {shown}: {_first_line(error)}") from None
     try:
         model: Any = AutoModelForCausalLM.from_pretrained(
-            source,
+            source_dir,
             dtype=torch_dtype,
             attn_implementation=ATTN_IMPLEMENTATION,
             trust_remote_code=trust_remote_code,
@@ -295,7 +336,52 @@ def load_model(
         device=torch_device,
         dtype=torch_dtype,
         cache_kwarg=_cache_kwarg(model),
+        source=source,
     )
+
+
+def _source_of(name: str, path: Path | None) -> ModelSource:
+    """Where a model directory or hub id comes from, and its licence where its model card says."""
+    if path is None:
+        return ModelSource(label=name.strip(), origin="Hugging Face hub", licence=_hub_licence(name.strip()))
+    resolved = path.resolve()
+    package = package_of(resolved)
+    if package is not None:
+        origin = package.origin
+    elif resolved.parent == SHIPPED_MODELS_DIR.resolve():
+        origin = "shipped with kvlab"
+    else:
+        origin = "local directory"
+    return ModelSource(label=resolved.name, origin=origin, licence=readme_licence(resolved))
+
+
+def _gguf_source(name: str, path: Path, facts: gguf.GgufFacts) -> ModelSource:
+    """Where a GGUF model comes from: an installed package, the hub or a local file; its licence as the file (or
+    else its package) declares it."""
+    package = package_of(path)
+    local = local_model_path(name) is not None
+    if package is not None:
+        origin = package.origin
+    else:
+        origin = "GGUF file" if local else "Hugging Face hub (GGUF)"
+    return ModelSource(
+        label=path.name if local else name.strip(),
+        origin=origin,
+        licence=facts.licence or (package.licence if package is not None else None),
+        quantisation=facts.quantisation,
+        weights_hash=facts.sha256,
+    )
+
+
+def _hub_licence(repo_id: str) -> str | None:
+    """The licence in a hub model's card, when the card is in the local cache (nothing is downloaded for it)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        card = try_to_load_from_cache(repo_id, "README.md")
+    except Exception:  # a name the hub's validator refuses
+        return None
+    return readme_licence(Path(card).parent) if isinstance(card, str) else None
 
 
 def wrap_model(model: Any, tokenizer: Any = None, name: str = "in-memory") -> LoadedModel:
@@ -312,4 +398,5 @@ def wrap_model(model: Any, tokenizer: Any = None, name: str = "in-memory") -> Lo
         device=parameter.device,
         dtype=parameter.dtype,
         cache_kwarg=_cache_kwarg(model),
+        source=ModelSource(label=name, origin="built in memory"),
     )

@@ -95,7 +95,7 @@ def weights_hash(source: str | Path | Iterable[str | Path]) -> str:
     Models loaded from the Hugging Face hub without local files can use ``config._commit_hash`` instead.
     """
     files = _weight_files(source)
-    listing = "\n".join(f"{path.name} {_file_sha256(path)}" for path in sorted(files, key=lambda p: p.name))
+    listing = "\n".join(f"{path.name} {file_sha256(path)}" for path in sorted(files, key=lambda p: p.name))
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
@@ -119,7 +119,7 @@ _digest_cache: dict[tuple[str, int, int], str] = {}
 _digest_lock = threading.Lock()
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     """sha256 of one file's bytes, cached by (resolved path, size, modification time)."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)

@@ -17,15 +17,20 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from kvlab.engine import GenerationResult, RunSpec, eos_token_ids
 from kvlab.models import LoadedModel
 from kvlab.store import RunConfig, Trial
-from kvlab.tasks.items import TaskItem, stop_token_ids
+from kvlab.tasks.items import TaskItem, has_chat_template, stop_token_ids
 from kvlab.tasks.needle import HAYSTACK_DIR, score
 
-StopRule = Literal["eos", "eos+line"]
+if TYPE_CHECKING:  # the quality pass files its runs through this module
+    from kvlab.tasks.quality import Quality
+    from kvlab.tasks.texts import TextPass
+
+#: Which tokens end an answer: ``none`` for a text fed to its end (:mod:`kvlab.tasks.quality`).
+StopRule = Literal["eos", "eos+line", "none"]
 #: The files that generated needle prompts are made from: the haystacks, and the code that builds facts and prompts.
 NEEDLE_SOURCES: tuple[Path, ...] = (
     Path(__file__).resolve().parent / "tasks" / "facts.py",
@@ -41,13 +46,13 @@ class Stops:
     token_ids: tuple[int, ...]
 
 
-def stops_for(loaded: LoadedModel, *, one_line_answers: bool) -> Stops:
+def stops_for(loaded: LoadedModel, *, one_line_answers: bool, chat: bool = True) -> Stops:
     """The one stop rule: a base model answering a question answers one line, so a line break ends the answer
-    (``eos+line``; scoring reads the first line); a chat model answers in its own turn and a continued text runs
-    on, so only the end-of-sequence token ends them (``eos``)."""
+    (``eos+line``; scoring reads the first line); a chat model answering in its own turn (``chat``, when it has a
+    chat template) and a continued text run on, so only the end-of-sequence token ends them (``eos``)."""
     eos = eos_token_ids(loaded)
-    chat = bool(getattr(loaded.tokenizer, "chat_template", None))
-    if one_line_answers and not chat and loaded.tokenizer is not None:
+    in_turn = chat and has_chat_template(loaded.tokenizer)
+    if one_line_answers and not in_turn and loaded.tokenizer is not None:
         return Stops("eos+line", stop_token_ids(loaded.tokenizer, eos))
     return Stops("eos", eos)
 
@@ -78,14 +83,15 @@ def run_config(
     task: str,
     task_hash: str,
     stop_rule: StopRule,
-    query_aware: bool,
+    query_aware: bool | None,
     context_length: int | None,
 ) -> RunConfig:
     """The stored configuration of a run of ``spec`` on ``loaded``; the model's identity, dtype and device come
-    from the loaded model, everything else from the engine's settings and the task."""
+    from the loaded model, everything else from the engine's settings and the task (``query_aware`` is ``None``
+    for a task that asks no question)."""
     budget = spec.budget if spec.policy.evicts else None
     return RunConfig(
-        model=loaded.name,
+        model=loaded.source.label,
         policy=spec.policy.name,
         mode=spec.mode,
         task=task,
@@ -141,3 +147,29 @@ def batch_trials(batch: Sequence[tuple[str, TaskItem]], result: GenerationResult
             )
         )
     return trials
+
+
+def text_trial(text: TextPass, quality: Quality) -> Trial:
+    """The one trial of a pass over a text: no answer to score (``correct`` is NULL), but the tokens it scored,
+    their mean negative log-likelihood and mean KL from the full cache, with the policy's kept tokens, KV bytes and
+    seconds. The peak GPU allocation is left out: the full cache's generation ran beside the policy's on the same
+    device, so the device's peak is theirs together."""
+    result = quality.result
+    return Trial(
+        trial_key=text.name,
+        task_id=text.name,
+        context_tokens=len(text.ids),
+        correct=None,
+        kept_tokens=result.mean_kept_tokens,
+        kv_bytes=result.kv_bytes,
+        peak_kv_bytes=result.peak_kv_bytes,
+        prefill_s=result.prefill_seconds,
+        decode_s=result.decode_seconds,
+        item_hash=text.content_hash(),
+        kv_reserved_bytes=result.kv_reserved_bytes,
+        peak_kv_reserved_bytes=result.peak_kv_reserved_bytes,
+        compactions=result.compactions,
+        scored_tokens=quality.scored_tokens,
+        nll=quality.nll,
+        kl=quality.kl,
+    )

@@ -1,4 +1,5 @@
-"""Frontier: accuracy against memory from stored runs, one line per policy and mode, two selections side by side."""
+"""Frontier: quality (accuracy, or a text's perplexity and KL) against memory from stored runs, one line per policy
+and mode, two selections side by side."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from kvlab.ui.text import plain
 page_setup()
 st.title("Frontier")
 st.caption(
-    "Accuracy against memory for every policy and mode in the store. Circled points are on the Pareto front: "
-    "no other point is at least as accurate with less memory. KV bytes are measured from the cache tensors "
-    "of each trial (per sequence) and averaged."
+    "Quality against memory for every policy and mode in the store: the accuracy of needle and task runs, or the "
+    "perplexity of a held-out text and the KL divergence of each next-token distribution from the full cache's "
+    "(`kvlab quality`; lower is better for both). Circled points are on the Pareto front: no other point is at "
+    "least as good with less memory. KV bytes are measured from the cache tensors of each trial (per sequence) "
+    "and averaged."
 )
 store = reading_store()
 runs = store.list_runs() if store is not None else None
@@ -30,7 +33,7 @@ assert store is not None
 
 axis_column, metric_column = st.columns(2)
 axis = axis_column.radio("Memory axis", list(FRONTIER_AXES), format_func=FRONTIER_AXES.get, horizontal=True)
-metric = metric_column.radio("Accuracy", list(METRICS), format_func=METRICS.get, horizontal=True)
+metric = metric_column.radio("Quality", list(METRICS), format_func=lambda name: METRICS[name].title, horizontal=True)
 
 selections = {}
 for column, name in zip(st.columns(2), ("A", "B")):
@@ -55,9 +58,12 @@ for column, name in zip(st.columns(2), ("A", "B")):
             axis,
             metric,
         )
-        st.plotly_chart(frontier_figure(points, FRONTIER_AXES[axis], bytes_axis=axis != "keep"), key=f"frontier-{name}")
+        st.plotly_chart(
+            frontier_figure(points, FRONTIER_AXES[axis], bytes_axis=axis != "keep", metric=METRICS[metric]),
+            key=f"frontier-{name}",
+        )
         st.dataframe(
-            points[["label", "x", "accuracy", "trials"]],
+            points[["label", "x", "y", "trials"]],
             hide_index=True,
             key=f"frontier-table-{name}",
             column_config={
@@ -65,7 +71,9 @@ for column, name in zip(st.columns(2), ("A", "B")):
                 "x": st.column_config.NumberColumn(
                     FRONTIER_AXES[axis] + ("" if axis == "keep" else " (bytes)"), format="%.4g"
                 ),
-                "accuracy": st.column_config.NumberColumn("accuracy %", format="%.0f"),
+                "y": st.column_config.NumberColumn(
+                    METRICS[metric].title, format="%.0f" if METRICS[metric].percent else "%.4g"
+                ),
             },
         )
         selections[name] = model

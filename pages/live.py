@@ -10,6 +10,7 @@ from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOU
 from kvlab.policies import POLICIES
 from kvlab.store import open_store
 from kvlab.tasks.facts import TEMPLATES
+from kvlab.tasks.items import has_chat_template
 from kvlab.ui import live_figures as figures
 from kvlab.ui.device_queue import DEVICE_QUEUE
 from kvlab.ui.inputs import longest_context, policy_fields, policy_summary, read_upload
@@ -64,10 +65,19 @@ with task_column:
         pasted = st.text_area("…or paste a text", height=120, placeholder="A long document")
         question = st.text_input("Question", help="Without one, the model just continues the text.")
         answer = st.text_input("Expected answer", help="Needed to score the run; unscored runs are not stored.")
-        task = TextTask(pasted, question, answer)
+        templated = loaded is not None and has_chat_template(loaded.tokenizer)
+        chat = st.checkbox(
+            "Wrap in the model's chat template",
+            value=templated,
+            disabled=not templated,
+            help="On: the text (and question) are one user turn and the model answers in its own turn, as a chat "
+            "model is trained to. Off: the model reads the text as it is."
+            + ("" if templated else " This model has no chat template."),
+        )
+        task = TextTask(pasted, question, answer, chat)
         if upload is not None:
             try:
-                task = TextTask(read_upload(upload.name, upload.getvalue()), question, answer)
+                task = TextTask(read_upload(upload.name, upload.getvalue()), question, answer, chat)
             except KvlabError as error:
                 st.error(plain(str(error)))
                 task = None

@@ -14,14 +14,13 @@ from kvlab.ui.session import (
     allowed_model,
     current_model,
     current_user,
-    model_name,
     page_setup,
     reading_store,
     writing_store,
 )
 from kvlab.ui.store_figures import needle_heatmaps
 from kvlab.ui.sweep_jobs import SWEEP_JOBS, SweepView, sweep_views
-from kvlab.ui.tables import at_budget, needle_grid, short_model_name
+from kvlab.ui.tables import at_budget, needle_grid
 from kvlab.ui.text import plain
 
 CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -138,13 +137,15 @@ if store is not None:
 
 if not policies or not contexts:
     st.info("Choose at least one policy and one context length.")
+elif loaded is None:
+    st.info("Load a model in the sidebar to see its stored needle trials.")
 else:
     runs = (
         None
         if store is None
         else store.list_runs(
             RunFilter(
-                models=(model_name(),),
+                models=(loaded.source.label,),
                 policies=tuple(policies),
                 modes=(mode,),
                 tasks=("needle",),
@@ -160,5 +161,5 @@ else:
         st.plotly_chart(needle_heatmaps(cells), key="needle-heatmaps")
         st.caption(
             f"{int(chosen['trials'].sum())} stored trials of {len(chosen)} runs on "
-            f"{plain(short_model_name(model_name()))}; depths are where the needle really sits, rounded to tenths."
+            f"{plain(loaded.source.label)}; depths are where the needle really sits, rounded to tenths."
         )

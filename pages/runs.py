@@ -41,7 +41,8 @@ st.dataframe(
 )
 st.caption(
     f"{len(runs)} of {len(everything)} runs. Accuracy: the answer appears in the output; exact: it is the "
-    "output's first line."
+    "output's first line. Perplexity and KL (from the full cache, nats per token): passes over a held-out text "
+    "(`kvlab quality`), which answer nothing."
 )
 
 st.subheader("Compare")

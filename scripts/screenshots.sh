@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Refreshes the README's screenshots in docs/screenshots/ by running the browser test with that directory as its
+# Refreshes the README's screenshots in docs/screenshots/ by running the browser tests with that directory as their
 # output (the test suite itself writes its screenshots to a temporary directory).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-KVLAB_SCREENSHOTS="$root/docs/screenshots" exec bash "$root/scripts/test.sh" tests/test_browser.py -s
+KVLAB_SCREENSHOTS="$root/docs/screenshots" exec bash "$root/scripts/test.sh" tests/test_browser.py \
+    tests/test_browser_claims.py -s

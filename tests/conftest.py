@@ -18,6 +18,12 @@ if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:
     os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = _scratch
     atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
 
+# GGUF models are dequantised into a cache; the suite's conversions go to a directory of its own, removed at exit.
+if "KVLAB_MODEL_CACHE" not in os.environ:
+    _models = tempfile.mkdtemp(prefix="kvlab-model-cache-")
+    os.environ["KVLAB_MODEL_CACHE"] = _models
+    atexit.register(shutil.rmtree, _models, ignore_errors=True)
+
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("kvlab", database=None)
@@ -26,14 +32,29 @@ settings.load_profile("kvlab")
 import pytest  # noqa: E402
 from tiny_models import save_tiny_checkpoint  # noqa: E402
 
+from kvlab.catalog import package_models  # noqa: E402
 from kvlab.models import LoadedModel, load_model  # noqa: E402
 from kvlab.store import Store, open_store  # noqa: E402
+
+#: The GGUF file of the published model that scripts/published_models.txt installs.
+PUBLISHED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="session")
 def shipped() -> LoadedModel:
     """The model shipped in ``data/``, loaded once for the whole suite (tests read it and never change it)."""
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def published() -> LoadedModel:
+    """The published model the set-up installs from the package registry (SmolLM2-135M-Instruct, GGUF Q4_1),
+    found among the installed packages and loaded once for the whole suite, offline."""
+    entries = [entry for entry in package_models() if entry.name.endswith(PUBLISHED_GGUF)]
+    if not entries and os.environ.get("KVLAB_PUBLISHED_MODELS") == "0":
+        pytest.skip("the published models were left out of the install (KVLAB_PUBLISHED_MODELS=0)")
+    assert entries, f"{PUBLISHED_GGUF} is not installed; run scripts/install.sh"
+    return load_model(entries[0].name, device="cpu")
 
 
 @pytest.fixture(scope="session")

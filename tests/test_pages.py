@@ -175,8 +175,8 @@ def test_an_unknown_model_is_a_sentence_and_the_app_keeps_working(db):
     app.run()
     assert not app.exception
     assert shown(app.sidebar.error[0].value) == (
-        "'/no/such/model' is not a model this server can load: give a hub id, or the directory of a decoder-only "
-        "causal language model with its config.json, tokenizer and weights."
+        "'/no/such/model' is not a model this server can load: give a hub id, a GGUF file, or the directory of a "
+        "decoder-only causal language model with its config.json, tokenizer and weights."
     )
     assert widget(app.button, "Run").disabled
     app.switch_page("pages/costs.py")

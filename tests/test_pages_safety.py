@@ -60,7 +60,7 @@ def test_the_model_box_says_the_same_whether_a_path_exists_or_not(db, tmp_path):
         shown_name = name if len(name) <= 80 else name[:80] + "…"
         sentences.add(refusal(app, shown_name))
     assert sentences == {
-        "NAME is not a model this server can load: give a hub id, or the directory of a "
+        "NAME is not a model this server can load: give a hub id, a GGUF file, or the directory of a "
         "decoder-only causal language model with its config.json, tokenizer and weights."
     }
 

@@ -127,7 +127,7 @@ def test_frontier_points_on_the_kept_fraction_and_byte_axes(store):
     by_keep = tables.frontier_points(frontier, "keep")
     assert "streaming · prefill · 128 tokens" not in set(by_keep["label"])  # a token budget has no single fraction
     full = by_keep[by_keep["label"] == "full cache"].iloc[0]
-    assert full["x"] == 1.0 and full["accuracy"] == 100
+    assert full["x"] == 1.0 and full["y"] == 100
     assert set(by_keep[by_keep["front"]]["label"]) == {"h2o · prefill · keep 10%", "h2o · prefill · keep 30%"}
     assert set(by_keep["line"]) == {"full cache", "h2o · prefill", "streaming · prefill"}
     by_bytes = tables.frontier_points(frontier, "kv_bytes")

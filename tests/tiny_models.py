@@ -91,3 +91,90 @@ def save_tiny_checkpoint(directory) -> str:
     )
     LlamaForCausalLM(config).save_pretrained(directory)
     return str(directory)
+
+
+#: llama.cpp's names for a Llama layer's weights, by transformers' module names.
+_GGUF_LAYER_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+_GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+
+
+def _rope_permute(weight, heads: int):
+    """llama.cpp's reordering of query and key rows (interleaved rotary pairs), which transformers' GGUF loader
+    undoes."""
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
+
+
+def write_tiny_llama_gguf(path, *, seed: int = 0, licence: str = "mit") -> LlamaForCausalLM:
+    """Write a random tiny Llama as a GGUF file the way llama.cpp's converter lays it out (F32 tensors, a byte-level
+    BPE vocabulary of letters), and return the same weights as a transformers model to compare with."""
+    import gguf
+    import numpy as np
+
+    torch.manual_seed(seed)
+    tokens = ["<s>", "</s>", "<unk>", "Ġ", *[chr(code) for code in range(ord("a"), ord("z") + 1)], "ab", "cd"]
+    config = LlamaConfig(
+        vocab_size=len(tokens),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        bos_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).eval()
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("kvlab tiny test llama")
+    writer.add_license(licence)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 2] + [1] * (len(tokens) - 3))
+    writer.add_token_merges(["a b", "c d"])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(2)
+    for name, tensor in model.state_dict().items():
+        weight = tensor.detach().float().numpy()
+        if name == "lm_head.weight":
+            gguf_name = "output.weight"
+        elif name in _GGUF_NAMES:
+            gguf_name = _GGUF_NAMES[name]
+        else:
+            layer, module = int(name.split(".")[2]), ".".join(name.split(".")[3:-1])
+            gguf_name = f"blk.{layer}.{_GGUF_LAYER_NAMES[module]}.weight"
+        if ".q_proj." in name:
+            weight = _rope_permute(weight, config.num_attention_heads)
+        elif ".k_proj." in name:
+            weight = _rope_permute(weight, config.num_key_value_heads)
+        writer.add_tensor(gguf_name, np.ascontiguousarray(weight))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model

@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Callable, NoReturn, Sequence
 
-from kvlab.cli import evaluation, generate, store
+from kvlab.cli import claims, evaluation, generate, quality, store
 from kvlab.errors import KvlabError
 from kvlab.guard import log_to_file
 
@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.register(commands)
     evaluation.register(commands)
     store.register(commands)
+    quality.register(commands)
+    claims.register(commands)
     return parser
 
 

@@ -19,6 +19,7 @@ from kvlab.cli.options import (
     add_policy_arguments,
     add_seed_argument,
     heap_settings,
+    load_model_from_args,
     numbers,
     run_spec_from_args,
     whole,
@@ -99,12 +100,6 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _load(args: argparse.Namespace):
-    from kvlab.models import load_model
-
-    return load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
-
-
 def sweep_grid(args: argparse.Namespace):
     """The grid the ``sweep`` arguments describe, checked (no model is needed to check it)."""
     from kvlab.sweep import SweepGrid, parse_policies
@@ -136,7 +131,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     from kvlab.sweep import SweepRunner
 
     grid = sweep_grid(args)
-    loaded = _load(args)
+    loaded = load_model_from_args(args)
     grid.check_fits(loaded)  # before the store is opened: a grid that cannot run creates no database
     store = open_store(args.db)
     bar = tqdm(total=0, unit="trial", file=sys.stderr, disable=args.quiet)
@@ -175,7 +170,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     spec = run_spec_from_args(args)  # bad settings and stores are refused before the model loads
     store = open_store(args.db) if args.db else None
-    loaded = _load(args)
+    loaded = load_model_from_args(args)
     items = load_jsonl(args.tasks, loaded.tokenizer, loaded.limits, args.max_new_tokens)
     stops = stops_for(loaded, one_line_answers=True)
     spec = dataclasses.replace(spec, stop_token_ids=stops.token_ids)

@@ -1,4 +1,5 @@
-"""The ``generate`` and ``policies`` commands: one prompt under a policy, and the list of policies."""
+"""The ``generate``, ``policies`` and ``models`` commands: one prompt under a policy, the list of policies, and the
+models found on this machine."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kvlab.cli.options import (
     add_heap_arguments,
     add_model_arguments,
     add_policy_arguments,
+    load_model_from_args,
     run_spec_from_args,
 )
 from kvlab.errors import KvlabError
@@ -28,11 +30,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_policy_arguments(generate)
     add_heap_arguments(generate)
     add_generation_arguments(generate, default=32)
+    generate.add_argument(
+        "--raw-prompt",
+        action="store_true",
+        help="give a chat model the prompt as it is (by default it is wrapped in the model's chat template as one "
+        "user turn)",
+    )
     generate.add_argument("--json", action="store_true", help="print one JSON object with the figures")
     generate.set_defaults(func=run_generate)
 
     policies = commands.add_parser("policies", help="list the eviction policies and their parameters")
     policies.set_defaults(func=run_policies)
+
+    models = commands.add_parser(
+        "models", help="list the models on this machine (shipped, installed packages, Hugging Face cache)"
+    )
+    models.add_argument("--json", action="store_true", help="print one JSON object per model")
+    models.set_defaults(func=run_models)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -58,18 +72,26 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Generate from one prompt under a policy and print the text, or the figures as JSON."""
+    import torch
+
     from kvlab.engine import generate
-    from kvlab.models import load_model
+    from kvlab.tasks.items import has_chat_template, text_ids
 
     spec = run_spec_from_args(args)
     prompt = _read_prompt(args)
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    loaded = load_model_from_args(args)
     loaded.limits.check_text(prompt, "The prompt")
-    input_ids = loaded.tokenizer(prompt, return_tensors="pt").input_ids
+    chat = not args.raw_prompt and has_chat_template(loaded.tokenizer)
+    input_ids = torch.tensor([text_ids(loaded.tokenizer, prompt, chat=chat)])
     result = generate(loaded, input_ids, spec)
+    source = loaded.source
     if args.json:
         payload = {
-            "model": loaded.name,
+            "model": source.label,
+            "model_origin": source.origin,
+            "quantisation": source.quantisation,
+            "licence": source.licence,
+            "chat_template": chat,
             "policy": spec.policy.name,
             "params": spec.policy.params(),
             "mode": spec.mode,
@@ -78,6 +100,7 @@ def run_generate(args: argparse.Namespace) -> int:
         print(json.dumps(payload))
     else:
         print(result.texts[0])
+        print(f"[{source.label}: {source.describe()}]", file=sys.stderr)
         print(
             f"[{spec.policy.name}, {spec.mode}, {spec.layout}] context {result.context_tokens} tokens, budget "
             f"{result.budget_tokens or 'none'}; KV in use {result.kv_bytes:,} B of {result.kv_bytes_full:,} B full, "
@@ -98,4 +121,20 @@ def run_policies(args: argparse.Namespace) -> int:
         summary = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
         print(f"{name:10s} {params}")
         print(textwrap.fill(summary, width=110, initial_indent=" " * 11, subsequent_indent=" " * 11))
+    return 0
+
+
+def run_models(args: argparse.Namespace) -> int:
+    """List the models found on this machine, each with the name to pass as ``--model``, where it comes from and
+    its licence."""
+    from dataclasses import asdict
+
+    from kvlab.catalog import available_models
+
+    for entry in available_models():
+        if args.json:
+            print(json.dumps(asdict(entry)))
+        else:
+            print(f"{entry.label}  [{entry.where}; {entry.origin}; licence {entry.licence or 'not stated'}]")
+            print(f"    --model {entry.label if entry.where != 'hub cache' else entry.name}")
     return 0

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvlab.errors import KvlabError
 from kvlab.limits import MAX_SEED
 from kvlab.store import DB_ENV_VAR
+
+if TYPE_CHECKING:  # loading a model imports torch; the parser must not
+    from kvlab.models import LoadedModel
 
 
 def whole(minimum: int, what: str) -> Callable[[str], int]:
@@ -44,7 +47,14 @@ def fraction(text: str) -> float:
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Options choosing the model and where it runs."""
-    parser.add_argument("--model", default=None, help="hub id or local directory (default: the shipped model)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="hub id, local directory or GGUF file (path/to/x.gguf or owner/repo/x.gguf; default: the shipped model)",
+    )
+    parser.add_argument(
+        "--gguf-file", default=None, help="a GGUF file inside the --model directory or hub repository to load"
+    )
     parser.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
     parser.add_argument(
         "--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU)"
@@ -53,6 +63,19 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--trust-remote-code",
         action="store_true",
         help="allow the model's own code from the hub to run (off unless given)",
+    )
+
+
+def load_model_from_args(args: argparse.Namespace) -> LoadedModel:
+    """The model the model options name, loaded (the one place the command line loads a model)."""
+    from kvlab.models import load_model
+
+    return load_model(
+        args.model,
+        gguf_file=args.gguf_file,
+        device=args.device,
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
     )
 
 

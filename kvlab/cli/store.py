@@ -26,6 +26,8 @@ LIST_COLUMNS: tuple[str, ...] = (
     "context_length",
     "trials",
     "accuracy",
+    "perplexity",
+    "kl",
     "started_by",
     "started_at",
 )
@@ -105,7 +107,7 @@ def list_runs_command(args: argparse.Namespace) -> int:
     if frame.empty:
         print(f"No matching runs in {store.path}.")
     else:
-        shown = frame[list(LIST_COLUMNS)].round({"accuracy": 3})
+        shown = frame[list(LIST_COLUMNS)].round({"accuracy": 3, "perplexity": 3, "kl": 4})
         print(shown.assign(started_at=shown["started_at"].dt.floor("s")).to_string(index=False))
     return 0
 

@@ -40,6 +40,12 @@ class ModelSpec:
         return arch_from_config(self.config)
 
     @property
+    def written_arch(self) -> ArchFacts:
+        """The architecture facts of the config as written, read without transformers (so without torch): for the
+        presets, which spell out every field the formulas read, the same sizes as :attr:`arch` (tested)."""
+        return arch_from_config(self.config, derive=False)
+
+    @property
     def params_per_token(self) -> float:
         """Parameters one token runs through: ``active_params`` for a mixture of experts, else ``params``."""
         return self.params if self.active_params is None else self.active_params

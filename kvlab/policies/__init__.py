@@ -7,6 +7,7 @@ import typing
 
 from kvlab.errors import KvlabError
 from kvlab.policies.base import LayerView, Policy, check_fields, evict_layer, eviction_count
+from kvlab.policies.drop_first import DropFirst
 from kvlab.policies.full import Full
 from kvlab.policies.h2o import H2O
 from kvlab.policies.knorm import Knorm
@@ -16,10 +17,11 @@ from kvlab.policies.streaming import Streaming
 from kvlab.policies.tova import TOVA
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (Full, Streaming, H2O, SnapKV, PyramidKV, TOVA, Knorm, RandomPolicy)
+    cls.name: cls for cls in (Full, Streaming, H2O, SnapKV, PyramidKV, TOVA, Knorm, RandomPolicy, DropFirst)
 }
 
-#: The policies that drop tokens, in registry order: everything except the full cache.
+#: The policies that evict to a budget, in registry order: every method; not the full cache, nor the first-token
+#: ablation, which takes no budget.
 EVICTING: tuple[str, ...] = tuple(name for name, cls in POLICIES.items() if cls.evicts)
 
 __all__ = [
@@ -39,7 +41,7 @@ def is_full_cache(name: str) -> bool:
     """Whether runs of the policy called ``name`` keep every token (a name no longer registered, from an older
     store, counts as evicting)."""
     cls = POLICIES.get(name)
-    return cls is not None and not cls.evicts
+    return cls is not None and not cls.evicts and not cls.removes_first
 
 
 def make_policy(name: str, **params: object) -> Policy:

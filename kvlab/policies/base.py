@@ -129,8 +129,12 @@ class Policy:
     with :func:`param` so that every value is checked the same way when the policy is made."""
 
     name: ClassVar[str] = ""
-    #: Whether the policy ever drops tokens (``full`` does not, and takes no budget).
+    #: Whether the policy evicts to a budget, and so takes one. ``full`` does not, nor does the first-token ablation
+    #: (``drop_first``), which removes one fixed token whatever the budget.
     evicts: ClassVar[bool] = True
+    #: How many of the first tokens the policy never keeps, whatever its budget: none for every method; an ablation
+    #: removes them at every eviction once read (:class:`~kvlab.policies.drop_first.DropFirst`).
+    removes_first: ClassVar[int] = 0
     #: Whether :meth:`score` reads the attention each cached token received (H2O), which the attention function
     #: then accumulates.
     needs_scores: ClassVar[bool] = False
@@ -186,8 +190,9 @@ class Policy:
 
 
 def evict_layer(heap: KVHeap, layer_idx: int, policy: Policy, view: LayerView) -> None:
-    """Cut one layer back to its budget: free the tokens no query can see any more (outside a sliding window) first,
-    then the lowest-scoring ones. The layer's layout decides what becomes of the freed slots.
+    """Cut one layer back to its budget: free the tokens no query can see any more (outside a sliding window) and
+    those the policy never keeps (:attr:`Policy.removes_first`) first, then the lowest-scoring ones. The layer's
+    layout decides what becomes of the freed slots.
 
     A layer that holds no more than the uniform budget keeps everything even if its own (PyramidKV) share is
     smaller: as in PyramidKV's reference code, compression starts only once the context exceeds the budget.
@@ -201,6 +206,8 @@ def evict_layer(heap: KVHeap, layer_idx: int, policy: Policy, view: LayerView) -
     scores = policy.score(view) if policy.evicts else positions.float()
     if window is not None:
         scores = scores.masked_fill(positions <= view.next_position - window, float("-inf"))
+    if policy.removes_first:
+        scores = scores.masked_fill(positions < policy.removes_first, float("-inf"))
     scores = scores.masked_fill(positions == FREE, float("inf"))  # free slots are not victims
     order = by_score_then_position(scores, positions)
     if count == 1:  # the steady decoding step: one reduction instead of a selection

@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from kvlab.budget import PYRAMID_BETA, pyramid_shares
 from kvlab.errors import KvlabError
 from kvlab.policies.base import KEEP, LayerView, Policy, param
 
@@ -68,15 +69,15 @@ class PyramidKV(SnapKV):
     """
 
     name: ClassVar[str] = "pyramidkv"
-    beta: int = param(20, minimum=1, help="how steeply the budget falls with depth (top layer: 1/beta of the mean)")
+    beta: int = param(
+        PYRAMID_BETA, minimum=1, help="how steeply the budget falls with depth (top layer: 1/beta of the mean)"
+    )
 
     def layer_budgets(self, budget: int, num_layers: int, capacity: int | None = None) -> list[int]:
         if num_layers == 1:
             return [budget]
         spare = budget - self.window
-        top = spare / self.beta
-        bottom = 2 * spare - top
-        shares = [bottom - (bottom - top) * layer / (num_layers - 1) for layer in range(num_layers)]
+        shares = pyramid_shares(spare, self.beta, num_layers)
         if capacity is not None:
             shares = _fill_up_to(shares, capacity - self.window)
         floors = [int(share) for share in shares]

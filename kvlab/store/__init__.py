@@ -16,13 +16,14 @@ from kvlab.store.connection import default_db_path
 from kvlab.store.errors import DB_ENV_VAR
 from kvlab.store.export import export_runs, export_trials
 from kvlab.store.queries import Store, open_store
-from kvlab.store.rows import EndStatus, RunConfig, RunFilter, SweepRecord, SweepStatus, Trial, run_key
+from kvlab.store.rows import ClaimRecord, EndStatus, RunConfig, RunFilter, SweepRecord, SweepStatus, Trial, run_key
 from kvlab.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 __all__ = [
     "DB_ENV_VAR",
     "MIGRATIONS",
     "SCHEMA_VERSION",
+    "ClaimRecord",
     "EndStatus",
     "RunConfig",
     "RunFilter",

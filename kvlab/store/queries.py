@@ -26,6 +26,7 @@ from kvlab.store.connection import default_db_path
 from kvlab.store.errors import is_disk_full, query_error
 from kvlab.store.rows import (
     FILTER_COLUMNS,
+    ClaimRecord,
     EndStatus,
     RunConfig,
     RunFilter,
@@ -40,6 +41,12 @@ from kvlab.store.rows import (
 Cursor = duckdb.DuckDBPyConnection
 T = TypeVar("T")
 
+#: Perplexity and KL of a group of trials over all their scored tokens: the exponential of the token-weighted mean
+#: negative log-likelihood, and the token-weighted mean KL (NULL for trials that scored none).
+_QUALITY = (
+    "exp(sum(nll * scored_tokens) / sum(scored_tokens)) AS perplexity, "
+    "sum(kl * scored_tokens) / sum(scored_tokens) AS kl"
+)
 _WRITE_ATTEMPTS = 20
 _RETRY_PAUSE_S = 0.002
 _SKIP_EXISTING = " ON CONFLICT DO NOTHING RETURNING trial_key"
@@ -208,14 +215,15 @@ class Store:
         ]
 
     def list_runs(self, filters: RunFilter = RunFilter()) -> pd.DataFrame:
-        """Runs matching ``filters``, oldest first, with their number of trials and accuracy (NaN without trials)."""
+        """Runs matching ``filters``, oldest first, with their number of trials, accuracy, and for passes over a text
+        perplexity and KL (each NaN where no trial has it: a text has no answer, a needle no perplexity)."""
         where, params = _where(filters)
         return self._read(
             f"""
-            SELECT r.*, coalesce(t.trials, 0) AS trials, t.accuracy, t.exact_accuracy
+            SELECT r.*, coalesce(t.trials, 0) AS trials, t.accuracy, t.exact_accuracy, t.perplexity, t.kl
             FROM runs r LEFT JOIN (
                 SELECT run_id, count(*) AS trials, avg(correct::DOUBLE) AS accuracy,
-                       avg(exact::DOUBLE) AS exact_accuracy
+                       avg(exact::DOUBLE) AS exact_accuracy, {_QUALITY}
                 FROM trials GROUP BY run_id
             ) t USING (run_id)
             WHERE {where} ORDER BY r.run_id
@@ -240,13 +248,15 @@ class Store:
         )
 
     def accuracy_frontier(self, filters: RunFilter = RunFilter()) -> pd.DataFrame:
-        """Accuracy and memory per (policy, mode, keep, budget_tokens), for accuracy-against-memory frontiers.
+        """Accuracy and memory per (policy, mode, keep, budget_tokens), for accuracy-against-memory frontiers; for
+        passes over a text, perplexity and KL over all their scored tokens.
 
         Also grouped by model and task: averaging over different models or tasks would mix unlike things.
         """
         return self._read_trials(
             "r.model, r.task, r.policy, r.mode, r.keep, r.budget_tokens, count(DISTINCT run_id) AS runs, "
             "count(*) AS trials, avg(t.correct::DOUBLE) AS accuracy, avg(t.exact::DOUBLE) AS exact_accuracy, "
+            f"{_QUALITY}, "
             "avg(t.kv_bytes) AS mean_kv_bytes, avg(t.peak_kv_bytes) AS mean_peak_kv_bytes, "
             "avg(t.kept_tokens) AS mean_kept_tokens",
             filters,
@@ -315,6 +325,25 @@ class Store:
         """A cursor for the current unit of work, closed afterwards."""
         with connection.cursor(self.path, write=write) as cursor:
             yield cursor
+
+    # --- the articles' claims ----------------------------------------------------------------------------------
+
+    def replace_claims(self, rows: Iterable[ClaimRecord]) -> int:
+        """Make the claims table exactly ``rows``, in one transaction, so that a reader never sees half of one
+        evaluation and half of the last; returns how many rows it holds."""
+        records = [dataclasses.asdict(row) for row in rows]
+
+        def replace(cursor: Cursor) -> int:
+            cursor.execute("DELETE FROM claims")
+            for record in records:
+                cursor.execute(_insert_sql("claims", record), list(record.values()))
+            return len(records)
+
+        return self._write(replace)
+
+    def claims_frame(self) -> pd.DataFrame:
+        """The claims as last evaluated, one row per claim in the catalogue's numeric order."""
+        return self._read("SELECT * FROM claims ORDER BY try_cast(claim_id AS INTEGER), claim_id", [])
 
 
 def _is_collision(exc: duckdb.Error) -> bool:

@@ -22,21 +22,24 @@ EndStatus = Literal["finished", "interrupted"]
 SweepStatus = Literal["queued", "running", "finished", "stopped", "failed", "interrupted"]
 
 #: Bumped when the meaning of a run's identity changes, so that keys of the new meaning never equal older ones:
-#: version 1 (schema 2 to 4) left out generation settings, the tokenizer and the task's content.
-IDENTITY_VERSION = 2
+#: version 1 (schema 2 to 4) left out generation settings, the tokenizer and the task's content; version 2 counted
+#: the model's name as typed even when the weights' hash was known.
+IDENTITY_VERSION = 3
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that can change a run's results; :func:`run_key` hashes exactly these fields and kvlab's version.
 
-    ``keep`` is the kept fraction of the context and ``budget_tokens`` a fixed token budget; a run sets one of them
-    (or neither, for the full cache). ``task`` names the prompts for people (``needle``, ``jsonl:<file>``, ``text``);
-    ``task_hash`` identifies their content (the items themselves, or for generated needles everything they are
-    generated from), so a changed file or haystack is a different run. ``context_length`` is the target length when
-    the run has one. ``stop_rule`` says which tokens end an answer (``eos``, or ``eos+line`` for one-line answers).
-    ``layout`` is the KV heap's layout and ``compact_at`` the threshold layout's dead share (``None`` otherwise).
-    Build them with :mod:`kvlab.records`, which fills every field from the loaded model and the engine's settings.
+    ``model`` is the model's portable name (a hub id, or a directory's or GGUF file's last component, never a local
+    path), which identifies the run only when ``weights_hash`` is unknown. ``keep`` is the kept fraction of the context
+    and ``budget_tokens`` a fixed token budget; a run sets one of them (or neither, for the full cache). ``task`` names
+    the prompts for people (``needle``, ``jsonl:<file>``, ``text``); ``task_hash`` identifies their content (the items
+    themselves, or for generated needles everything they are generated from), so a changed file or haystack is a
+    different run. ``context_length`` is the target length when the run has one. ``stop_rule`` says which tokens end an
+    answer (``eos``, or ``eos+line`` for one-line answers). ``layout`` is the KV heap's layout and ``compact_at`` the
+    threshold layout's dead share (``None`` otherwise). Build them with :mod:`kvlab.records`, which fills every field
+    from the loaded model and the engine's settings.
     """
 
     model: str
@@ -70,13 +73,15 @@ class Trial:
     Byte counts are of the KV cache as physically held: ``kv_bytes`` of the slots holding a token at the end of the
     trial and ``peak_kv_bytes`` at the most; ``kv_reserved_bytes`` and ``peak_kv_reserved_bytes`` of the heap's
     tensors; ``compactions`` counts the heap's compactions. ``peak_gpu_bytes`` is the device's peak allocation during
-    the trial's batch, where there is a GPU.
+    the trial's batch, where there is a GPU. A trial that reads a text instead of answering a question
+    (:mod:`kvlab.tasks.quality`) has no ``correct`` answer; it records the ``scored_tokens`` it predicted, their
+    mean negative log-likelihood ``nll`` and mean KL divergence ``kl`` from the full cache's predictions.
     """
 
     trial_key: str
     task_id: str
     context_tokens: int
-    correct: bool
+    correct: bool | None
     exact: bool | None = None
     depth: float | None = None
     expected: str | None = None
@@ -91,6 +96,9 @@ class Trial:
     kv_reserved_bytes: int | None = None
     peak_kv_reserved_bytes: int | None = None
     compactions: int | None = None
+    scored_tokens: int | None = None
+    nll: float | None = None
+    kl: float | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,24 @@ FILTER_COLUMNS: dict[str, str] = {
 
 
 @dataclass(frozen=True)
+class ClaimRecord:
+    """One quantitative claim of the source articles as kvlab last evaluated it: the claim, kvlab's ``figure`` (or
+    the ``reason`` there is none), the ``verdict``, the ``model`` and ``device`` the figure came from, and the
+    ``command`` that reproduces it. Built by :mod:`kvlab.claims`; the store only keeps the latest evaluation."""
+
+    claim_id: str
+    article: str
+    claim: str
+    figure: str | None
+    verdict: str
+    reason: str | None
+    model: str | None
+    device: str | None
+    command: str
+    refreshed_at: datetime
+
+
+@dataclass(frozen=True)
 class SweepRecord:
     """A stored sweep: its grid (``spec``, the JSON object it was started with), where it stands, why it failed
     (``message``), who started it first, and when it was created and last changed (UTC)."""
@@ -135,9 +161,12 @@ def run_key(config: RunConfig) -> str:
     as canonical JSON.
 
     Fields that are ``None`` are left out, so that a setting a run does not have (no budget for the full cache) does
-    not count. kvlab's version is part of it because the code is part of the experiment.
+    not count. The model's name counts only when the weights' hash is unknown: the same weights under another
+    path or name are the same model. kvlab's version is part of it because the code is part of the experiment.
     """
     identity = {name: value for name, value in dataclasses.asdict(config).items() if value is not None}
+    if config.weights_hash is not None:
+        del identity["model"]
     identity["identity_version"] = IDENTITY_VERSION
     identity["kvlab_version"] = kvlab.__version__
     return hashlib.sha256(canonical_json(identity).encode()).hexdigest()

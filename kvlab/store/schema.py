@@ -206,6 +206,35 @@ def v6_heap_layouts(cursor: Cursor) -> None:
     )
 
 
+def v7_quality_and_claims(cursor: Cursor) -> None:
+    """Quality beyond needles and the articles' claims. A trial may score a text instead of answering a question:
+    ``scored_tokens`` next tokens of a held-out text read under the run's cache, their mean negative
+    log-likelihood (``nll``, so perplexity is ``exp(nll)``) and the mean KL divergence of each step's next-token
+    distribution from the full cache's (``kl``); such a trial has no ``correct`` answer, so ``correct`` may be NULL.
+    And ``claims`` holds, per quantitative claim of the articles, kvlab's figure, its verdict, where the figure came
+    from (model and device), the command that reproduces it and when it was last refreshed."""
+    cursor.execute(
+        """
+        ALTER TABLE trials ALTER COLUMN correct DROP NOT NULL;
+        ALTER TABLE trials ADD COLUMN scored_tokens BIGINT;
+        ALTER TABLE trials ADD COLUMN nll DOUBLE;
+        ALTER TABLE trials ADD COLUMN kl DOUBLE;
+        CREATE TABLE claims (
+            claim_id VARCHAR PRIMARY KEY,
+            article VARCHAR NOT NULL,
+            claim VARCHAR NOT NULL,
+            figure VARCHAR,
+            verdict VARCHAR NOT NULL,
+            reason VARCHAR,
+            model VARCHAR,
+            device VARCHAR,
+            command VARCHAR NOT NULL,
+            refreshed_at TIMESTAMP NOT NULL
+        );
+        """
+    )
+
+
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
 MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v1_initial,
@@ -214,6 +243,7 @@ MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v4_sweeps,
     v5_identity_and_marker,
     v6_heap_layouts,
+    v7_quality_and_claims,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The first version with the marker; older kvlab databases are recognised by their tables and columns.

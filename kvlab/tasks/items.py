@@ -65,25 +65,44 @@ def from_needle(item: NeedleItem, index: int) -> TaskItem:
     )
 
 
-def _has_chat_template(tokenizer: Any) -> bool:
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether the tokenizer's model expects its prompts in a chat template."""
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def prompt_ids(tokenizer: Any, context: str, question: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Context and question ids for a model: the needle format for base models, a chat turn for chat models.
+def _user_turn(tokenizer: Any, content: str) -> str:
+    """``content`` as one user turn with the assistant's turn opened, rendered by the model's chat template."""
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+
+
+def _bos(tokenizer: Any) -> tuple[int, ...]:
+    return (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
+
+
+def text_ids(tokenizer: Any, text: str, *, chat: bool = True) -> tuple[int, ...]:
+    """A prompt's ids: for a model with a chat template the text as one user turn (the model answers it, as it was
+    trained to), unless ``chat`` is off; otherwise the text as it is after the model's BOS."""
+    if chat and has_chat_template(tokenizer):
+        return tuple(encode(tokenizer, _user_turn(tokenizer, text)))
+    return _bos(tokenizer) + tuple(encode(tokenizer, text))
+
+
+def prompt_ids(
+    tokenizer: Any, context: str, question: str, *, chat: bool = True
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Context and question ids for a model: the needle format for base models (and for chat models with ``chat``
+    off), a chat turn for chat models.
 
     For chat models the rendered conversation is split where the question begins, so that the question (and the
     end of the user turn) can still be read after compression.
     """
-    if _has_chat_template(tokenizer):
+    if chat and has_chat_template(tokenizer):
         marker = "\u2063kvlab-question\u2063"
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"{context}\n\n{marker}"}], tokenize=False, add_generation_prompt=True
-        )
-        head, _, tail = rendered.partition(marker)
+        head, _, tail = _user_turn(tokenizer, f"{context}\n\n{marker}").partition(marker)
         return tuple(encode(tokenizer, head)), tuple(encode(tokenizer, question + tail))
-    bos = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
-    return bos + tuple(encode(tokenizer, context)), tuple(
+    return _bos(tokenizer) + tuple(encode(tokenizer, context)), tuple(
         encode(tokenizer, f"{QUESTION_PREFIX}{question}{ANSWER_PREFIX}")
     )
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from kvlab.catalog import ModelEntry
 from kvlab.errors import KvlabError, shown_name
 
 #: Environment variable with the comma-separated hub ids or model directories the server may load (empty: any).
@@ -28,8 +29,8 @@ ALLOWED_HOSTS_ENV = "KVLAB_ALLOWED_HOSTS"
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 #: What the model box answers for any name that leads to no loadable model, whether or not a file is there.
 NOT_A_MODEL = (
-    "{name} is not a model this server can load: give a hub id, or the directory of a decoder-only "
-    "causal language model with its config.json, tokenizer and weights."
+    "{name} is not a model this server can load: give a hub id, a GGUF file, or the directory of a "
+    "decoder-only causal language model with its config.json, tokenizer and weights."
 )
 
 
@@ -41,8 +42,16 @@ def allowed_models(env: Mapping[str, str] = os.environ) -> tuple[str, ...]:
 def _identity(name: str) -> str:
     """A model name compared by what it loads: an existing directory by its resolved path (so ``./x``, ``x/`` and
     ``/abs/x`` are one model, and ``..`` cannot step out of an allowed directory), a hub id as written."""
-    path = Path(name.strip()).expanduser()
-    return str(path.resolve()) if path.exists() else name.strip()
+    try:
+        path = Path(name.strip()).expanduser()
+        return str(path.resolve()) if path.exists() else name.strip()
+    except (OSError, ValueError, RuntimeError):  # a name no file system accepts names no path
+        return name.strip()
+
+
+def same_model(first: str, second: str) -> bool:
+    """Whether two model names load the same thing (``./x``, ``x/`` and ``/abs/x`` are one directory)."""
+    return _identity(first) == _identity(second)
 
 
 def check_model_allowed(name: str, allowed: Sequence[str]) -> None:
@@ -77,13 +86,22 @@ def host_allowed(header: str | None, allowed: Sequence[str]) -> bool:
     return header is None or host_name(header) in allowed
 
 
+def pickable_models(entries: Sequence[ModelEntry], allowed: Sequence[str]) -> list[ModelEntry]:
+    """The models found on this machine that this server may load (all of them without an allow-list)."""
+    return [entry for entry in entries if not allowed or _is_allowed(entry.name, allowed)]
+
+
+def _is_allowed(name: str, allowed: Sequence[str]) -> bool:
+    try:
+        check_model_allowed(name, allowed)
+    except KvlabError:
+        return False
+    return True
+
+
 def initial_model(default: str, allowed: Sequence[str]) -> str:
     """The model the picker starts with: the default model, or the first allowed one when the default is not."""
-    try:
-        check_model_allowed(default, allowed)
-    except KvlabError:
-        return allowed[0]
-    return default
+    return default if _is_allowed(default, allowed) else allowed[0]
 
 
 def login_providers(auth: Mapping[str, Any]) -> list[str | None]:

@@ -94,7 +94,7 @@ def model_spec_from_json(text: str, params_billions: float, name: str = "pasted 
 def model_spec_from_loaded(loaded: LoadedModel) -> ModelSpec:
     """The loaded model, priced by its own config and its counted parameters."""
     params = sum(parameter.numel() for parameter in loaded.model.parameters())
-    return ModelSpec(loaded.name, loaded.model.config, float(params), source="loaded model")
+    return ModelSpec(loaded.source.label, loaded.model.config, float(params), source="loaded model")
 
 
 def gpu_spec(name: str, memory_gib: float, bandwidth_gb_s: float, tflops: float, price_per_hour: float) -> GpuSpec:

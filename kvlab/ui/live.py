@@ -35,7 +35,7 @@ from kvlab.records import batch_trials, needle_sources_hash, run_config, stops_f
 from kvlab.store import RunConfig, Store, Trial
 from kvlab.store.export import frame_bytes, record_frame
 from kvlab.tasks.facts import TEMPLATES, make_fact
-from kvlab.tasks.items import TaskItem, item_hash, prompt_ids, stop_token_ids
+from kvlab.tasks.items import TaskItem, item_hash, prompt_ids, stop_token_ids, text_ids
 from kvlab.tasks.needle import Haystack, build_needle, encode, fact_piece, load_haystacks, score
 from kvlab.ui.device_queue import DeviceQueue, Waiting
 
@@ -55,12 +55,14 @@ class TextTask:
     """A text the user pasted or uploaded, an optional question about it and the expected answer.
 
     Without a question the model simply continues the text; without an answer the run is shown but not stored,
-    since it cannot be scored.
+    since it cannot be scored. ``chat``: a model with a chat template reads the text (and question) as one user
+    turn and answers in its own, as it was trained to; off, it reads the text as it is.
     """
 
     context: str
     question: str = ""
     answer: str = ""
+    chat: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ class LivePrompt:
 
     ``task_hash`` identifies the task's content (a pasted text with its question and answer, or what generated
     needles are made from); ``needle`` is the ``[start, end)`` token range of the fact sentence when there is one,
-    so the page can show whether those tokens survived.
+    so the page can show whether those tokens survived. ``chat`` says whether a chat model reads it in its chat
+    template (and so answers in its own turn).
     """
 
     context_ids: tuple[int, ...]
@@ -83,6 +86,7 @@ class LivePrompt:
     depth: float | None = None
     needle: tuple[int, int] | None = None
     seed: int | None = None
+    chat: bool = True
 
     @property
     def context_tokens(self) -> int:
@@ -142,10 +146,9 @@ def build_prompt(loaded: LoadedModel, task: NeedleTask | TextTask) -> LivePrompt
         raise KvlabError("There is no text to read; paste a text or upload a UTF-8 text file.")
     loaded.limits.check_text(task.context + task.question, "The text")
     if task.question.strip():
-        context_ids, question_ids = prompt_ids(tokenizer, task.context, task.question.strip())
+        context_ids, question_ids = prompt_ids(tokenizer, task.context, task.question.strip(), chat=task.chat)
     else:
-        bos = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
-        context_ids, question_ids = bos + tuple(encode(tokenizer, task.context)), ()
+        context_ids, question_ids = text_ids(tokenizer, task.context, chat=task.chat), ()
     answer = task.answer.strip() or None
     digest = item_hash(context_ids, question_ids, answer)
     return LivePrompt(
@@ -157,6 +160,7 @@ def build_prompt(loaded: LoadedModel, task: NeedleTask | TextTask) -> LivePrompt
         task_id=f"text-{digest[:8]}",
         trial_key=f"live/text={digest[:16]}",
         question=task.question.strip(),
+        chat=task.chat,
     )
 
 
@@ -345,7 +349,9 @@ class LiveRun:
     def __init__(self, loaded: LoadedModel, prompt: LivePrompt, settings: LiveSettings) -> None:
         policy = make_policy(settings.policy, **settings.params)
         budget = settings.budget if policy.evicts else None
-        self.stops = stops_for(loaded, one_line_answers=prompt.answer is not None or bool(prompt.question_ids))
+        self.stops = stops_for(
+            loaded, one_line_answers=prompt.answer is not None or bool(prompt.question_ids), chat=prompt.chat
+        )
         self.spec = RunSpec(
             policy,
             budget,

@@ -17,6 +17,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 from streamlit.runtime.pages_manager import PagesManager
 
+from kvlab.catalog import ModelEntry, available_models
 from kvlab.errors import KvlabError, NotAModel
 from kvlab.guard import log_to_server
 from kvlab.models import LoadedModel, default_model, load_model
@@ -30,6 +31,8 @@ from kvlab.ui.access import (
     initial_model,
     login_providers,
     model_refusal,
+    pickable_models,
+    same_model,
     user_label,
 )
 from kvlab.ui.device_queue import Waiting
@@ -40,6 +43,7 @@ _LOGGER = logging.getLogger(__name__)
 
 APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
 MODEL_KEY = "kvlab_model_name"
+PICK_KEY = "kvlab_model_pick"
 LOADED_KEY = "kvlab_loaded_model"
 
 
@@ -163,18 +167,32 @@ def model_name() -> str:
 
 
 def model_sidebar() -> LoadedModel | None:
-    """The sidebar's model picker: a hub id or a local directory, loaded with a spinner the first time; a model
-    that cannot be loaded, or that the server does not allow, is one sentence in the sidebar, and the pages that
-    need no model keep working."""
+    """The sidebar's model picker: the models found on this machine (shipped, installed from the package registry,
+    in the Hugging Face cache) in a list, and a box for any hub id, directory or GGUF file; the model is loaded with
+    a spinner the first time. A model that cannot be loaded, or that the server does not allow, is one sentence in
+    the sidebar, and the pages that need no model keep working."""
     allowed = allowed_models()
     st.session_state.setdefault(MODEL_KEY, initial_model(default_model(), allowed))
     sidebar = st.sidebar
+    found = {entry.name: entry for entry in pickable_models(found_models(), allowed)}
+    st.session_state.setdefault(PICK_KEY, _found_name(st.session_state[MODEL_KEY], found))
+    sidebar.selectbox(
+        "Models on this machine",
+        list(found),
+        format_func=lambda name: f"{found[name].label} ({found[name].where})",
+        key=PICK_KEY,
+        placeholder="another model, typed below",
+        on_change=_copy_pick,
+        help="Shipped with kvlab, installed published models, and models in the local Hugging Face cache.",
+    )
     only = f" This server loads only: {', '.join(allowed)}." if allowed else ""
     sidebar.text_input(
         "Model",
         key=MODEL_KEY,
-        help="A Hugging Face hub id (e.g. Qwen/Qwen2.5-0.5B) or a local "
-        "model directory. It is loaded once and shared by every session of this server." + only,
+        on_change=_match_pick,
+        args=(found,),
+        help="A Hugging Face hub id (e.g. Qwen/Qwen2.5-0.5B), a local model directory, or a GGUF file (a path, or "
+        "owner/repo/file.gguf). It is loaded once and shared by every session of this server." + only,
     )
     loaded: LoadedModel | None = None
     name = model_name()
@@ -197,11 +215,35 @@ def model_sidebar() -> LoadedModel | None:
                 f"{arch.model_type} · {arch.num_layers} layers · {arch.num_q_heads} query / {arch.num_kv_heads} KV "
                 f"heads · head dim {arch.head_dim}"
             )
+            + f"  \n{plain(loaded.source.label)}: {plain(loaded.source.describe())}"
             + f"  \nRunning on **{plain(loaded.device)}** in {loaded.dtype_name}"
         )
     sidebar.caption(f"Runs are stored in {plain(default_db_path())}")
     st.session_state[LOADED_KEY] = loaded
     return loaded
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def found_models() -> list[ModelEntry]:
+    """The models on this machine, looked for at most once a minute (the Hugging Face cache may grow)."""
+    return available_models()
+
+
+def _found_name(name: str, found: Mapping[str, ModelEntry]) -> str | None:
+    """The list entry for a typed model name, if the list has it (by what it loads, not how it is spelt)."""
+    return next((entry for entry in found if same_model(entry, name)), None)
+
+
+def _copy_pick() -> None:
+    """A model picked from the list becomes the typed name."""
+    picked = st.session_state.get(PICK_KEY)
+    if picked is not None:
+        st.session_state[MODEL_KEY] = picked
+
+
+def _match_pick(found: Mapping[str, ModelEntry]) -> None:
+    """A typed name selects its list entry, or none, so the list never shows another model than the box."""
+    st.session_state[PICK_KEY] = _found_name(str(st.session_state.get(MODEL_KEY, "")), found)
 
 
 def current_model() -> LoadedModel | None:

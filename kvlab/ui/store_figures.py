@@ -10,6 +10,7 @@ from plotly.subplots import make_subplots
 
 from kvlab.costs import CostEstimate
 from kvlab.costs.gpus import GIB
+from kvlab.ui.tables import METRICS, Metric
 
 ACCURACY_SCALE = [[0.0, "#b2182b"], [0.5, "#fddbc7"], [0.75, "#d1e5f0"], [1.0, "#2166ac"]]
 
@@ -67,9 +68,12 @@ def needle_heatmaps(cells: pd.DataFrame, max_panels: int = 6) -> go.Figure:
     return figure
 
 
-def frontier_figure(points: pd.DataFrame, x_title: str, bytes_axis: bool) -> go.Figure:
-    """Accuracy against memory, one line per policy and mode, the Pareto front circled. Byte axes are in MiB on a
-    logarithmic scale (budgets span orders of magnitude); the kept fraction is linear from 0 to 1."""
+def frontier_figure(
+    points: pd.DataFrame, x_title: str, bytes_axis: bool, metric: Metric = METRICS["accuracy"]
+) -> go.Figure:
+    """Quality against memory, one line per policy and mode, the Pareto front circled. Byte axes are in MiB on a
+    logarithmic scale (budgets span orders of magnitude); the kept fraction is linear from 0 to 1. Percentages span
+    0 to 100; a perplexity or a KL spans what was measured, its title saying that lower is better."""
     figure = go.Figure()
     if points.empty:
         figure.add_annotation(
@@ -78,26 +82,25 @@ def frontier_figure(points: pd.DataFrame, x_title: str, bytes_axis: bool) -> go.
         figure.update_layout(xaxis_visible=False, yaxis_visible=False, height=360)
         return figure
     divisor = float(1 << 20) if bytes_axis else 1.0
+    y_hover = "%{y:.0f}%" if metric.percent else "%{y:.4g}"
     colours = qualitative.Plotly
     for index, (line, group) in enumerate(points.groupby("line", sort=True)):
         figure.add_trace(
             go.Scatter(
                 x=group["x"] / divisor,
-                y=group["accuracy"],
+                y=group["y"],
                 mode="lines+markers",
                 name=line,
                 line=dict(color=colours[index % len(colours)]),
                 customdata=group[["label", "trials"]].to_numpy(),
-                hovertemplate=(
-                    "%{customdata[0]}<br>x %{x:.3g}<br>accuracy %{y:.0f}% (n=%{customdata[1]})<extra></extra>"
-                ),
+                hovertemplate=f"%{{customdata[0]}}<br>x %{{x:.3g}}<br>{y_hover} (n=%{{customdata[1]}})<extra></extra>",
             )
         )
     front = points[points["front"]].sort_values("x")
     figure.add_trace(
         go.Scatter(
             x=front["x"] / divisor,
-            y=front["accuracy"],
+            y=front["y"],
             mode="markers+lines",
             name="Pareto front",
             line=dict(color="black", dash="dot", shape="hv", width=1),
@@ -113,7 +116,7 @@ def frontier_figure(points: pd.DataFrame, x_title: str, bytes_axis: bool) -> go.
             type="log" if bytes_axis else "linear",
             range=None if bytes_axis else [0, 1.05],
         ),
-        yaxis=dict(title="accuracy (%)", range=[-3, 103]),
+        yaxis=dict(title=metric.title, range=[-3, 103] if metric.percent else None),
         legend=dict(orientation="h", y=-0.25),
     )
     return figure

@@ -7,19 +7,43 @@ with the number of trials behind them, so a 100 % from one trial is not mistaken
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from kvlab.policies import is_full_cache
+from kvlab.policies import POLICIES, is_full_cache
 
 FRONTIER_AXES: dict[str, str] = {
     "keep": "kept fraction of the context",
     "kv_bytes": "KV bytes held at the end (measured)",
     "peak_kv_bytes": "peak KV bytes (measured)",
 }
-METRICS: dict[str, str] = {"accuracy": "answer contained in the output", "exact_accuracy": "exact match"}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A quality axis of the frontier: its title, whether higher values are better, and whether it is a share
+    shown in percent."""
+
+    title: str
+    higher_is_better: bool = True
+    percent: bool = False
+
+    @property
+    def scale(self) -> float:
+        """The factor a stored value is shown with."""
+        return 100.0 if self.percent else 1.0
+
+
+#: The frontier's quality axes, by the column of ``Store.accuracy_frontier`` they read.
+METRICS: dict[str, Metric] = {
+    "accuracy": Metric("answer contained in the output (%)", percent=True),
+    "exact_accuracy": Metric("exact match (%)", percent=True),
+    "perplexity": Metric("perplexity of a held-out text (lower is better)", higher_is_better=False),
+    "kl": Metric("KL from the full cache, nats per token (lower is better)", higher_is_better=False),
+}
 
 
 def _present(value: object) -> bool:
@@ -72,8 +96,10 @@ def needle_grid(by_depth: pd.DataFrame, runs: pd.DataFrame, depth_bins: int = 11
 
 
 def at_budget(runs: pd.DataFrame, keep: float) -> pd.DataFrame:
-    """The runs at kept fraction ``keep``, and the full cache (the ceiling every budget is measured against)."""
-    return runs[runs["policy"].map(is_full_cache) | (runs["keep"].astype(float).sub(keep).abs() < 1e-9)]
+    """The runs at kept fraction ``keep``, and those of the policies that take no budget: the full cache (the
+    ceiling every budget is measured against) and the first-token ablation."""
+    budgetless = runs["policy"].map(lambda name: name in POLICIES and not POLICIES[name].evicts)
+    return runs[budgetless | (runs["keep"].astype(float).sub(keep).abs() < 1e-9)]
 
 
 def _matching(runs: pd.DataFrame, equal: dict[str, object]) -> pd.DataFrame:
@@ -96,26 +122,28 @@ def most_runs(runs: pd.DataFrame, column: str, **equal: object) -> list:
     )
 
 
-def pareto_front(cost: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
-    """Which points no other point beats: none has lower or equal cost with higher or equal accuracy, and one of
-    them strictly."""
-    cost, accuracy = np.asarray(cost, dtype=float), np.asarray(accuracy, dtype=float)
+def pareto_front(cost: np.ndarray, value: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
+    """Which points no other point beats: none has lower or equal cost with a value as good or better (higher, or
+    lower where lower is better), and one of them strictly."""
+    cost = np.asarray(cost, dtype=float)
+    good = np.asarray(value, dtype=float) * (1.0 if higher_is_better else -1.0)
     front = np.ones(len(cost), dtype=bool)
     for i in range(len(cost)):
-        dominated = (cost <= cost[i]) & (accuracy >= accuracy[i]) & ((cost < cost[i]) | (accuracy > accuracy[i]))
+        dominated = (cost <= cost[i]) & (good >= good[i]) & ((cost < cost[i]) | (good > good[i]))
         front[i] = not dominated.any()
     return front
 
 
 def frontier_points(frontier: pd.DataFrame, axis: str = "keep", metric: str = "accuracy") -> pd.DataFrame:
-    """Points of an accuracy-against-memory chart from ``Store.accuracy_frontier``: one row per (policy, mode,
-    budget) with ``x`` on the chosen axis (a key of :data:`FRONTIER_AXES`), ``accuracy`` (a key of :data:`METRICS`)
-    in percent, ``trials``, the ``line`` it belongs to (policy and mode) and whether it is on the Pareto ``front``.
+    """Points of a quality-against-memory chart from ``Store.accuracy_frontier``: one row per (policy, mode, budget)
+    with ``x`` on the chosen axis (a key of :data:`FRONTIER_AXES`), ``y`` the chosen quality (a key of
+    :data:`METRICS`, accuracies in percent), ``trials``, the ``line`` it belongs to (policy and mode) and whether it
+    is on the Pareto ``front`` (in the metric's own direction: lower perplexity and KL are better).
 
     On the kept-fraction axis the full cache sits at 1 and runs with a token budget are left out (their fraction
     differs per context length); on the byte axes every run has a measured value.
     """
-    columns = ["line", "label", "policy", "mode", "x", "accuracy", "trials", "front"]
+    columns = ["line", "label", "policy", "mode", "x", "y", "trials", "front"]
     if frontier.empty:
         return pd.DataFrame(columns=columns)
     points = frontier.copy()
@@ -130,8 +158,9 @@ def frontier_points(frontier: pd.DataFrame, axis: str = "keep", metric: str = "a
     points["label"] = [
         run_label(*row) for row in points[["policy", "mode", "keep", "budget_tokens"]].itertuples(index=False)
     ]
-    points["accuracy"] = 100 * points[metric].astype(float)
-    points["front"] = pareto_front(points["x"].to_numpy(), points["accuracy"].to_numpy())
+    shown = METRICS[metric]
+    points["y"] = shown.scale * points[metric].astype(float)
+    points["front"] = pareto_front(points["x"].to_numpy(), points["y"].to_numpy(), shown.higher_is_better)
     return points.sort_values(["line", "x"])[columns].reset_index(drop=True)
 
 
@@ -148,6 +177,8 @@ RUN_COLUMNS: dict[str, str] = {
     "trials": "trials",
     "accuracy": "accuracy %",
     "exact_accuracy": "exact %",
+    "perplexity": "perplexity",
+    "kl": "KL (nats)",
     "device": "device",
     "dtype": "dtype",
     "started_at": "started (UTC)",
@@ -156,12 +187,15 @@ RUN_COLUMNS: dict[str, str] = {
 
 
 def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """``Store.list_runs`` for display: newest first, budgets as words, accuracies in percent."""
+    """``Store.list_runs`` for display: newest first, budgets as words, accuracies in percent, a text's perplexity
+    and KL from the full cache (blank where a run has none)."""
     table = runs.copy()
     table["budget"] = [budget_label(k, b) for k, b in zip(table["keep"], table["budget_tokens"])]
     table["model"] = table["model"].map(short_model_name)
     for column in ("accuracy", "exact_accuracy"):
         table[column] = (100 * table[column].astype(float)).round(1)
+    table["perplexity"] = table["perplexity"].astype(float).round(3)
+    table["kl"] = table["kl"].astype(float).round(4)
     return table[list(RUN_COLUMNS)].rename(columns=RUN_COLUMNS).iloc[::-1].reset_index(drop=True)
 
 
@@ -208,6 +242,8 @@ def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
             "trials": str(int(run.trials)),
             "accuracy %": _number(100 * run.accuracy),
             "exact match %": _number(100 * run.exact_accuracy),
+            "perplexity of the text": _number(run.perplexity, 3),
+            "KL from the full cache (nats per token)": _number(run.kl, 4),
             "mean tokens kept per layer": _number(None if mean is None else mean["kept_tokens"]),
             "mean KV bytes at end (measured)": _number(None if mean is None else mean["kv_bytes"], 0),
             "mean peak KV bytes (measured)": _number(None if mean is None else mean["peak_kv_bytes"], 0),

@@ -1,0 +1,248 @@
+"""What measured claims are evaluated against: the runs of one kvlab store, and the benchmark results the repository
+keeps (attention profiles, short-context timings).
+
+Only reads: the frames a claim needs are fetched once per evaluation, and nothing here imports torch, so the
+command line and the dashboard evaluate every claim in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pandas as pd
+
+from kvlab.claims.needle import CLAIM_CONTEXT
+from kvlab.store import RunFilter, Store, default_db_path
+
+REPO = Path(__file__).resolve().parents[2]
+#: The store of GPU-measured evidence shipped with kvlab; ``kvlab claims`` reads it when it exists.
+EVIDENCE_DB = REPO / "data" / "runs" / "claims.duckdb"
+#: Where the benchmarks write their JSON results: ``attention/`` (``bench/attention_profile.py``) and ``overhead/``
+#: (``bench/short_context_overhead.py``), one file per model.
+RESULTS_DIR = REPO / "bench" / "results"
+QUALITY_PREFIX = "quality:"
+#: The context lengths (tokens) of the short-context overhead claim: "under 4K tokens".
+SHORT_CONTEXTS = (1024, 4096)
+
+
+def default_claims_db(env: Mapping[str, str] = os.environ) -> Path:
+    """The store ``kvlab claims`` and the Claims page evaluate by default: the shipped evidence store when there
+    is one, else the user's default store (``$KVLAB_DB`` and so on)."""
+    return EVIDENCE_DB if EVIDENCE_DB.is_file() else default_db_path(env)
+
+
+def model_name(stored: str) -> str:
+    """A stored model name as a reader knows it: a local directory inside the repository relative to it (the
+    shipped model is ``data/models/kvlab-tiny-llama`` wherever the checkout lies), anything else as stored."""
+    path = Path(stored)
+    return shown_path(path) if path.is_absolute() else stored
+
+
+def shown_path(path: Path) -> str:
+    """A path as a command line shows it: relative to the repository root (where the commands are run) when it
+    lies inside it, else absolute."""
+    resolved = path.expanduser().resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(resolved)
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One layer of an attention profile: the attention share on the first token and the attention entropy
+    (nats), each averaged over heads and queries."""
+
+    layer: int
+    first_token_share: float
+    entropy: float
+
+
+@dataclass(frozen=True)
+class AttentionProfile:
+    """A model's attention profile as ``bench/attention_profile.py`` writes it, with the command that wrote it."""
+
+    model: str
+    device: str
+    command: str
+    layers: tuple[LayerProfile, ...]
+
+
+def _object(data: Any, keys: Sequence[str]) -> dict[str, Any]:
+    """``data`` if it is a JSON object with ``keys``; ``ValueError`` saying what is missing."""
+    if not isinstance(data, dict):
+        raise ValueError("it is not a JSON object")
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise ValueError(f"it has no {', '.join(missing)}")
+    return data
+
+
+def parse_profile(data: Any) -> AttentionProfile:
+    """An :class:`AttentionProfile` from a profile's JSON object; ``ValueError`` saying what is wrong."""
+    data = _object(data, ("model", "device", "command", "layers"))
+    try:
+        layers = tuple(
+            LayerProfile(int(row["layer"]), float(row["first_token_share"]), float(row["entropy"]))
+            for row in data["layers"]
+        )
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("its layers are not {layer, first_token_share, entropy} objects") from None
+    if not layers:
+        raise ValueError("it has no layers")
+    return AttentionProfile(str(data["model"]), str(data["device"]), str(data["command"]).strip(), layers)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One evicting configuration timed against the full cache at one context length: the ratios of its total
+    time (reading the prompt with its compression, then decoding) and of its decoding alone to the full cache's."""
+
+    context: int
+    policy: str
+    total_vs_full: float
+    decode_vs_full: float
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """A model's short-context timings as ``bench/short_context_overhead.py`` writes them."""
+
+    model: str
+    device: str
+    command: str
+    mode: str
+    timings: tuple[Timing, ...]
+
+
+def parse_overhead(data: Any) -> Overhead:
+    """An :class:`Overhead` from the benchmark's JSON object (the full cache's own rows, which have no ratios,
+    left out); ``ValueError`` saying what is wrong."""
+    data = _object(data, ("model", "device", "command", "mode", "rows"))
+    try:
+        timings = tuple(
+            Timing(int(row["context"]), str(row["policy"]), float(row["total_vs_full"]), float(row["decode_vs_full"]))
+            for row in data["rows"]
+            if "total_vs_full" in row
+        )
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("its rows are not {context, policy, total_vs_full, decode_vs_full} objects") from None
+    if not timings:
+        raise ValueError("it times no evicting policy")
+    return Overhead(str(data["model"]), str(data["device"]), str(data["command"]).strip(), str(data["mode"]), timings)
+
+
+T = TypeVar("T")
+
+
+def read_results(directory: Path, parse: Callable[[Any], T], what: str) -> tuple[list[T], list[str]]:
+    """Every JSON result in ``directory`` read by ``parse``, and one sentence per file that is not one."""
+    found: list[T] = []
+    problems: list[str] = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            found.append(parse(json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as error:
+            problems.append(f"{shown_path(path)} is not {what} ({error})")
+    return found, problems
+
+
+@dataclass(frozen=True)
+class Group:
+    """The trials of one model (and device, where timing is compared), with the names the claim reports."""
+
+    trials: pd.DataFrame
+    model: str
+    device: str
+
+
+def largest_group(
+    trials: pd.DataFrame, keys: Sequence[str], having: Callable[[pd.DataFrame], bool] | None = None
+) -> Group | None:
+    """The trials of the ``keys`` group with the most trials among those ``having`` what a claim compares (a store
+    may hold several models and texts; comparing across them would mix unlike things), with its model and devices;
+    None when no group has it."""
+    groups = [
+        group for _, group in trials.groupby(list(keys), dropna=False, sort=True) if having is None or having(group)
+    ]
+    if not groups:
+        return None
+    group = max(groups, key=len)
+    devices = sorted(str(device) for device in group["device"].dropna().unique())
+    return Group(group, model_name(str(group["model"].iloc[0])), ", ".join(devices) or "unknown device")
+
+
+class Evidence:
+    """The store ``path`` (``store`` is None when there is no file there yet) and the benchmark results under
+    ``results``, each read lazily and once."""
+
+    def __init__(
+        self, store: Store | None, path: Path, results: Path = RESULTS_DIR, *, model: str | None = None
+    ) -> None:
+        self.store = store
+        self.path = path
+        self.results = results
+        self.model = model
+
+    @property
+    def models(self) -> list[str]:
+        """The models the store holds runs of, by name."""
+        return sorted(str(name) for name in self.runs["model"].dropna().unique()) if not self.runs.empty else []
+
+    def of_model(self, model: str) -> Evidence:
+        """The same evidence, with only the runs of ``model``: figures of different models are never pooled."""
+        return Evidence(self.store, self.path, self.results, model=model)
+
+    @property
+    def db(self) -> str:
+        """The store as commands name it."""
+        return shown_path(self.path)
+
+    @cached_property
+    def runs(self) -> pd.DataFrame:
+        """Every run with its trial count (of :attr:`model` alone when one is set; empty without a store)."""
+        runs = self.store.list_runs() if self.store is not None else pd.DataFrame()
+        return runs[runs["model"] == self.model] if self.model is not None and not runs.empty else runs
+
+    def _trials_of(self, chosen: pd.Series) -> pd.DataFrame:
+        """The trials of the chosen runs (with their run columns), or an empty frame."""
+        ids = tuple(int(run_id) for run_id in self.runs.loc[chosen & (self.runs["trials"] > 0), "run_id"])
+        if self.store is None or not ids:
+            return pd.DataFrame()
+        return self.store.trials_frame(RunFilter(run_ids=ids))
+
+    @cached_property
+    def needle_trials(self) -> pd.DataFrame:
+        """Trials of single-needle runs at the claim's context length."""
+        if self.runs.empty:
+            return pd.DataFrame()
+        return self._trials_of((self.runs["task"] == "needle") & (self.runs["context_length"] == CLAIM_CONTEXT))
+
+    @cached_property
+    def quality_trials(self) -> pd.DataFrame:
+        """Trials of runs that score texts by likelihood (tasks ``quality:<text>``)."""
+        if self.runs.empty:
+            return pd.DataFrame()
+        return self._trials_of(self.runs["task"].fillna("").str.startswith(QUALITY_PREFIX))
+
+    @cached_property
+    def short_context_trials(self) -> pd.DataFrame:
+        """Trials of runs at context lengths from 1,024 to 4,096 tokens that timed their decoding."""
+        if self.runs.empty:
+            return pd.DataFrame()
+        lengths = self.runs["context_length"]
+        trials = self._trials_of(lengths.between(*SHORT_CONTEXTS))
+        return trials[trials["decode_s"].notna()] if not trials.empty else trials
+
+    @cached_property
+    def profiles(self) -> tuple[list[AttentionProfile], list[str]]:
+        """The attention profiles in ``results/attention``, and one sentence per file that is not one."""
+        return read_results(self.results / "attention", parse_profile, "an attention profile")
+
+    @cached_property
+    def overheads(self) -> tuple[list[Overhead], list[str]]:
+        """The short-context timings in ``results/overhead``, and one sentence per file that is not one."""
+        return read_results(self.results / "overhead", parse_overhead, "a short-context timing")

@@ -1,0 +1,161 @@
+"""The published needle-in-a-haystack table, and kvlab's measurement of the same cells laid beside it.
+
+An article claims that on a needle test at 4096 tokens, H2O keeps 100% accuracy from 10% up to 90% pruning while
+StreamingLLM falls to 14% and random eviction to 5% at 90%. kvlab shows that table only next to its own measurement
+of the same grid on a real model, never alone, and every measured cell with its 95% interval, so that a cell of ten
+trials is not read like one of a hundred.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from kvlab.claims.stats import wilson_interval
+
+PRUNING = (0.1, 0.3, 0.5, 0.7, 0.9)
+CLAIM_CONTEXT = 4096
+
+#: Accuracy (%) by pruning ratio, as published (the article's "H2O / StreamingLLM / Random" table).
+PUBLISHED_NEEDLE_CLAIM: dict[str, tuple[float, ...]] = {
+    "h2o": (100.0, 100.0, 100.0, 100.0, 100.0),
+    "streaming": (90.0, 62.0, 51.0, 40.0, 14.0),
+    "random": (91.0, 76.0, 52.0, 34.0, 5.0),
+}
+
+TRIALS_COLUMN = "trials per cell"
+CELL_COLUMNS = ["policy", "mode", "pruning", "correct", "trials", "accuracy", "low", "high"]
+
+
+def pruning_column(pruning: float) -> str:
+    """The accuracy column of one pruning ratio: ``90% pruned``."""
+    return f"{round(100 * pruning)}% pruned"
+
+
+def interval_column(pruning: float) -> str:
+    """The 95% interval column beside it: ``90% pruned, 95% interval``."""
+    return f"{pruning_column(pruning)}, 95% interval"
+
+
+def _columns() -> list[str]:
+    return [pruning_column(p) for p in PRUNING]
+
+
+def _measured_columns() -> list[str]:
+    return [column for p in PRUNING for column in (pruning_column(p), interval_column(p))] + [TRIALS_COLUMN]
+
+
+FULL_CACHE = "full"
+"""The registry's full cache (:class:`kvlab.policies.full.Full`), named here so that reading a store needs no
+torch; the tests check that it is the one policy :func:`kvlab.policies.is_full_cache` accepts."""
+
+
+def full_cache(frame: pd.DataFrame) -> pd.Series:
+    """Which rows of a runs or trials frame are the full cache's."""
+    return frame["policy"] == FULL_CACHE
+
+
+def budgeted(frame: pd.DataFrame) -> pd.Series:
+    """Which rows evict to a budget (a kept fraction or a token count): the eviction methods, not the full cache
+    and not an ablation that removes fixed tokens."""
+    return frame["keep"].notna() | frame["budget_tokens"].notna()
+
+
+def scored(trials: pd.DataFrame) -> pd.DataFrame:
+    """The trials that answered a question: those of texts scored by likelihood have no ``correct``."""
+    return trials[trials["correct"].notna()]
+
+
+def needle_cells(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataFrame:
+    """kvlab's cells at ``context`` tokens, one row per (policy, mode, pruning ratio) of runs with a kept
+    fraction: ``correct`` of ``trials``, ``accuracy`` and its Wilson 95% interval ``low``..``high``, all in %."""
+    rows = scored(trials[(trials["context_length"] == context) & trials["keep"].notna()])
+    if rows.empty:
+        return pd.DataFrame(columns=CELL_COLUMNS)
+    rows = rows.assign(
+        pruning=(1.0 - rows["keep"].astype(float)).round(4), correct=rows["correct"].astype(bool).astype(int)
+    )
+    cells = rows.groupby(["policy", "mode", "pruning"], as_index=False)["correct"].agg(["sum", "count"])
+    cells = cells.rename(columns={"sum": "correct", "count": "trials"})
+    return _with_intervals(cells)[CELL_COLUMNS]
+
+
+def full_cache_cell(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.Series | None:
+    """The full cache at ``context`` tokens as one cell (every mode pooled: nothing is evicted in either), or None
+    when the frame has no full-cache trial there."""
+    rows = scored(trials[(trials["context_length"] == context) & full_cache(trials)])
+    if rows.empty:
+        return None
+    cell = pd.DataFrame({"correct": [int(rows["correct"].astype(bool).sum())], "trials": [len(rows)]})
+    return _with_intervals(cell).iloc[0]
+
+
+def _with_intervals(cells: pd.DataFrame) -> pd.DataFrame:
+    """``accuracy``, ``low`` and ``high`` (in %) from the ``correct`` and ``trials`` columns."""
+    bounds = [wilson_interval(int(k), int(n)) for k, n in zip(cells["correct"], cells["trials"])]
+    return cells.assign(
+        accuracy=100 * cells["correct"] / cells["trials"],
+        low=[100 * low for low, _ in bounds],
+        high=[100 * high for _, high in bounds],
+    )
+
+
+def interval_text(low: float, high: float) -> str:
+    """An interval in whole percent, rounded outwards so that it never claims more precision than it has:
+    ``37–57``."""
+    return f"{math.floor(round(low, 1))}–{math.ceil(round(high, 1))}"
+
+
+def published_table() -> pd.DataFrame:
+    """The article's table: one row per policy, one column per pruning ratio (accuracy in %)."""
+    rows = {f"{policy} (article)": list(values) for policy, values in PUBLISHED_NEEDLE_CLAIM.items()}
+    return pd.DataFrame.from_dict(rows, orient="index", columns=_columns())
+
+
+def measured_table(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataFrame:
+    """kvlab's accuracy (%) by pruning ratio, one row per policy and mode, each cell followed by its Wilson 95%
+    interval, with the fewest trials behind any cell of the row, from a trials frame (``Store.trials_frame()``) of
+    runs at ``context`` tokens. Trials without a ``correct`` answer (texts scored by likelihood) are left out."""
+    cells = needle_cells(trials, context)
+    if cells.empty:
+        return pd.DataFrame(columns=_measured_columns())
+    cells["row"] = cells["policy"] + " " + cells["mode"] + " (kvlab)"
+    cells["interval"] = [interval_text(low, high) for low, high in zip(cells["low"], cells["high"])]
+    by_cell = cells.set_index(["row", "pruning"])
+    accuracy = by_cell["accuracy"].unstack("pruning").reindex(columns=list(PRUNING))
+    accuracy.columns = _columns()
+    intervals = by_cell["interval"].unstack("pruning").reindex(columns=list(PRUNING))
+    intervals.columns = [interval_column(p) for p in PRUNING]
+    table = pd.concat([accuracy, intervals], axis=1)
+    table[TRIALS_COLUMN] = by_cell["trials"].groupby("row").min()
+    table.index.name = None
+    return _fill_intervals(table[_measured_columns()])
+
+
+def _fill_intervals(table: pd.DataFrame) -> pd.DataFrame:
+    """Interval cells with nothing measured behind them (the article's rows, a ratio kvlab did not run) as ``—``."""
+    columns = [interval_column(p) for p in PRUNING]
+    return table.assign(
+        **{column: table[column].astype(object).where(table[column].notna(), "—") for column in columns}
+    )
+
+
+def side_by_side(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataFrame:
+    """The article's rows and kvlab's rows for the same pruning ratios, each article policy followed by kvlab's
+    measurement of it, then the other policies, then the full cache (which prunes nothing) as the ceiling."""
+    measured = measured_table(trials, context)
+    published = published_table()
+    order: list[str] = []
+    for policy in PUBLISHED_NEEDLE_CLAIM:
+        order.append(f"{policy} (article)")
+        order += [row for row in measured.index if row.startswith(f"{policy} ")]
+    order += [row for row in measured.index if row not in order]
+    table = pd.concat([published, measured]).reindex(index=order, columns=_measured_columns())
+    full = full_cache_cell(trials, context)
+    if full is not None:
+        label = "full cache (kvlab)"
+        table.loc[label, _columns()] = full["accuracy"]
+        table.loc[label, [interval_column(p) for p in PRUNING]] = interval_text(full["low"], full["high"])
+        table.loc[label, TRIALS_COLUMN] = full["trials"]
+    return _fill_intervals(table)
