@@ -138,11 +138,19 @@ def parameters_hash(model: Any) -> str:
 
 
 def tokenizer_hash(tokenizer: Any) -> str | None:
-    """sha256 of what makes a tokenizer turn text into ids and ids into text; ``None`` without a tokenizer."""
+    """sha256 of what makes a tokenizer turn text into ids and ids into text; ``None`` without a tokenizer.
+
+    A fast tokenizer's truncation and padding settings are left out: a call that asks for truncation changes them
+    for every later call, and they say how one call is cut or padded, not how text becomes tokens."""
     if tokenizer is None:
         return None
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    core = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    if backend is not None:
+        # as the tokenizer writes itself out with neither set, so that identities stored before stay the same
+        settings = {**json.loads(backend.to_str()), "truncation": None, "padding": None}
+        core = json.dumps(settings, separators=(",", ":"), ensure_ascii=False)
+    else:
+        core = json.dumps(sorted(tokenizer.get_vocab().items()))
     extra = {
         "chat_template": getattr(tokenizer, "chat_template", None),
         "special": {key: str(value) for key, value in sorted(tokenizer.special_tokens_map.items())},

@@ -17,7 +17,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvlab.engine import GenerationResult, RunSpec, eos_token_ids
 from kvlab.models import LoadedModel
@@ -134,19 +134,27 @@ def batch_trials(batch: Sequence[tuple[str, TaskItem]], result: GenerationResult
                 depth=item.depth,
                 expected=item.answer,
                 output=output,
-                kept_tokens=result.mean_kept_tokens,
-                kv_bytes=result.kv_bytes // size,
-                peak_kv_bytes=result.peak_kv_bytes // size,
                 peak_gpu_bytes=result.peak_gpu_bytes,
-                prefill_s=result.prefill_seconds / size,
-                decode_s=result.decode_seconds / size,
                 item_hash=item.content_hash,
-                kv_reserved_bytes=result.kv_reserved_bytes // size,
-                peak_kv_reserved_bytes=result.peak_kv_reserved_bytes // size,
-                compactions=result.compactions,
+                **held_and_timed(result, size),
             )
         )
     return trials
+
+
+def held_and_timed(result: GenerationResult, size: int = 1) -> dict[str, Any]:
+    """What a trial records of its generation's cache and clock, per sequence of a batch of ``size``: kept tokens,
+    KV bytes in use and reserved (at the end and at the most), compactions, and the seconds reading and decoding."""
+    return {
+        "kept_tokens": result.mean_kept_tokens,
+        "kv_bytes": result.kv_bytes // size,
+        "peak_kv_bytes": result.peak_kv_bytes // size,
+        "kv_reserved_bytes": result.kv_reserved_bytes // size,
+        "peak_kv_reserved_bytes": result.peak_kv_reserved_bytes // size,
+        "compactions": result.compactions,
+        "prefill_s": result.prefill_seconds / size,
+        "decode_s": result.decode_seconds / size,
+    }
 
 
 def text_trial(text: TextPass, quality: Quality) -> Trial:
@@ -154,21 +162,13 @@ def text_trial(text: TextPass, quality: Quality) -> Trial:
     their mean negative log-likelihood and mean KL from the full cache, with the policy's kept tokens, KV bytes and
     seconds. The peak GPU allocation is left out: the full cache's generation ran beside the policy's on the same
     device, so the device's peak is theirs together."""
-    result = quality.result
     return Trial(
         trial_key=text.name,
         task_id=text.name,
         context_tokens=len(text.ids),
         correct=None,
-        kept_tokens=result.mean_kept_tokens,
-        kv_bytes=result.kv_bytes,
-        peak_kv_bytes=result.peak_kv_bytes,
-        prefill_s=result.prefill_seconds,
-        decode_s=result.decode_seconds,
         item_hash=text.content_hash(),
-        kv_reserved_bytes=result.kv_reserved_bytes,
-        peak_kv_reserved_bytes=result.peak_kv_reserved_bytes,
-        compactions=result.compactions,
+        **held_and_timed(quality.result),
         scored_tokens=quality.scored_tokens,
         nll=quality.nll,
         kl=quality.kl,

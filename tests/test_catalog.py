@@ -130,3 +130,19 @@ def test_models_command_lists_what_to_pass_as_model(capsys):
     assert listed[0]["label"] == "kvlab-tiny-llama" and listed[0]["where"] == "shipped"
     assert main(["models"]) == 0
     assert "--model kvlab-tiny-llama" in capsys.readouterr().out
+
+
+def test_the_live_page_wraps_a_chat_models_text_unless_told_not_to(published, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVLAB_DB", str(tmp_path / "runs.duckdb"))
+    app = AppTest.from_file("../app.py", default_timeout=120)
+    app.run()
+    app.switch_page("pages/live.py")
+    app.run()
+    next(radio for radio in app.radio if radio.label == "Task").set_value("Your text")
+    app.run()
+    wrap = next(box for box in app.checkbox if box.label == "Wrap in the model's chat template")
+    assert wrap.disabled and not wrap.value  # the shipped model has no chat template
+    app.sidebar.selectbox[0].set_value(published.name)
+    app.run()
+    wrap = next(box for box in app.checkbox if box.label == "Wrap in the model's chat template")
+    assert not app.exception and not wrap.disabled and wrap.value

@@ -168,3 +168,16 @@ def test_chat_template_wraps_the_prompt_unless_raw(published):
 def test_cache_dir_follows_the_environment(tmp_path):
     assert gguf.model_cache_dir({"KVLAB_MODEL_CACHE": str(tmp_path)}) == tmp_path
     assert gguf.model_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/kvlab/models")
+
+
+def test_a_live_text_follows_the_chat_template_switch(published):
+    from kvlab.records import stops_for
+    from kvlab.ui.live import TextTask, build_prompt
+
+    wrapped = build_prompt(published, TextTask("Paris is in France.", "Where is Paris?", "France"))
+    raw = build_prompt(published, TextTask("Paris is in France.", "Where is Paris?", "France", chat=False))
+    assert wrapped.task_hash != raw.task_hash and wrapped.chat and not raw.chat
+    assert "<|im_start|>user" in published.tokenizer.decode(wrapped.context_ids)
+    assert "Question: Where is Paris?" in published.tokenizer.decode(raw.question_ids)
+    assert stops_for(published, one_line_answers=True).rule == "eos"  # answers in its own turn
+    assert stops_for(published, one_line_answers=True, chat=False).rule == "eos+line"  # answers one line

@@ -129,3 +129,15 @@ def test_architecture_facts_come_from_the_config(config, sliding_window, sliding
 def test_a_config_that_is_not_a_transformer_is_refused():
     with pytest.raises(KvlabError, match="decoder-only transformer"):
         arch_from_config({"model_type": "resnet", "num_channels": 3})
+
+
+def test_tokenizer_identity_ignores_a_calls_truncation_settings(checkpoint):
+    from transformers import AutoTokenizer
+
+    from kvlab.models import tokenizer_hash
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    before = tokenizer_hash(tokenizer)
+    tokenizer("some text to cut short", truncation=True, max_length=2)  # sets the backend's truncation for good
+    assert tokenizer.backend_tokenizer.truncation is not None
+    assert tokenizer_hash(tokenizer) == before

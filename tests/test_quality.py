@@ -246,3 +246,11 @@ def test_texts_too_short_or_too_long_for_the_model_are_one_sentence(checkpoint, 
         )
         last = err.rstrip("\n").split("\n")[-1]  # after the loader's progress bar
         assert status == 2 and out == "" and last.startswith("error: ") and message in last
+
+
+def test_a_pass_leaves_the_tokenizer_as_it_found_it(checkpoint):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    text_pass(tokenizer, "the tokens that matter " * 40, "t", 4, 20)
+    assert tokenizer.backend_tokenizer.truncation is None  # no setting left behind for later calls

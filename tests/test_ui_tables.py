@@ -246,3 +246,29 @@ def test_a_run_names_its_heap_layout_and_threshold():
     assert tables.layout_label("threshold", 0.5) == "threshold at 50%"
     assert tables.layout_label("bitmask", None) == "bitmask"
     assert tables.layout_label(None, None) == "—"  # stored before the heap had layouts
+
+
+def test_runs_with_other_policy_parameters_are_other_lines():
+    assert tables.policy_name("streaming", '{"sinks": 0}') == "streaming (sinks=0)"
+    assert tables.policy_name("streaming", '{"sinks": 4}') == "streaming"  # the default is not repeated
+    assert tables.run_label("streaming", "streaming", None, 256, {"sinks": 32}) == (
+        "streaming (sinks=32) · streaming · 256 tokens"
+    )
+    frontier = pd.DataFrame(
+        {
+            "policy": ["streaming", "streaming"],
+            "policy_params": ['{"sinks": 0}', '{"sinks": 4}'],
+            "mode": ["streaming", "streaming"],
+            "keep": [None, None],
+            "budget_tokens": [256, 256],
+            "perplexity": [27.2, 16.1],
+            "mean_peak_kv_bytes": [5.9e6, 5.9e6],
+            "trials": [1, 1],
+        }
+    )
+    points = tables.frontier_points(frontier, "peak_kv_bytes", "perplexity")
+    assert sorted(points["line"]) == ["streaming (sinks=0) · streaming", "streaming · streaming"]
+    assert points.set_index("line")["front"].to_dict() == {
+        "streaming (sinks=0) · streaming": False,
+        "streaming · streaming": True,
+    }

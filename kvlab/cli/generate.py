@@ -7,7 +7,6 @@ import argparse
 import json
 import sys
 import textwrap
-from pathlib import Path
 
 from kvlab.cli.options import (
     add_generation_arguments,
@@ -18,6 +17,7 @@ from kvlab.cli.options import (
     run_spec_from_args,
 )
 from kvlab.errors import KvlabError
+from kvlab.tasks.texts import read_text
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -51,16 +51,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _read_prompt(args: argparse.Namespace) -> str:
     """The prompt's text; an empty one is refused (the model would read nothing but its start token)."""
-    if args.prompt is not None:
-        text = args.prompt
-    else:
-        path = Path(args.prompt_file)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as error:
-            raise KvlabError(f"Cannot read the prompt file {path}: {error.strerror}.") from None
-        except UnicodeDecodeError:
-            raise KvlabError(f"The prompt file {path} is not UTF-8 text.") from None
+    text = args.prompt if args.prompt is not None else read_text(args.prompt_file, "prompt file")
     if not text.strip():
         raise KvlabError("The prompt is empty; give some text to read.")
     try:

@@ -248,13 +248,14 @@ class Store:
         )
 
     def accuracy_frontier(self, filters: RunFilter = RunFilter()) -> pd.DataFrame:
-        """Accuracy and memory per (policy, mode, keep, budget_tokens), for accuracy-against-memory frontiers; for
-        passes over a text, perplexity and KL over all their scored tokens.
+        """Accuracy and memory per (policy and its parameters, mode, keep, budget_tokens), for accuracy-against-memory
+        frontiers; for passes over a text, perplexity and KL over all their scored tokens.
 
         Also grouped by model and task: averaging over different models or tasks would mix unlike things.
         """
         return self._read_trials(
-            "r.model, r.task, r.policy, r.mode, r.keep, r.budget_tokens, count(DISTINCT run_id) AS runs, "
+            "r.model, r.task, r.policy, r.policy_params, r.mode, r.keep, r.budget_tokens, "
+            "count(DISTINCT run_id) AS runs, "
             "count(*) AS trials, avg(t.correct::DOUBLE) AS accuracy, avg(t.exact::DOUBLE) AS exact_accuracy, "
             f"{_QUALITY}, "
             "avg(t.kv_bytes) AS mean_kv_bytes, avg(t.peak_kv_bytes) AS mean_peak_kv_bytes, "

@@ -74,17 +74,18 @@ def scored_tokens(
     return tokens
 
 
-def read_text(path: str | Path) -> str:
-    """A UTF-8 text file's content; a file that cannot be read, is not UTF-8 or holds no text is one sentence."""
+def read_text(path: str | Path, what: str = "text file") -> str:
+    """A UTF-8 text file's content; a file that cannot be read, is not UTF-8 or holds no text is one sentence that
+    calls it ``what`` (``text file``, ``prompt file``)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
-        raise KvlabError(f"Cannot read the text file {path}: {error.strerror or error}.") from None
+        raise KvlabError(f"Cannot read the {what} {path}: {error.strerror or error}.") from None
     except UnicodeDecodeError:
-        raise KvlabError(f"The text file {path} is not UTF-8 text.") from None
+        raise KvlabError(f"The {what} {path} is not UTF-8 text.") from None
     if not text.strip():
-        raise KvlabError(f"The text file {path} holds no text.")
+        raise KvlabError(f"The {what} {path} holds no text.")
     return text
 
 
@@ -92,9 +93,11 @@ def text_pass(tokenizer: Any, text: str, name: str, prefix: int, scored: int) ->
     """The first ``prefix + scored`` tokens of ``text`` as read by ``tokenizer`` (with its start token, if it adds
     one); a text with fewer tokens is one sentence. A long text is cut before it is tokenised, far beyond the
     characters those tokens can span (:data:`~kvlab.limits.MAX_CHARS_PER_TOKEN` per token), so a book costs no more
-    than the pass reads."""
+    than the pass reads. It is cut after tokenising, not by the tokenizer's truncation: asking a fast tokenizer to
+    truncate changes its settings for every later call, and so the identity (:func:`kvlab.models.tokenizer_hash`) of
+    every run after it."""
     needed = prefix + scored
-    ids = tokenizer(text[: needed * MAX_CHARS_PER_TOKEN], truncation=True, max_length=needed).input_ids
+    ids = tokenizer(text[: needed * MAX_CHARS_PER_TOKEN]).input_ids
     if len(ids) < needed:
         raise KvlabError(
             f"The text {name} has {len(ids):,} tokens, fewer than the {needed:,} of this pass (a prefix of "

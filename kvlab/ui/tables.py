@@ -50,6 +50,10 @@ def _present(value: object) -> bool:
     return value is not None and not (isinstance(value, float) and np.isnan(value)) and value is not pd.NA
 
 
+#: The run columns a run's label is made of, in :func:`run_label`'s order.
+_LABELLED = ["policy", "mode", "keep", "budget_tokens", "policy_params"]
+
+
 def budget_label(keep: object, budget_tokens: object) -> str:
     """``keep 10%``, ``256 tokens``, or ``full cache`` for a run with neither."""
     if _present(keep):
@@ -59,11 +63,24 @@ def budget_label(keep: object, budget_tokens: object) -> str:
     return "full cache"
 
 
-def run_label(policy: str, mode: str, keep: object = None, budget_tokens: object = None) -> str:
-    """How a run is named on charts: ``h2o · prefill · keep 10%``; the full cache has no mode or budget to show."""
+def policy_name(policy: str, params: object = None) -> str:
+    """A policy with the parameters a run set away from the policy's defaults: ``streaming (sinks=0)``. Runs of
+    one policy with other parameters are other lines of a chart, never pooled into one."""
+    cls = POLICIES.get(policy)
+    if cls is None or not _present(params):
+        return policy
+    values = json.loads(params) if isinstance(params, str) else dict(params)  # type: ignore[call-overload]
+    defaults = cls().params()
+    changed = ", ".join(f"{key}={value}" for key, value in sorted(values.items()) if defaults.get(key) != value)
+    return f"{policy} ({changed})" if changed else policy
+
+
+def run_label(policy: str, mode: str, keep: object = None, budget_tokens: object = None, params: object = None) -> str:
+    """How a run is named on charts: ``h2o · prefill · keep 10%``, with the parameters it changed
+    (:func:`policy_name`); the full cache has no mode or budget to show."""
     if is_full_cache(policy):
         return "full cache"
-    return f"{policy} · {mode} · {budget_label(keep, budget_tokens)}"
+    return f"{policy_name(policy, params)} · {mode} · {budget_label(keep, budget_tokens)}"
 
 
 def short_model_name(path_or_id: str) -> str:
@@ -80,14 +97,10 @@ def needle_grid(by_depth: pd.DataFrame, runs: pd.DataFrame, depth_bins: int = 11
     are pooled, weighted by their trials.
     """
     columns = ["label", "context_length", "depth", "accuracy", "trials"]
-    frame = by_depth.dropna(subset=["depth"]).merge(
-        runs[["run_id", "policy", "mode", "keep", "budget_tokens"]], on="run_id"
-    )
+    frame = by_depth.dropna(subset=["depth"]).merge(runs[["run_id", *_LABELLED]], on="run_id")
     if frame.empty:
         return pd.DataFrame(columns=columns)
-    frame["label"] = [
-        run_label(*row) for row in frame[["policy", "mode", "keep", "budget_tokens"]].itertuples(index=False)
-    ]
+    frame["label"] = [run_label(*row) for row in frame[_LABELLED].itertuples(index=False)]
     frame["depth"] = np.round(frame["depth"].astype(float) * (depth_bins - 1)) / (depth_bins - 1)
     frame["correct"] = frame["accuracy"] * frame["trials"]
     cells = frame.groupby(["label", "context_length", "depth"], as_index=False)[["correct", "trials"]].sum()
@@ -153,11 +166,10 @@ def frontier_points(frontier: pd.DataFrame, axis: str = "keep", metric: str = "a
         points["x"] = points[f"mean_{axis}"].astype(float)
     points = points.dropna(subset=["x", metric])
     points["line"] = [
-        ("full cache" if is_full_cache(p) else f"{p} · {m}") for p, m in zip(points["policy"], points["mode"])
+        ("full cache" if is_full_cache(p) else f"{policy_name(p, params)} · {m}")
+        for p, m, params in zip(points["policy"], points["mode"], points["policy_params"])
     ]
-    points["label"] = [
-        run_label(*row) for row in points[["policy", "mode", "keep", "budget_tokens"]].itertuples(index=False)
-    ]
+    points["label"] = [run_label(*row) for row in points[_LABELLED].itertuples(index=False)]
     shown = METRICS[metric]
     points["y"] = shown.scale * points[metric].astype(float)
     points["front"] = pareto_front(points["x"].to_numpy(), points["y"].to_numpy(), shown.higher_is_better)
@@ -282,7 +294,7 @@ def stored_keep_fractions(runs: pd.DataFrame) -> dict[str, float]:
             fraction = min(1.0, int(run.budget_tokens) / int(run.context_length))
         else:
             continue
-        label = f"run {run.run_id}: {run_label(run.policy, run.mode, run.keep, run.budget_tokens)}"
+        label = f"run {run.run_id}: {run_label(run.policy, run.mode, run.keep, run.budget_tokens, run.policy_params)}"
         options[f"{label}, {short_model_name(run.model)}, {run.task} ({fraction:.1%})"] = fraction
     return options
 
