@@ -16,7 +16,7 @@ ENV PYTHONUNBUFFERED=1 \
     PATH=/opt/kvlab/venv/bin:$PATH \
     KVLAB_DB=/data/runs.duckdb \
     HF_HOME=/cache/huggingface \
-    KVLAB_MODEL_CACHE=/cache/kvlab-models \
+    KVLAB_MODEL_CACHE=/cache/huggingface/kvlab-models \
     KVLAB_DEFAULT_MODEL=/app/data/models/kvlab-tiny-llama \
     KVLAB_ALLOWED_MODELS="" \
     HF_HUB_OFFLINE=0 \
@@ -25,7 +25,7 @@ ENV PYTHONUNBUFFERED=1 \
 
 RUN groupadd --system --gid 10001 kvlab \
     && useradd --system --uid 10001 --gid kvlab --create-home --home-dir /home/kvlab kvlab \
-    && mkdir -p /app /data /cache/huggingface /cache/kvlab-models /opt/kvlab \
+    && mkdir -p /app /data /cache/huggingface/kvlab-models /opt/kvlab \
     && chown -R kvlab:kvlab /app /data /cache /opt/kvlab
 
 WORKDIR /app
@@ -38,7 +38,7 @@ USER 10001:10001
 RUN KVLAB_EXTRAS=dashboard KVLAB_TORCH_INDEX="${KVLAB_TORCH_INDEX}" bash /app/scripts/install.sh
 COPY --chown=kvlab:kvlab . /app
 
-VOLUME ["/data", "/cache/huggingface", "/cache/kvlab-models"]
+VOLUME ["/data", "/cache/huggingface"]
 EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/opt/kvlab/venv/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4)"]

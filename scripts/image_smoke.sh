@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Dockerfile with buildah and runs the image the way a team would: the server with a host directory as
-# its /data volume, the health check's URL, a generation that stores a run, a restart that still finds the run,
-# and the non-root user. Takes minutes (the dependencies are installed from PyPI); not part of the test suite.
+# its /data volume, the health check's URL, the published model from its installed package, a generation that stores
+# a run, a restart that still finds the run, and the non-root user. Takes minutes (the dependencies are installed
+# from PyPI); not part of the test suite.
 #
 # Needs root, buildah and debootstrap (Debian: apt-get install buildah debootstrap). Where the Dockerfile's base
 # image (python:3.11-slim-bookworm) cannot be pulled, a Debian bookworm base with Python 3.11 is made with
@@ -128,6 +129,11 @@ start_server
 [ "$(in_image id -u)" = "10001" ] || fail "the image does not run as uid 10001."
 [ "$(in_image id -un)" = "kvlab" ] || fail "the image's user is not kvlab."
 say "runs as $(in_image id)"
+in_image kvlab models >"$work/models.log" 2>&1 || { cat "$work/models.log"; fail "kvlab models failed in the image."; }
+grep -q "^SmolLM2-135M-Instruct.Q4_1.gguf" "$work/models.log" || fail "the published model is not installed in the image."
+in_image kvlab generate --model SmolLM2-135M-Instruct.Q4_1.gguf --prompt "What is the capital of France?" \
+  --max-new-tokens 8 >"$work/answer.txt" 2>"$work/generate.log" || { cat "$work/generate.log"; fail "the published model did not generate."; }
+say "the published model, from its package in the image, answers: $(head -n 1 "$work/answer.txt")"
 in_image kvlab sweep --policies h2o --keep 0.5 --contexts 256 --depths 0.5 --trials 1 --quiet \
   >"$work/sweep.log" 2>&1 || { cat "$work/sweep.log"; fail "the generation inside the image failed."; }
 say "stored a run: $(tail -n 1 "$work/sweep.log")"

@@ -58,9 +58,10 @@ def test_runs_as_a_non_root_user_and_exposes_the_dashboard():
 def test_state_lives_in_volumes_and_configuration_in_the_environment():
     volumes = " ".join(instructions("VOLUME"))
     env = " ".join(instructions("ENV"))
-    assert "/data" in volumes and "/cache/huggingface" in volumes and "/cache/kvlab-models" in volumes
+    assert "/data" in volumes and "/cache/huggingface" in volumes
     assert "KVLAB_DB=/data/" in env and "HF_HOME=/cache/huggingface" in env
-    assert "KVLAB_MODEL_CACHE=/cache/kvlab-models" in env  # dequantised GGUF models outlive the container
+    # dequantised GGUF models live in the model-download volume, so they outlive the container
+    assert "KVLAB_MODEL_CACHE=/cache/huggingface/kvlab-models" in env
     for name in ("KVLAB_DEFAULT_MODEL", "KVLAB_ALLOWED_MODELS", "HF_HUB_OFFLINE"):
         assert name in env
 
@@ -127,10 +128,6 @@ def test_compose_reserves_one_gpu_and_keeps_its_volumes():
     service = compose["services"]["kvlab"]
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
-    assert {
-        "kvlab-data:/data",
-        "kvlab-hf-cache:/cache/huggingface",
-        "kvlab-model-cache:/cache/kvlab-models",
-    } <= set(service["volumes"])
-    assert set(compose["volumes"]) == {"kvlab-data", "kvlab-hf-cache", "kvlab-model-cache"}
+    assert {"kvlab-data:/data", "kvlab-hf-cache:/cache/huggingface"} <= set(service["volumes"])
+    assert set(compose["volumes"]) == {"kvlab-data", "kvlab-hf-cache"}
     assert service["ports"] == ["127.0.0.1:8501:8501"]  # this host only until a login is configured
