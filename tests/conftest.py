@@ -69,3 +69,13 @@ def store(tmp_path) -> Iterator[Store]:
     opened = open_store(tmp_path / "runs.duckdb")
     yield opened
     opened.close()
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch) -> Iterator[Path]:
+    """The dashboard's run store (``$KVLAB_DB``) in the test's temporary directory; opened once more at the end, so
+    whatever a page left there must still open as a kvlab store."""
+    path = tmp_path / "runs.duckdb"
+    monkeypatch.setenv("KVLAB_DB", str(path))
+    yield path
+    open_store(path).close()

@@ -31,14 +31,6 @@ PAGES = {
 
 
 @pytest.fixture
-def db(tmp_path, monkeypatch):
-    path = tmp_path / "runs.duckdb"
-    monkeypatch.setenv("KVLAB_DB", str(path))
-    yield path
-    open_store(path).close()
-
-
-@pytest.fixture
 def seeded(db):
     store = open_store(db)
     add_run(store, "full", None, {0.0: [True], 0.5: [True], 1.0: [True]}, context=4096, kv_bytes=8000)

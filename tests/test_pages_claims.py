@@ -3,20 +3,11 @@ reason there is none, filters, and a refresh that stores the claims in the dashb
 
 from __future__ import annotations
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvlab.claims import BY_ID, CATALOGUE
 from kvlab.claims.verdicts import FAILS
 from kvlab.store import open_store
-
-
-@pytest.fixture
-def db(tmp_path, monkeypatch):
-    path = tmp_path / "runs.duckdb"
-    monkeypatch.setenv("KVLAB_DB", str(path))
-    yield path
-    open_store(path).close()
 
 
 def claims_page() -> AppTest:
