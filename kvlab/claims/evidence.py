@@ -177,15 +177,17 @@ def largest_group(
 
 class Evidence:
     """The store ``path`` (``store`` is None when there is no file there yet) and the benchmark results under
-    ``results``, each read lazily and once."""
+    ``results``, each read lazily and once. ``runs``, when given, are the store's runs already read (one model's,
+    for :meth:`of_model`)."""
 
     def __init__(
-        self, store: Store | None, path: Path, results: Path = RESULTS_DIR, *, model: str | None = None
+        self, store: Store | None, path: Path, results: Path = RESULTS_DIR, *, runs: pd.DataFrame | None = None
     ) -> None:
         self.store = store
         self.path = path
         self.results = results
-        self.model = model
+        self._given_runs = runs
+        self._by_model: dict[str, Evidence] = {}
 
     @property
     def models(self) -> list[str]:
@@ -193,8 +195,12 @@ class Evidence:
         return sorted(str(name) for name in self.runs["model"].dropna().unique()) if not self.runs.empty else []
 
     def of_model(self, model: str) -> Evidence:
-        """The same evidence, with only the runs of ``model``: figures of different models are never pooled."""
-        return Evidence(self.store, self.path, self.results, model=model)
+        """The same evidence, with only the runs of ``model``: figures of different models are never pooled. Made
+        once per model, from the runs already read, so every claim checked per model shares its reads."""
+        if model not in self._by_model:
+            runs = self.runs[self.runs["model"] == model] if not self.runs.empty else self.runs
+            self._by_model[model] = Evidence(self.store, self.path, self.results, runs=runs)
+        return self._by_model[model]
 
     @property
     def db(self) -> str:
@@ -203,9 +209,10 @@ class Evidence:
 
     @cached_property
     def runs(self) -> pd.DataFrame:
-        """Every run with its trial count (of :attr:`model` alone when one is set; empty without a store)."""
-        runs = self.store.list_runs() if self.store is not None else pd.DataFrame()
-        return runs[runs["model"] == self.model] if self.model is not None and not runs.empty else runs
+        """Every run with its trial count (those given, when given; empty without a store)."""
+        if self._given_runs is not None:
+            return self._given_runs
+        return self.store.list_runs() if self.store is not None else pd.DataFrame()
 
     def _trials_of(self, chosen: pd.Series) -> pd.DataFrame:
         """The trials of the chosen runs (with their run columns), or an empty frame."""
