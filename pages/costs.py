@@ -8,10 +8,9 @@ import streamlit as st
 from kvlab.costs import FORMULAS, GPU_PRESETS, MODEL_PRESETS, Scenario, compare, cost_table
 from kvlab.costs.gpus import GIB
 from kvlab.errors import KvlabError
+from kvlab.ui.cost_view import cost_bars, formatted_costs, stored_keep_fractions
 from kvlab.ui.inputs import KV_PRECISIONS, WEIGHT_PRECISIONS, gpu_spec, model_spec_from_json, model_spec_from_loaded
 from kvlab.ui.session import current_model, page_setup, reading_store
-from kvlab.ui.store_figures import cost_bars
-from kvlab.ui.tables import formatted_costs, stored_keep_fractions
 from kvlab.ui.text import plain, plain_frame
 
 page_setup()

@@ -9,6 +9,7 @@ from kvlab.errors import KvlabError
 from kvlab.policies import POLICIES
 from kvlab.store import RunFilter, Store, SweepRecord, open_store
 from kvlab.ui.grid import NeedleGridRequest
+from kvlab.ui.grid_figures import at_budget, needle_grid, needle_heatmaps
 from kvlab.ui.inputs import longest_context
 from kvlab.ui.session import (
     allowed_model,
@@ -18,9 +19,7 @@ from kvlab.ui.session import (
     reading_store,
     writing_store,
 )
-from kvlab.ui.store_figures import needle_heatmaps
 from kvlab.ui.sweep_jobs import SWEEP_JOBS, SweepView, sweep_views
-from kvlab.ui.tables import at_budget, needle_grid
 from kvlab.ui.text import plain
 
 CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)

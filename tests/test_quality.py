@@ -23,7 +23,7 @@ from kvlab.records import run_config
 from kvlab.store import RunConfig, RunFilter, Store, Trial, export_trials, run_key
 from kvlab.tasks.quality import DEFAULT_TEXT, measure, run_quality
 from kvlab.tasks.texts import DEFAULT_TOKENS, read_text, scored_tokens, text_pass
-from kvlab.ui import tables
+from kvlab.ui import grid_figures, tables
 from kvlab.ui.store_figures import frontier_figure
 
 PREFIX, SCORED = 8, 40
@@ -115,7 +115,11 @@ def test_the_first_token_ablation_is_its_own_run_and_no_method(shipped):
     assert keys["full"] != keys["drop_first"]
     assert tables.run_label("drop_first", "streaming") == "drop_first · streaming · full cache"
     runs = pd.DataFrame({"policy": ["full", "drop_first", "h2o", "h2o"], "keep": [None, None, 0.1, 0.3]})
-    assert tables.at_budget(runs, 0.1)["policy"].tolist() == ["full", "drop_first", "h2o"]  # shown on the needle grid
+    assert grid_figures.at_budget(runs, 0.1)["policy"].tolist() == [
+        "full",
+        "drop_first",
+        "h2o",
+    ]  # shown on the needle grid
 
 
 def test_a_quality_run_is_stored_and_found_again(tiny, store):

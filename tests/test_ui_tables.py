@@ -13,9 +13,11 @@ from kvlab.costs import GPU_PRESETS, MODEL_PRESETS, Scenario, compare, cost_tabl
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
 from kvlab.store import RunConfig, RunFilter, Store, Trial, open_store
-from kvlab.ui import inputs, tables
+from kvlab.ui import cost_view, grid_figures, inputs, tables
+from kvlab.ui.cost_view import cost_bars
 from kvlab.ui.downloads import export_bytes
-from kvlab.ui.store_figures import cost_bars, frontier_figure, needle_heatmaps
+from kvlab.ui.grid_figures import needle_heatmaps
+from kvlab.ui.store_figures import frontier_figure
 
 PROVENANCE = Provenance("0.1.0", "abc", {"python": "3"})
 MODEL = "/models/kvlab-tiny-llama"
@@ -92,9 +94,9 @@ def test_budget_and_run_labels():
 
 
 def test_needle_grid_rounds_depths_and_pools_runs_of_one_label(store):
-    runs = tables.at_budget(store.list_runs(), 0.1)
+    runs = grid_figures.at_budget(store.list_runs(), 0.1)
     assert set(runs["policy"]) == {"full", "h2o", "streaming"} and len(runs) == 4
-    cells = tables.needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(runs["run_id"]))), runs)
+    cells = grid_figures.needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(runs["run_id"]))), runs)
     h2o = cells[cells["label"] == "h2o · prefill · keep 10%"].set_index("depth")
     assert list(h2o.index) == [0.0, 0.5, 1.0]
     assert h2o.loc[0.0, "accuracy"] == 50 and h2o.loc[0.0, "trials"] == 2
@@ -103,8 +105,8 @@ def test_needle_grid_rounds_depths_and_pools_runs_of_one_label(store):
 
 
 def test_needle_heatmaps_draw_one_panel_per_label(store):
-    runs = tables.at_budget(store.list_runs(), 0.1)
-    cells = tables.needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(runs["run_id"]))), runs)
+    runs = grid_figures.at_budget(store.list_runs(), 0.1)
+    cells = grid_figures.needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(runs["run_id"]))), runs)
     figure = needle_heatmaps(cells)
     assert [heatmap.type for heatmap in figure.data] == ["heatmap"] * 3
     assert {a.text for a in figure.layout.annotations} == set(cells["label"])
@@ -159,7 +161,7 @@ def test_runs_table_and_comparison(store):
 
 
 def test_stored_keep_fractions_and_choices(store):
-    options = tables.stored_keep_fractions(store.list_runs())
+    options = cost_view.stored_keep_fractions(store.list_runs())
     assert sorted(set(options.values())) == [0.1, 0.25, 0.3]  # 128 of 512 tokens is 25 %
     assert not any("full cache" in label for label in options)
     runs = store.list_runs()
@@ -171,7 +173,7 @@ def test_stored_keep_fractions_and_choices(store):
 def test_cost_table_is_written_out_for_reading():
     scenario = Scenario(prompt_tokens=7_168, output_tokens=1_024, batch=8, keep_fraction=0.25)
     model, gpu = MODEL_PRESETS["Llama-3-8B"], GPU_PRESETS["H100 SXM 80GB"]
-    shown = tables.formatted_costs(cost_table(model, gpu, scenario)).set_index("Quantity")
+    shown = cost_view.formatted_costs(cost_table(model, gpu, scenario)).set_index("Quantity")
     assert shown.loc["Sequences that fit beside the weights", "Full cache"] == "57"
     assert shown.loc["Sequences that fit beside the weights", "Evicted (keep 25%)"] == "228"
     assert shown.loc["KV per token, all layers", "Full cache"] == "131,072"

@@ -6,66 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
-from plotly.subplots import make_subplots
 
-from kvlab.costs import CostEstimate
-from kvlab.costs.gpus import GIB
 from kvlab.ui.tables import METRICS, Metric
-
-ACCURACY_SCALE = [[0.0, "#b2182b"], [0.5, "#fddbc7"], [0.75, "#d1e5f0"], [1.0, "#2166ac"]]
-
-
-def needle_heatmaps(cells: pd.DataFrame, max_panels: int = 6) -> go.Figure:
-    """The classic needle-in-a-haystack grid, one panel per run label side by side: context length (rows) x
-    needle depth (columns), colour = accuracy in percent, each cell annotated with its accuracy and trials."""
-    labels = sorted(cells["label"].unique())[:max_panels]
-    if not labels:
-        figure = go.Figure()
-        figure.add_annotation(
-            text="No stored needle trials for this selection.",
-            showarrow=False,
-            x=0.5,
-            y=0.5,
-            xref="paper",
-            yref="paper",
-        )
-        figure.update_layout(xaxis_visible=False, yaxis_visible=False, height=260)
-        return figure
-    contexts = sorted(cells["context_length"].unique())
-    figure = make_subplots(rows=1, cols=len(labels), subplot_titles=labels, shared_yaxes=True, horizontal_spacing=0.03)
-    for index, label in enumerate(labels, start=1):
-        panel = cells[cells["label"] == label]
-        accuracy = panel.pivot(index="context_length", columns="depth", values="accuracy").reindex(contexts)
-        trials = panel.pivot(index="context_length", columns="depth", values="trials").reindex(
-            index=contexts, columns=accuracy.columns
-        )
-        text = [
-            [("" if pd.isna(a) else f"{a:.0f}%<br>n={int(n)}") for a, n in zip(row_a, row_n)]
-            for row_a, row_n in zip(accuracy.to_numpy(), trials.to_numpy())
-        ]
-        figure.add_trace(
-            go.Heatmap(
-                z=accuracy.to_numpy(),
-                x=[f"{100 * d:.0f}%" for d in accuracy.columns],
-                y=[str(c) for c in contexts],
-                zmin=0,
-                zmax=100,
-                colorscale=ACCURACY_SCALE,
-                text=text,
-                texttemplate="%{text}",
-                colorbar=dict(title="accuracy %"),
-                showscale=index == 1,
-                xgap=2,
-                ygap=2,
-                hovertemplate="context %{y} tokens<br>depth %{x}<br>accuracy %{z:.0f}%<extra></extra>",
-            ),
-            row=1,
-            col=index,
-        )
-        figure.update_xaxes(title_text="needle depth", type="category", row=1, col=index)
-    figure.update_yaxes(title_text="context length (tokens)", type="category", row=1, col=1)
-    figure.update_layout(height=120 + 70 * len(contexts), margin=dict(t=60, b=40))
-    return figure
 
 
 def frontier_figure(
@@ -119,36 +61,4 @@ def frontier_figure(
         yaxis=dict(title=metric.title, range=[-3, 103] if metric.percent else None),
         legend=dict(orientation="h", y=-0.25),
     )
-    return figure
-
-
-def _short(value: float) -> str:
-    """A bar label: whole numbers with separators from 100 up, three significant digits below."""
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
-
-
-def cost_bars(full: CostEstimate, evicted: CostEstimate) -> go.Figure:
-    """Full cache against the evicted one on four outputs that decide a deployment."""
-    panels = (
-        ("KV per sequence (GiB)", full.kv_bytes_per_sequence / GIB, evicted.kv_bytes_per_sequence / GIB),
-        ("sequences that fit", full.max_sequences, evicted.max_sequences),
-        ("decode tokens/s (batch)", full.tokens_per_second, evicted.tokens_per_second),
-        ("$ per million tokens", full.cost_per_million_tokens, evicted.cost_per_million_tokens),
-    )
-    figure = make_subplots(rows=1, cols=len(panels), subplot_titles=[title for title, *_ in panels])
-    names = ("full cache", f"evicted (keep {evicted.keep_fraction:.0%})")
-    for index, (_, *values) in enumerate(panels, start=1):
-        figure.add_trace(
-            go.Bar(
-                x=list(names),
-                y=values,
-                marker_color=["#888888", "#1f4e9c"],
-                text=[_short(v) for v in values],
-                textposition="auto",
-                showlegend=False,
-            ),
-            row=1,
-            col=index,
-        )
-    figure.update_layout(height=300, margin=dict(t=50, b=30))
     return figure

@@ -46,19 +46,19 @@ METRICS: dict[str, Metric] = {
 }
 
 
-def _present(value: object) -> bool:
+def present(value: object) -> bool:
     return value is not None and not (isinstance(value, float) and np.isnan(value)) and value is not pd.NA
 
 
 #: The run columns a run's label is made of, in :func:`run_label`'s order.
-_LABELLED = ["policy", "mode", "keep", "budget_tokens", "policy_params"]
+LABELLED_COLUMNS = ["policy", "mode", "keep", "budget_tokens", "policy_params"]
 
 
 def budget_label(keep: object, budget_tokens: object) -> str:
     """``keep 10%``, ``256 tokens``, or ``full cache`` for a run with neither."""
-    if _present(keep):
+    if present(keep):
         return f"keep {100 * float(keep):.4g}%"  # type: ignore[arg-type]
-    if _present(budget_tokens):
+    if present(budget_tokens):
         return f"{int(budget_tokens)} tokens"  # type: ignore[call-overload]
     return "full cache"
 
@@ -67,7 +67,7 @@ def policy_name(policy: str, params: object = None) -> str:
     """A policy with the parameters a run set away from the policy's defaults: ``streaming (sinks=0)``. Runs of
     one policy with other parameters are other lines of a chart, never pooled into one."""
     cls = POLICIES.get(policy)
-    if cls is None or not _present(params):
+    if cls is None or not present(params):
         return policy
     values = json.loads(params) if isinstance(params, str) else dict(params)  # type: ignore[call-overload]
     defaults = cls().params()
@@ -86,33 +86,6 @@ def run_label(policy: str, mode: str, keep: object = None, budget_tokens: object
 def short_model_name(path_or_id: str) -> str:
     """A hub id as it is, a local directory by its last component."""
     return Path(path_or_id).name if path_or_id.startswith(("/", ".", "~")) else path_or_id
-
-
-def needle_grid(by_depth: pd.DataFrame, runs: pd.DataFrame, depth_bins: int = 11) -> pd.DataFrame:
-    """The needle heatmap's cells from ``Store.accuracy_by_depth`` and ``Store.list_runs``: one row per
-    (run label, context length, depth bin) with ``accuracy`` in percent and the number of ``trials``.
-
-    Trials record where the needle really sits, which is near but rarely exactly at the requested depth, so depths
-    are rounded to ``depth_bins`` evenly spaced values from 0 to 1. Runs with the same label (policy, mode, budget)
-    are pooled, weighted by their trials.
-    """
-    columns = ["label", "context_length", "depth", "accuracy", "trials"]
-    frame = by_depth.dropna(subset=["depth"]).merge(runs[["run_id", *_LABELLED]], on="run_id")
-    if frame.empty:
-        return pd.DataFrame(columns=columns)
-    frame["label"] = [run_label(*row) for row in frame[_LABELLED].itertuples(index=False)]
-    frame["depth"] = np.round(frame["depth"].astype(float) * (depth_bins - 1)) / (depth_bins - 1)
-    frame["correct"] = frame["accuracy"] * frame["trials"]
-    cells = frame.groupby(["label", "context_length", "depth"], as_index=False)[["correct", "trials"]].sum()
-    cells["accuracy"] = 100 * cells["correct"] / cells["trials"]
-    return cells[columns]
-
-
-def at_budget(runs: pd.DataFrame, keep: float) -> pd.DataFrame:
-    """The runs at kept fraction ``keep``, and those of the policies that take no budget: the full cache (the
-    ceiling every budget is measured against) and the first-token ablation."""
-    budgetless = runs["policy"].map(lambda name: name in POLICIES and not POLICIES[name].evicts)
-    return runs[budgetless | (runs["keep"].astype(float).sub(keep).abs() < 1e-9)]
 
 
 def _matching(runs: pd.DataFrame, equal: dict[str, object]) -> pd.DataFrame:
@@ -169,7 +142,7 @@ def frontier_points(frontier: pd.DataFrame, axis: str = "keep", metric: str = "a
         ("full cache" if is_full_cache(p) else f"{policy_name(p, params)} · {m}")
         for p, m, params in zip(points["policy"], points["mode"], points["policy_params"])
     ]
-    points["label"] = [run_label(*row) for row in points[_LABELLED].itertuples(index=False)]
+    points["label"] = [run_label(*row) for row in points[LABELLED_COLUMNS].itertuples(index=False)]
     shown = METRICS[metric]
     points["y"] = shown.scale * points[metric].astype(float)
     points["front"] = pareto_front(points["x"].to_numpy(), points["y"].to_numpy(), shown.higher_is_better)
@@ -213,9 +186,9 @@ def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def layout_label(layout: object, compact_at: object) -> str:
     """A run's KV heap layout: ``bitmask``, ``compact``, ``threshold at 50%`` (runs stored before layouts: a dash)."""
-    if not _present(layout):
+    if not present(layout):
         return "—"
-    if layout == "threshold" and _present(compact_at):
+    if layout == "threshold" and present(compact_at):
         return f"threshold at {100 * float(compact_at):.4g}%"  # type: ignore[arg-type]
     return str(layout)
 
@@ -274,46 +247,10 @@ def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def _text(value: object) -> str:
-    return str(value) if _present(value) else "—"
+    return str(value) if present(value) else "—"
 
 
 def _number(value: object, digits: int = 1) -> str:
-    if not _present(value):
+    if not present(value):
         return "—"
     return f"{float(value):,.{digits}f}"  # type: ignore[arg-type]
-
-
-def stored_keep_fractions(runs: pd.DataFrame) -> dict[str, float]:
-    """Kept fractions that stored runs used, by a label naming one run each: the run's ``keep``, or its token
-    budget over its context length. The full cache and runs whose fraction is unknown are left out."""
-    options: dict[str, float] = {}
-    for run in runs.itertuples(index=False):
-        if _present(run.keep):
-            fraction = float(run.keep)
-        elif _present(run.budget_tokens) and _present(run.context_length) and run.context_length:
-            fraction = min(1.0, int(run.budget_tokens) / int(run.context_length))
-        else:
-            continue
-        label = f"run {run.run_id}: {run_label(run.policy, run.mode, run.keep, run.budget_tokens, run.policy_params)}"
-        options[f"{label}, {short_model_name(run.model)}, {run.task} ({fraction:.1%})"] = fraction
-    return options
-
-
-def formatted_costs(table: pd.DataFrame) -> pd.DataFrame:
-    """``kvlab.costs.cost_table`` with every number written out for reading: thousands separated, three significant
-    digits for fractional values, dollars to four significant digits."""
-
-    def cell(value: object, unit: str) -> str:
-        if isinstance(value, str):
-            return value
-        number = float(value)  # type: ignore[arg-type]
-        if unit == "$":
-            return f"${number:,.4g}" if number < 1000 else f"${number:,.0f}"
-        if number == int(number) and abs(number) >= 1:
-            return f"{int(number):,}"
-        return f"{number:,.3f}" if abs(number) >= 1 else f"{number:.3g}"
-
-    shown = table.copy()
-    for column in shown.columns[2:]:
-        shown[column] = [cell(value, unit) for value, unit in zip(shown[column], shown["Unit"])]
-    return shown
