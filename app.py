@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.ui.session import access_sidebar, guarded, logged_in, login_page, model_sidebar, right_host
+from kvlab.ui.chart_view import image_format_sidebar
+from kvlab.ui.session import (
+    access_sidebar,
+    guarded,
+    logged_in,
+    login_page,
+    model_sidebar,
+    right_host,
+)
 
 st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
 own_name = right_host()
 admitted = own_name and logged_in()
 page = st.navigation(
     [
+        st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
         st.Page("pages/live.py", title="Live run", icon=":material/play_circle:"),
         st.Page("pages/needle_grid.py", title="Needle grid", icon=":material/grid_on:"),
         st.Page("pages/frontier.py", title="Frontier", icon=":material/show_chart:"),
@@ -27,5 +36,6 @@ if not admitted:  # the pages are declared (so their addresses resolve) but none
     login_page()
     st.stop()
 guarded(model_sidebar, "the sidebar")
+image_format_sidebar()
 access_sidebar()
 guarded(page.run, f"page {page.title}")

@@ -2,8 +2,10 @@
 
 A model is loaded once (by hub id, local directory or GGUF file, see :mod:`kvlab.gguf`) onto CUDA when there is one,
 else the CPU, in bf16 on CUDA and fp32 on CPU unless asked otherwise, and switched to kvlab's attention function so that
-the engine can run it under a budgeted cache. Everything a user can get wrong here (a path that does not exist, a model
-that is not a causal LM, no network for a hub id) becomes one sentence in a :class:`~kvlab.errors.KvlabError`.
+the engine can run it under a budgeted cache. A hub id is read from the local Hugging Face cache alone when the hub
+does not answer within two seconds, so a machine without network loads cached models and refuses others at once.
+Everything a user can get wrong here (a path that does not exist, a model that is not a causal LM, no network for a
+hub id) becomes one sentence in a :class:`~kvlab.errors.KvlabError`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from kvlab import gguf
 from kvlab.arch import ArchFacts, arch_from_config, dtype_name
 from kvlab.attention import ATTN_IMPLEMENTATION, register_attention
-from kvlab.catalog import SHIPPED_MODELS_DIR, installed_name, package_of, readme_licence
+from kvlab.catalog import SHIPPED_MODELS_DIR, hub_reachable, in_hub_cache, installed_name, package_of, readme_licence
 from kvlab.errors import KvlabError, NotAModel, shown_name
 from kvlab.limits import Limits, limits_for
 from kvlab.provenance import weights_identity
@@ -209,26 +211,48 @@ def local_model_path(name: str) -> Path | None:
         return None
 
 
-def _load_config(name: str, trust_remote_code: bool, shown: str) -> Any:
-    """The config of a model directory or hub id; ``shown`` is how the model is named in a refusal."""
+def _offline(shown: str) -> NotAModel:
+    """The refusal of a hub model that is not in the local cache while the hub cannot be reached."""
+    return NotAModel(
+        f"Could not fetch {shown} from the Hugging Face hub: there is no network connection and it is not in the "
+        "local cache."
+    )
+
+
+def _cache_only(name: str, shown: str) -> bool:
+    """Whether the model ``name`` must be read from the local Hugging Face cache alone: it is a hub id and the hub
+    does not answer (no network, ``HF_HUB_OFFLINE``), where asking the hub for each file would cost
+    huggingface_hub's retries, 23 s a file. A hub model the cache does not hold is then refused at once, and a name
+    that is neither a local path nor a hub id at all."""
+    if local_model_path(name) is not None:
+        return False
+    if not _HUB_ID.match(name):
+        raise NotAModel(f"No model directory at {shown}, and it is not a hub id (owner/name) either.")
+    if hub_reachable():
+        return False
+    if not in_hub_cache(name):
+        raise _offline(shown)
+    return True
+
+
+def _load_config(name: str, trust_remote_code: bool, shown: str, cache_only: bool) -> Any:
+    """The config of a model directory or hub id (from the local cache alone when ``cache_only``); ``shown`` is
+    how the model is named in a refusal."""
     from transformers import AutoConfig
 
     path = local_model_path(name)
     if path is not None and not (path / "config.json").is_file():
         raise NotAModel(f"{shown} has no config.json, so it is not a model directory.")
-    if path is None and not _HUB_ID.match(name):
-        raise NotAModel(f"No model directory at {shown}, and it is not a hub id (owner/name) either.")
     try:
-        return AutoConfig.from_pretrained(str(path) if path is not None else name, trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(
+            str(path) if path is not None else name, trust_remote_code=trust_remote_code, local_files_only=cache_only
+        )
     except OSError as error:
         text = str(error)
         if path is not None:
             raise NotAModel(f"{shown} is a directory without a readable config.json, so it is not a model.") from None
         if "offline" in text.lower() or "connect" in text.lower() or "resolve" in text.lower():
-            raise NotAModel(
-                f"Could not fetch {shown} from the Hugging Face hub: there is no network connection and it is "
-                "not in the local cache."
-            ) from None
+            raise _offline(shown) from None
         raise NotAModel(f"There is no model called {shown} on the Hugging Face hub or on this machine.") from None
     except ValueError as error:
         if "trust_remote_code" in str(error):
@@ -287,7 +311,7 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    name = installed_name(gguf.with_gguf_file(name or default_model(), gguf_file))
+    name = installed_name(gguf.with_gguf_file(default_model() if name is None else name, gguf_file))
     if not name.strip():
         raise NotAModel("No model was named; give a hub id, a local model directory or a GGUF file.")
     torch_device = pick_device(device)
@@ -302,7 +326,8 @@ def load_model(
         path = local_model_path(name)
         source_dir = str(path) if path is not None else name
         source = _source_of(name, path)
-    config = _load_config(source_dir, trust_remote_code, shown)
+    cache_only = _cache_only(source_dir, shown)
+    config = _load_config(source_dir, trust_remote_code, shown, cache_only)
     if getattr(config, "is_encoder_decoder", False):
         raise NotAModel(f"{shown} is an encoder-decoder model; kvlab runs decoder-only causal language models.")
     if not _is_causal_lm(config, trust_remote_code):
@@ -316,7 +341,9 @@ def load_model(
         raise NotAModel(f"{shown}: {error}") from None
     register_attention()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source_dir, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            source_dir, trust_remote_code=trust_remote_code, local_files_only=cache_only
+        )
     except Exception as error:  # tokenizers, sentencepiece and transformers raise many kinds for one cause
         _LOGGER.info("tokenizer of %s failed to load", name, exc_info=True)
         raise KvlabError(f"Could not load the tokenizer of {shown}: {_first_line(error)}") from None
@@ -326,6 +353,7 @@ def load_model(
             dtype=torch_dtype,
             attn_implementation=ATTN_IMPLEMENTATION,
             trust_remote_code=trust_remote_code,
+            local_files_only=cache_only,
         )
         model.to(torch_device)
     except torch.OutOfMemoryError:

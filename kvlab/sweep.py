@@ -13,6 +13,7 @@ context is read once, remembering what every policy needs, and each policy compr
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -113,6 +114,11 @@ class SweepGrid:
         """The task description stored with each run."""
         return "needle" if self.kind == "single" else f"needle-{self.kind}"
 
+    def shares_read(self, cell: Cell) -> bool:
+        """Whether ``cell`` compresses a fork of a context read once for every such cell (evicting policies in
+        prefill mode, unless sharing is off) rather than reading each context itself."""
+        return cell.mode == "prefill" and cell.policy.evicts and self.share_prefill
+
     def cells(self) -> list[Cell]:
         """Every (policy, keep, mode) of the grid; ``full`` once, in the first mode (it keeps everything)."""
         cells: list[Cell] = []
@@ -134,11 +140,13 @@ class SweepSummary:
     run_ids: list[int] = field(default_factory=list)
 
 
-def needle_items(loaded: LoadedModel, grid: SweepGrid, context: int) -> list[tuple[str, TaskItem]]:
-    """The items of one context length with their trial keys, the same for every cell of the grid."""
-    tokenizer = loaded.tokenizer
-    haystacks = load_haystacks(tokenizer)
-    items: list[tuple[str, TaskItem]] = []
+#: A trial key of a grid with fixed depths, as :func:`trial_slots` writes it: ``depth=0.2500/trial=3``.
+_DEPTH_KEY = re.compile(r"depth=([01]\.\d{4})/trial=\d+$")
+
+
+def trial_slots(grid: SweepGrid, context: int) -> list[tuple[str, float]]:
+    """The trial keys of one context length with the depth each asks for, in the order their items are drawn; a
+    key of a grid with fixed depths names its depth (:func:`requested_depth` reads it back)."""
     slots: list[tuple[str, float]] = []
     depth_rng = random.Random(f"{grid.seed}/{context}/depths")
     for trial in range(grid.trials):
@@ -146,7 +154,22 @@ def needle_items(loaded: LoadedModel, grid: SweepGrid, context: int) -> list[tup
             slots.append((f"trial={trial}", depth_rng.random()))
         else:
             slots.extend((f"depth={depth:.4f}/trial={trial}", depth) for depth in grid.depths)
-    for index, (key, depth) in enumerate(sorted(slots)):
+    return sorted(slots)
+
+
+def requested_depth(trial_key: str) -> float | None:
+    """The depth a sweep's trial asked for, read from its key (None for a random depth or another kind of key):
+    the needle itself sits at a sentence boundary near it, which the trial records as its depth."""
+    match = _DEPTH_KEY.match(trial_key)
+    return float(match.group(1)) if match else None
+
+
+def needle_items(loaded: LoadedModel, grid: SweepGrid, context: int) -> list[tuple[str, TaskItem]]:
+    """The items of one context length with their trial keys, the same for every cell of the grid."""
+    tokenizer = loaded.tokenizer
+    haystacks = load_haystacks(tokenizer)
+    items: list[tuple[str, TaskItem]] = []
+    for index, (key, depth) in enumerate(trial_slots(grid, context)):
         rng = random.Random(f"{grid.seed}/{context}/{key}")
         template = TRAIN_TEMPLATES[rng.randrange(len(TRAIN_TEMPLATES))]
         fact = make_fact(template, rng, num_values=3 if grid.kind == "multi-value" else 1)
@@ -210,7 +233,8 @@ class SweepRunner:
         self._done = 0
         self._total = 0
 
-    def _config(self, cell: Cell, context: int) -> RunConfig:
+    def config(self, cell: Cell, context: int) -> RunConfig:
+        """The stored configuration of a cell's run at one context length: what finds the run again."""
         return run_config(
             self.loaded,
             self._spec(cell),
@@ -256,7 +280,7 @@ class SweepRunner:
         for context in self.grid.contexts:
             items = needle_items(self.loaded, self.grid, context)
             for cell in cells:
-                run_id = self.store.begin_run(self._config(cell, context), started_by=self.started_by)
+                run_id = self.store.begin_run(self.config(cell, context), started_by=self.started_by)
                 self.summary.run_ids.append(run_id)
                 stored = self.store.stored_trials(run_id)
                 _check_same_prompts(run_id, stored, items)
@@ -292,7 +316,7 @@ class SweepRunner:
         return self.summary.stopped
 
     def _run_context(self, cells: list[tuple[Cell, int, list[tuple[str, TaskItem]]]]) -> None:
-        shared = [c for c in cells if c[0].mode == "prefill" and c[0].policy.evicts and self.grid.share_prefill]
+        shared = [c for c in cells if self.grid.shares_read(c[0])]
         alone = [c for c in cells if c not in shared]
         if shared:
             self._run_shared(shared)

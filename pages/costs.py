@@ -5,13 +5,23 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from kvlab.costs import FORMULAS, GPU_PRESETS, MODEL_PRESETS, Scenario, compare, cost_table
+from kvlab.costs import FORMULAS, GPU_PRESETS, MODEL_PRESETS, MOST_GPUS, Scenario, compare, cost_table
 from kvlab.costs.gpus import GIB
 from kvlab.errors import KvlabError
-from kvlab.ui.cost_view import cost_bars, formatted_costs, stored_keep_fractions
+from kvlab.ui.chart_view import how_to_read, show_chart
+from kvlab.ui.cost_view import (
+    COST_BARS_GUIDE,
+    cost_bars,
+    cost_metrics,
+    fit_notices,
+    formatted_costs,
+    stored_keep_fractions,
+)
 from kvlab.ui.inputs import KV_PRECISIONS, WEIGHT_PRECISIONS, gpu_spec, model_spec_from_json, model_spec_from_loaded
 from kvlab.ui.session import current_model, page_setup, reading_store
 from kvlab.ui.text import plain, plain_frame
+
+NOTICE_CALLS = {"error": st.error, "warning": st.warning, "info": st.info}
 
 page_setup()
 st.title("Cost calculator")
@@ -98,7 +108,7 @@ with gpu_column:
     price = st.number_input(
         "Price per hour ($, example)", min_value=0.0, value=base.price_per_hour, step=0.1, key=f"price-{gpu_name}"
     )
-    gpus = int(st.number_input("GPUs (ideal tensor parallelism)", min_value=1, max_value=64, value=1))
+    gpus = int(st.number_input("GPUs (ideal tensor parallelism)", min_value=1, max_value=MOST_GPUS, value=1))
     reserve = st.slider(
         "Memory kept in reserve", 0.0, 0.5, 0.10, 0.01, help="Activations, CUDA context and fragmentation."
     )
@@ -126,32 +136,15 @@ except KvlabError as error:
     st.error(plain(str(error)))
     st.stop()
 
-metrics = st.columns(5)
-metrics[0].metric("KV per token", f"{evicted.kv_bytes_per_token:,.0f} B")
-metrics[1].metric(
-    "KV per sequence",
-    f"{evicted.kv_bytes_per_sequence / GIB:,.3f} GiB",
-    delta=f"{(evicted.kv_bytes_per_sequence - full.kv_bytes_per_sequence) / GIB:,.3f} GiB vs full",
-    delta_color="inverse",
-)
-metrics[2].metric(
-    "Sequences that fit", f"{evicted.max_sequences:,}", delta=f"{evicted.max_sequences - full.max_sequences:+,} vs full"
-)
-metrics[3].metric(
-    "Decode time per token",
-    f"{evicted.decode_step_seconds * 1e3:,.2f} ms",
-    delta=f"{(evicted.decode_step_seconds - full.decode_step_seconds) * 1e3:+,.2f} ms vs full",
-    delta_color="inverse",
-)
-metrics[4].metric(
-    "Cost per query",
-    f"${evicted.cost_per_query:,.5f}",
-    delta=f"{evicted.cost_per_query - full.cost_per_query:+,.5f} $ vs full",
-    delta_color="inverse",
-)
-if not evicted.batch_fits:
-    st.warning(f"A batch of {batch} does not fit: only {evicted.max_sequences} sequences fit beside the weights.")
-st.plotly_chart(cost_bars(full, evicted), key="cost-bars")
+for column, metric in zip(st.columns(5), cost_metrics(full, evicted)):
+    column.metric(
+        metric.label, metric.value, delta=metric.delta, delta_color=metric.delta_color, delta_arrow=metric.delta_arrow
+    )
+for notice in fit_notices(full, evicted, scenario, gpu_name):
+    NOTICE_CALLS[notice.level](plain(notice.text))
+chart = st.container()
+how_to_read(chart, COST_BARS_GUIDE, key="cost-bars-guide")
+show_chart(chart, cost_bars(full, evicted), key="cost-bars", filename="cost-full-vs-evicted")
 st.table(plain_frame(formatted_costs(table).set_index("Quantity")))
 with st.expander("Formulas (N prompt tokens, M generated tokens)", expanded=True):
     st.table(pd.DataFrame(FORMULAS.items(), columns=["Quantity", "Formula"]).set_index("Quantity"))

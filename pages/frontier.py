@@ -1,15 +1,31 @@
 """Frontier: quality (accuracy, or a text's perplexity and KL) against memory from stored runs, one line per policy
-and mode, two selections side by side."""
+and mode, two selections side by side, downloadable as a self-contained HTML report."""
 
 from __future__ import annotations
 
+from functools import partial
+
+import pandas as pd
 import streamlit as st
 
 from kvlab.claims import CLAIM_CONTEXT, side_by_side
+from kvlab.claims.needle import article_rows_left_out
 from kvlab.store import RunFilter
+from kvlab.ui.chart_view import how_to_read, show_chart
+from kvlab.ui.downloads import MIME_TYPES, report_file
+from kvlab.ui.report import Selection, frontier_report
 from kvlab.ui.session import page_setup, reading_store
-from kvlab.ui.store_figures import frontier_figure
-from kvlab.ui.tables import FRONTIER_AXES, METRICS, choices, frontier_points, most_runs, short_model_name
+from kvlab.ui.store_figures import FRONTIER_GUIDE, axis_frontier_figure
+from kvlab.ui.tables import (
+    FRONTIER_AXES,
+    METRICS,
+    choices,
+    claim_table_text,
+    frontier_points,
+    frontier_table,
+    most_runs,
+    short_model_name,
+)
 from kvlab.ui.text import plain
 
 page_setup()
@@ -19,7 +35,7 @@ st.caption(
     "perplexity of a held-out text and the KL divergence of each next-token distribution from the full cache's "
     "(`kvlab quality`; lower is better for both). Circled points are on the Pareto front: no other point is at "
     "least as good with less memory. KV bytes are measured from the cache tensors of each trial (per sequence) "
-    "and averaged."
+    "and averaged, and shown in binary units (KiB, MiB, GiB)."
 )
 store = reading_store()
 runs = store.list_runs() if store is not None else None
@@ -35,7 +51,8 @@ axis_column, metric_column = st.columns(2)
 axis = axis_column.radio("Memory axis", list(FRONTIER_AXES), format_func=FRONTIER_AXES.get, horizontal=True)
 metric = metric_column.radio("Quality", list(METRICS), format_func=lambda name: METRICS[name].title, horizontal=True)
 
-selections = {}
+selections: list[Selection] = []
+run_filters: list[RunFilter] = []
 for column, name in zip(st.columns(2), ("A", "B")):
     with column:
         st.subheader(f"Selection {name}")
@@ -51,56 +68,69 @@ for column, name in zip(st.columns(2), ("A", "B")):
             key=f"frontier-length-{name}",
             index=lengths.index(preferred) if lengths else None,
         )
-        points = frontier_points(
-            store.accuracy_frontier(
-                RunFilter(models=(model,), tasks=(task,), context_lengths=() if length is None else (int(length),))
-            ),
-            axis,
-            metric,
+        context_length = None if length is None else int(length)
+        run_filter = RunFilter(
+            models=(model,), tasks=(task,), context_lengths=() if context_length is None else (context_length,)
         )
-        st.plotly_chart(
-            frontier_figure(points, FRONTIER_AXES[axis], bytes_axis=axis != "keep", metric=METRICS[metric]),
+        points = frontier_points(store.accuracy_frontier(run_filter), axis, metric)
+        how_to_read(column, FRONTIER_GUIDE, key=f"frontier-guide-{name}")
+        show_chart(
+            column,
+            axis_frontier_figure(points, axis, metric),
             key=f"frontier-{name}",
+            filename=f"kvlab-frontier-{name}",
         )
         st.dataframe(
-            points[["label", "x", "y", "trials"]],
+            frontier_table(points, axis, metric),
             hide_index=True,
             key=f"frontier-table-{name}",
-            column_config={
-                "label": st.column_config.TextColumn("run", width="medium"),
-                "x": st.column_config.NumberColumn(
-                    FRONTIER_AXES[axis] + ("" if axis == "keep" else " (bytes)"), format="%.4g"
-                ),
-                "y": st.column_config.NumberColumn(
-                    METRICS[metric].title, format="%.0f" if METRICS[metric].percent else "%.4g"
-                ),
-            },
+            column_config={"run": st.column_config.TextColumn("run", width="medium")},
         )
-        selections[name] = model
+        selections.append(Selection(name, model, task, context_length, points))
+        run_filters.append(run_filter)
 
+covered = pd.concat([store.list_runs(run_filter) for run_filter in run_filters]).drop_duplicates("run_id")
+st.download_button(
+    "Report (HTML)",
+    data=partial(report_file, frontier_report(selections, axis, metric, covered.sort_values("run_id"))),
+    file_name="kvlab-frontier.html",
+    mime=MIME_TYPES[".html"],
+    on_click="ignore",
+    icon=":material/download:",
+    key="download-frontier-report",
+    help="Both selections' charts, their points and the runs behind them, each chart with its guide, as one HTML "
+    "file that opens offline.",
+)
+
+model_a = selections[0].model
 st.subheader("The published needle claim, next to kvlab's measurement")
 st.caption(
     "An article claims that on a 4,096-token needle test H2O keeps 100 % accuracy up to 90 % pruning while "
     "StreamingLLM falls to 14 % and random eviction to 5 %. Its rows are shown only beside kvlab's own "
-    f"measurement of the same grid on {plain(short_model_name(selections['A']))} (selection A's model), with the "
-    "fewest "
+    f"measurement of the same policy on {plain(short_model_name(model_a))} (selection A's model), with the fewest "
     "trials behind any cell of each row."
 )
-lengths = choices(runs, "context_length", model=selections["A"], task="needle")
+lengths = choices(runs, "context_length", model=model_a, task="needle")
 if not lengths:
     st.info("Selection A's model has no stored needle runs.")
 else:
     preferred = (
         CLAIM_CONTEXT
         if CLAIM_CONTEXT in lengths
-        else most_runs(runs, "context_length", model=selections["A"], task="needle")[0]
+        else most_runs(runs, "context_length", model=model_a, task="needle")[0]
     )
     length = st.selectbox("Context length of kvlab's rows", lengths, key="claim-length", index=lengths.index(preferred))
-    table = side_by_side(store.trials_frame(RunFilter(models=(selections["A"],), tasks=("needle",))), int(length))
-    pruned = [c for c in table.columns if c.endswith("pruned")]
-    st.dataframe(
-        table.style.format("{:.0f} %", subset=pruned, na_rep="—").format(
-            "{:.0f}", subset=["trials per cell"], na_rep="—"
-        ),
-        key="claim-table",
-    )
+    table = side_by_side(store.trials_frame(RunFilter(models=(model_a,), tasks=("needle",))), int(length))
+    left_out = article_rows_left_out(table)
+    if table.empty:
+        st.info(
+            f"Selection A's model has no needle runs with a kept fraction at the article's pruning ratios at "
+            f"{int(length):,} tokens, so the article's table is not shown."
+        )
+    else:
+        st.dataframe(claim_table_text(table), key="claim-table")
+    if left_out and not table.empty:
+        st.caption(
+            f"Left out: the article's rows for {', '.join(left_out)}, which kvlab has not measured on this model at "
+            f"{int(length):,} tokens (no run of them with a kept fraction at the article's pruning ratios)."
+        )

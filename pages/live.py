@@ -1,4 +1,5 @@
-"""Live run: pick a task, a policy and a budget, and watch the cache being evicted while the model reads and answers."""
+"""Live run: pick a task, a policy and a budget, and watch the cache being evicted while the model reads and answers;
+or replay stored runs, one or two side by side, with a scrubber and no model."""
 
 from __future__ import annotations
 
@@ -8,31 +9,103 @@ from kvlab.budget import Budget
 from kvlab.errors import KvlabError
 from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
 from kvlab.policies import POLICIES
-from kvlab.store import open_store
+from kvlab.store import default_db_path, open_store
 from kvlab.tasks.facts import TEMPLATES
 from kvlab.tasks.items import has_chat_template
 from kvlab.ui import live_figures as figures
 from kvlab.ui.device_queue import DEVICE_QUEUE
 from kvlab.ui.inputs import longest_context, policy_fields, policy_summary, read_upload
-from kvlab.ui.live import (
-    LiveResult,
-    LiveRun,
-    LiveSettings,
-    LiveTrace,
-    NeedleTask,
-    TextTask,
-    build_prompt,
-    file_live_run,
-)
-from kvlab.ui.session import current_model, current_user, page_setup, waiting_notice
+from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt
+from kvlab.ui.live_store import LiveResult, file_live_run
+from kvlab.ui.live_view import draw_charts, stacked_slots, wide_slots
+from kvlab.ui.replay import EXAMPLES_DB, replay_choices, replay_stores
+from kvlab.ui.session import current_model, current_user, page_setup, stored_replay, waiting_notice
 from kvlab.ui.text import plain
 
 RESULT_KEY = "live_result"
 BROWSER_INT = (1 << 53) - 1  # the largest whole number a browser's number field holds exactly
 REDRAW_EVERY_DECODED = 4
+REDRAW_INTERVAL_S = 1.0
 
 page_setup()
 st.title("Live run")
+source = st.radio(
+    "Show",
+    ["Run a model", "Replay stored runs"],
+    horizontal=True,
+    key="live_source",
+    persist_state="session",
+    label_visibility="collapsed",
+)
+
+
+def replay_page() -> None:
+    """Stored runs replayed without a model: one, or two side by side on one scrubber."""
+    st.caption(
+        "A stored live run is kept with everything its charts drew, event by event. Pick one run, or two (for "
+        "example H2O and SnapKV on the same prompt), and move the scrubber: both runs show the moment they had "
+        "read or generated that many tokens."
+    )
+    stores = replay_stores(default_db_path(), EXAMPLES_DB)
+    if not stores:
+        st.info("No stored runs to replay yet: run a live run first (it is stored with its replay).")
+        return
+    where = st.radio("From", list(stores), horizontal=True, key="live_replay_store", persist_state="session")
+    with open_store(stores[where], read_only=True) as store:
+        listed = store.replays()
+    choices = replay_choices(listed)
+    if not choices:
+        st.info("This store holds no replays yet: a live run stores one when it is scored (it has an answer).")
+        return
+    picked = st.multiselect(
+        "Runs (one, or two side by side)",
+        list(choices),
+        default=list(choices)[:1],
+        max_selections=2,
+        format_func=lambda key: choices[key],
+        key=f"live_replay_runs-{where}",
+        persist_state="session",
+    )
+    if not picked:
+        st.info("Pick a run to replay.")
+        return
+    replays = [stored_replay(stores[where], run_id, trial_key) for run_id, trial_key in picked]
+    positions = sorted(set().union(*(replay.positions for replay in replays)))
+    scrub, view = st.columns([4, 1])
+    position = scrub.select_slider(
+        "Tokens read and generated",
+        positions,
+        value=positions[-1],
+        key=f"live_replay_position-{where}-{picked}",
+        help="Each step is an event of one of the runs: a prefill chunk, a compression or a generated token.",
+    )
+    layers = max(replay.trace.num_layers for replay in replays)
+    layer = view.selectbox(
+        "3D view", [None, *range(layers)], format_func=figures.layer_name, key="live_replay_3d", persist_state="session"
+    )
+    if len(replays) == 2 and replays[0].about.get("task") != replays[1].about.get("task"):
+        st.warning("These two runs read different prompts; they are shown side by side at the same position.")
+    columns = st.columns(len(replays))
+    for index, (column, replay) in enumerate(zip(columns, replays)):
+        trace, text = replay.at(position)
+        about = replay.about
+        column.markdown(f"**{plain(about.get('policy', ''))}** · {plain(about.get('verdict', ''))}")
+        column.caption(
+            plain(
+                f"{about.get('model', '?')} on {about.get('device', '?')}; {about.get('prompt_tokens', '?')} prompt "
+                f"tokens; question: {about.get('question') or '(none)'}; expected: {about.get('answer') or '(none)'}"
+            )
+        )
+        column.caption(trace.status())
+        column.code(text or "…", language=None)
+        slots = wide_slots(f"replay{index}") if len(replays) == 1 else stacked_slots(column, f"replay{index}")
+        draw_charts(slots, trace, layer if layer is None or layer < trace.num_layers else None, "replay")
+
+
+if source == "Replay stored runs":
+    replay_page()
+    st.stop()
+
 st.caption(
     "The model reads the prompt chunk by chunk under the chosen policy and budget, then answers. Every chart "
     "is redrawn after each prefill chunk and every few generated tokens. Changing a setting while a run is "
@@ -44,27 +117,66 @@ if loaded is None:
 
 task_column, policy_column, run_column = st.columns([1.3, 1.2, 1])
 with task_column:
-    kind = st.radio("Task", ["Needle in a haystack", "Your text"], horizontal=True)
+    kind = st.radio(
+        "Task", ["Needle in a haystack", "Your text"], horizontal=True, key="live_task", persist_state="session"
+    )
     task: NeedleTask | TextTask | None
     if kind == "Needle in a haystack":
         longest = longest_context(loaded)
         length = st.number_input(
-            "Context length (tokens)", min_value=64, max_value=longest, value=min(2048, longest), step=256
+            "Context length (tokens)",
+            min_value=64,
+            max_value=longest,
+            value=min(2048, longest),
+            step=256,
+            key="live_length",
+            persist_state="session",
         )
-        depth = st.slider("Needle depth", 0.0, 1.0, 0.5, 0.05, help="Where the fact sits: 0 is the start of the text.")
+        depth = st.slider(
+            "Needle depth",
+            0.0,
+            1.0,
+            0.5,
+            0.05,
+            help="Where the fact sits: 0 is the start of the text.",
+            key="live_depth",
+            persist_state="session",
+        )
         template = st.selectbox(
             "Fact",
             list(TEMPLATES),
             help="Templates marked held out never appeared in training.",
             format_func=lambda name: name + (" (held out)" if TEMPLATES[name].held_out else ""),
+            key="live_template",
+            persist_state="session",
         )
-        seed = st.number_input("Seed (key, value and haystack)", min_value=0, max_value=BROWSER_INT, value=0, step=1)
+        seed = st.number_input(
+            "Seed (key, value and haystack)",
+            min_value=0,
+            max_value=BROWSER_INT,
+            value=0,
+            step=1,
+            key="live_seed",
+            persist_state="session",
+        )
         task = NeedleTask(int(length), float(depth), template, int(seed))
     else:
         upload = st.file_uploader("Upload a text file", type=["txt", "md", "rst", "py", "json", "csv", "log"])
-        pasted = st.text_area("…or paste a text", height=120, placeholder="A long document")
-        question = st.text_input("Question", help="Without one, the model just continues the text.")
-        answer = st.text_input("Expected answer", help="Needed to score the run; unscored runs are not stored.")
+        pasted = st.text_area(
+            "…or paste a text", height=120, placeholder="A long document", key="live_text", persist_state="session"
+        )
+        question = st.text_input(
+            "Question",
+            help="Without one, the model just continues the text.",
+            key="live_question",
+            persist_state="session",
+        )
+        answer = st.text_input(
+            "Expected answer",
+            help="Needed to score the run; unscored runs are not stored.",
+            key="live_answer",
+            persist_state="session",
+        )
         templated = loaded is not None and has_chat_template(loaded.tokenizer)
         chat = st.checkbox(
             "Wrap in the model's chat template",
@@ -73,6 +185,8 @@ with task_column:
             help="On: the text (and question) are one user turn and the model answers in its own turn, as a chat "
             "model is trained to. Off: the model reads the text as it is."
             + ("" if templated else " This model has no chat template."),
+            key="live_chat",
+            persist_state="session",
         )
         task = TextTask(pasted, question, answer, chat)
         if upload is not None:
@@ -83,32 +197,52 @@ with task_column:
                 task = None
 
 with policy_column:
-    policy = st.selectbox("Policy", list(POLICIES), index=list(POLICIES).index("h2o"))
+    policy = st.selectbox(
+        "Policy", list(POLICIES), index=list(POLICIES).index("h2o"), key="live_policy", persist_state="session"
+    )
     st.caption(policy_summary(policy))
     params: dict[str, object] = {}
     for field in policy_fields(policy):
         key = f"live_{policy}_{field.name}"
         spec = field.spec
         if field.choices:
-            params[field.name] = st.selectbox(field.name, field.choices, key=key, help=spec.help)
+            params[field.name] = st.selectbox(
+                field.name, field.choices, key=key, help=spec.help, persist_state="session"
+            )
         elif field.kind is bool:
-            params[field.name] = st.checkbox(field.name, value=bool(field.default), key=key, help=spec.help)
+            params[field.name] = st.checkbox(
+                field.name, value=bool(field.default), key=key, help=spec.help, persist_state="session"
+            )
         elif field.kind is int:
             low = None if spec.minimum is None else int(spec.minimum)
             high = None if spec.maximum is None else int(spec.maximum)
             params[field.name] = int(
                 st.number_input(
-                    field.name, min_value=low, max_value=high, value=int(field.default), step=1, key=key, help=spec.help
+                    field.name,
+                    min_value=low,
+                    max_value=high,
+                    value=int(field.default),
+                    step=1,
+                    key=key,
+                    help=spec.help,
+                    persist_state="session",
                 )
             )
         elif field.kind is float:
             params[field.name] = float(
                 st.number_input(
-                    field.name, value=float(field.default), step=0.05, key=key, help=f"{spec.help} ({spec.describe()})"
+                    field.name,
+                    value=float(field.default),
+                    step=0.05,
+                    key=key,
+                    help=f"{spec.help} ({spec.describe()})",
+                    persist_state="session",
                 )
             )
         else:
-            params[field.name] = st.text_input(field.name, value=str(field.default), key=key, help=spec.help)
+            params[field.name] = st.text_input(
+                field.name, value=str(field.default), key=key, help=spec.help, persist_state="session"
+            )
     evicts = POLICIES[policy].evicts
     budget_kind = st.radio(
         "Budget",
@@ -116,13 +250,27 @@ with policy_column:
         horizontal=True,
         disabled=not evicts,
         help="Tokens each layer keeps per KV head, sinks and windows included; a fraction is of the prompt.",
+        key="live_budget_kind",
+        persist_state="session",
     )
     if budget_kind == "kept fraction":
-        budget = Budget(keep=st.slider("Kept fraction", 0.01, 1.0, 0.1, 0.01, disabled=not evicts))
+        budget = Budget(
+            keep=st.slider(
+                "Kept fraction", 0.01, 1.0, 0.1, 0.01, disabled=not evicts, key="live_keep", persist_state="session"
+            )
+        )
     else:
         budget = Budget(
             tokens=int(
-                st.number_input("Tokens per layer per KV head", min_value=1, value=256, step=32, disabled=not evicts)
+                st.number_input(
+                    "Tokens per layer per KV head",
+                    min_value=1,
+                    value=256,
+                    step=32,
+                    disabled=not evicts,
+                    key="live_tokens",
+                    persist_state="session",
+                )
             )
         )
 
@@ -133,15 +281,45 @@ with run_column:
         horizontal=True,
         help="streaming: the budget holds all the time, evicting after every chunk and token. prefill: "
         "the whole prompt is read, then compressed once; peak memory is the full prompt.",
+        key="live_mode",
+        persist_state="session",
     )
-    chunk = int(st.number_input("Chunk (tokens per forward pass)", min_value=16, max_value=4096, value=256, step=64))
-    max_new = int(st.number_input("Tokens to generate (at most)", min_value=1, max_value=256, value=24))
+    chunk = int(
+        st.number_input(
+            "Chunk (tokens per forward pass)",
+            min_value=16,
+            max_value=4096,
+            value=256,
+            step=64,
+            key="live_chunk",
+            persist_state="session",
+        )
+    )
+    max_new = int(
+        st.number_input(
+            "Tokens to generate (at most)",
+            min_value=1,
+            max_value=256,
+            value=24,
+            key="live_new",
+            persist_state="session",
+        )
+    )
     query_aware = st.checkbox(
         "Read the question before compressing",
         value=True,
         help="Off: prefill mode compresses the text before it sees the question.",
+        key="live_query_aware",
+        persist_state="session",
     )
-    heap_layout = st.selectbox("Heap layout", LAYOUTS, index=LAYOUTS.index(DEFAULT_LAYOUT), help=LAYOUT_HELP)
+    heap_layout = st.selectbox(
+        "Heap layout",
+        LAYOUTS,
+        index=LAYOUTS.index(DEFAULT_LAYOUT),
+        help=LAYOUT_HELP,
+        key="live_layout",
+        persist_state="session",
+    )
     compact_at = st.slider(
         "Compact at dead share",
         0.05,
@@ -150,60 +328,52 @@ with run_column:
         0.05,
         disabled=heap_layout != "threshold",
         help="The threshold layout compacts a layer once this share of its slots in use is dead.",
+        key="live_compact_at",
+        persist_state="session",
     )
     layers = loaded.arch.num_layers if loaded else 0
-    layer = st.selectbox("3D view", [None, *range(layers)], format_func=figures.layer_name)
+    layer = st.selectbox(
+        "3D view", [None, *range(layers)], format_func=figures.layer_name, key="live_3d", persist_state="session"
+    )
     run = st.button("Run", type="primary", disabled=loaded is None or task is None, icon=":material/play_arrow:")
 
 notice = st.empty()
 status = st.empty()
 output = st.empty()
-# The small charts come first on the page: a browser draws a redraw's charts in page order, and the 3D view is the
-# slowest of them to draw.
-memory_slot, sink_slot, heads_slot = (column.empty() for column in st.columns(3))
-landscape_column, side_column = st.columns([3, 2])
-landscape_slot = landscape_column.empty()
-cache_slot = side_column.empty()
-entropy_slot = side_column.empty()
-
-
-def draw(trace: LiveTrace | None, tag: str) -> None:
-    """Every chart of the run in its slot (empty ones before the first run); ``tag`` keeps each redraw's elements
-    distinct."""
-    memory_slot.plotly_chart(figures.memory_figure(trace), key=f"memory-{tag}")
-    sink_slot.plotly_chart(figures.sink_figure(trace), key=f"sinks-{tag}")
-    heads_slot.plotly_chart(figures.head_entropy(trace), key=f"heads-{tag}")
-    landscape_slot.plotly_chart(figures.attention_landscape(trace, layer), key=f"landscape-{tag}")
-    cache_slot.plotly_chart(figures.cache_map(trace), key=f"cache-{tag}")
-    entropy_slot.plotly_chart(figures.entropy_over_time(trace), key=f"entropy-{tag}")
-
+slots = wide_slots("live")
+settings = LiveSettings(
+    policy, params, budget if evicts else None, mode, chunk, max_new, query_aware, heap_layout, compact_at
+)
+asked = (task, settings, loaded.name if loaded else None)
 
 if run and loaded is not None and task is not None:
     st.session_state.pop(RESULT_KEY, None)
     try:
         prompt = build_prompt(loaded, task)
-        settings = LiveSettings(
-            policy, params, budget if evicts else None, mode, chunk, max_new, query_aware, heap_layout, compact_at
-        )
         live = LiveRun(loaded, prompt, settings)
         with live.on_device(DEVICE_QUEUE, waiting_notice(notice)) as events:
             notice.empty()
+            redraws = RedrawClock(REDRAW_INTERVAL_S, REDRAW_EVERY_DECODED)
             for index, _ in enumerate(events):
-                if live.trace.redraw_due(REDRAW_EVERY_DECODED):
+                if redraws.due(live.trace):
                     status.caption(live.trace.status())
                     output.code(loaded.tokenizer.decode(live.trace.token_ids) or "…", language=None)
-                    draw(live.trace, str(index))
+                    draw_charts(slots, live.trace, layer, str(index))
         outcome = live.outcome()
         filed = file_live_run(open_store, live, outcome, current_user())
-        st.session_state[RESULT_KEY] = LiveResult(live.trace, outcome, prompt, filed)
+        st.session_state[RESULT_KEY] = LiveResult(live.trace, outcome, prompt, filed, asked)
     except KvlabError as error:
         notice.error(plain(str(error)))
 
+stale: LiveResult | None = st.session_state.get(RESULT_KEY)
+if stale is not None and stale.ran_with != asked:  # a setting changed since: its result no longer matches the page
+    st.session_state.pop(RESULT_KEY)
+    notice.info("The settings changed since the last run, so its result was cleared: press Run to run with them.")
 result: LiveResult | None = st.session_state.get(RESULT_KEY)
 if result is None:
-    draw(None, "idle")
+    draw_charts(slots, None, layer, "idle")
 else:
-    draw(result.trace, "final")
+    draw_charts(slots, result.trace, layer, "final")
     outcome, prompt = result.outcome, result.prompt
     output.code(outcome.text or "(nothing generated)", language=None)
     answer = plain(repr(prompt.answer))

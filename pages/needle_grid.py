@@ -3,13 +3,20 @@ sweeps that fill it, which run on the server rather than in the tab that started
 
 from __future__ import annotations
 
+import functools
+
 import streamlit as st
 
 from kvlab.errors import KvlabError
+from kvlab.estimate import Speed, measure_speed, sweep_estimate
+from kvlab.models import LoadedModel
 from kvlab.policies import POLICIES
 from kvlab.store import RunFilter, Store, SweepRecord, open_store
-from kvlab.ui.grid import NeedleGridRequest
-from kvlab.ui.grid_figures import at_budget, needle_grid, needle_heatmaps
+from kvlab.sweep import SweepGrid
+from kvlab.ui.chart_view import how_to_read, show_chart
+from kvlab.ui.device_queue import DEVICE_QUEUE, Waiting
+from kvlab.ui.grid import NeedleGridRequest, depth_label, evenly_spaced_depths
+from kvlab.ui.grid_figures import NEEDLE_GUIDE, at_budget, depth_accuracy, needle_grid, needle_heatmaps
 from kvlab.ui.inputs import longest_context
 from kvlab.ui.session import (
     allowed_model,
@@ -19,7 +26,7 @@ from kvlab.ui.session import (
     reading_store,
     writing_store,
 )
-from kvlab.ui.sweep_jobs import SWEEP_JOBS, SweepView, sweep_views
+from kvlab.ui.sweep_jobs import SWEEP_JOBS, SweepJob, SweepView, filling_job, filling_sentence, sweep_views
 from kvlab.ui.text import plain
 
 CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -46,7 +53,14 @@ with contexts_column:
     longest = longest_context(loaded)
     usable = [c for c in CONTEXTS if c <= longest]
     contexts = st.multiselect("Context lengths (tokens)", usable, default=[c for c in (512, 1024) if c in usable])
-    depths = st.slider("Depths from 0 to 1", 2, 11, 5)
+    depths = st.slider(
+        "Needle depths (how many)",
+        2,
+        11,
+        5,
+        help="How many depths to hide the needle at, evenly spaced from the start of the text (0%) to its end (100%).",
+    )
+    st.caption(f"Depths: {', '.join(depth_label(depth) for depth in evenly_spaced_depths(depths))}")
     trials = int(st.number_input("Trials per cell", min_value=1, max_value=50, value=1))
 with actions:
     batch = int(
@@ -60,12 +74,54 @@ with actions:
     )
     runnable = loaded is not None and bool(policies) and bool(contexts)
     run = st.button("Run grid", type="primary", disabled=not runnable, icon=":material/play_arrow:")
+    estimate = st.empty()
+
+request = (
+    None
+    if loaded is None
+    else NeedleGridRequest(loaded.name, tuple(policies), keep, mode, tuple(contexts), depths, trials, batch)
+)
+
+
+class DeviceBusy(Exception):
+    """Raised from the device queue's wait callback: a timed pass for an estimate never waits for a run."""
+
+
+def give_up(waiting: Waiting) -> None:
+    raise DeviceBusy
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def timed_speed(
+    model: str, policies: tuple[str, ...], mode: str, shortest: int, batch: int, _grid: SweepGrid, _loaded: LoadedModel
+) -> Speed:
+    """One timed pass at the grid's shape, once per server process and shape (the named arguments are the cache
+    key), on the device only when nothing else runs there, so that it neither slows a run nor is slowed by one."""
+    with DEVICE_QUEUE.turn(f"one timed pass of {batch} prompts for an estimate", give_up):
+        return measure_speed(_loaded, _grid)
+
+
+def measured(grid_request: NeedleGridRequest, grid: SweepGrid, model: LoadedModel) -> Speed | None:
+    """The grid's timed speed, or None while the device is busy."""
+    shape = (grid_request.policies, grid_request.mode, min(grid_request.contexts), grid_request.batch_size)
+    try:
+        return timed_speed(model.name, *shape, grid, model)
+    except DeviceBusy:
+        return None
+
+
+if runnable and request is not None and loaded is not None:
+    try:
+        grid = request.grid()
+        grid.check_fits(loaded)
+        estimate.caption(plain(sweep_estimate(loaded, grid, store, functools.partial(measured, request, grid, loaded))))
+    except KvlabError as error:
+        estimate.caption(plain(str(error)))
 
 notice = st.empty()
-if run and loaded is not None:
+if run and loaded is not None and request is not None:
     store = writing_store(notice)
     try:
-        request = NeedleGridRequest(loaded.name, tuple(policies), keep, mode, tuple(contexts), depths, trials, batch)
         if store is not None:
             job = SWEEP_JOBS.start(request, loaded, store, current_user())
             notice.info(
@@ -134,31 +190,60 @@ def sweeps_panel(sweep_store: Store) -> None:
 if store is not None:
     sweeps_panel(store)
 
-if not policies or not contexts:
-    st.info("Choose at least one policy and one context length.")
-elif loaded is None:
-    st.info("Load a model in the sidebar to see its stored needle trials.")
-else:
+
+def heatmap_panel(heatmap_store: Store | None, model: LoadedModel, grid_request: NeedleGridRequest) -> None:
+    """The stored trials of these settings as heatmaps, redrawn from the store every second while a sweep of this
+    server fills them (it stores them batch by batch), with what that sweep is doing."""
+    jobs = {} if heatmap_store is None else SWEEP_JOBS.jobs(heatmap_store.path)
+    filling = filling_job(jobs, grid_request)
+
+    @st.fragment(run_every=REFRESH_S if filling is not None else None)
+    def panel() -> None:
+        draw_heatmap(heatmap_store, model, grid_request, filling)
+
+    panel()
+
+
+def draw_heatmap(
+    heatmap_store: Store | None, model: LoadedModel, grid_request: NeedleGridRequest, filling: SweepJob | None
+) -> None:
+    """The heatmaps of what the store holds now for these settings, or why there are none yet."""
     runs = (
         None
-        if store is None
-        else store.list_runs(
+        if heatmap_store is None
+        else heatmap_store.list_runs(
             RunFilter(
-                models=(loaded.source.label,),
-                policies=tuple(policies),
-                modes=(mode,),
+                models=(model.source.label,),
+                policies=grid_request.policies,
+                modes=(grid_request.mode,),
                 tasks=("needle",),
-                context_lengths=tuple(contexts),
+                context_lengths=grid_request.contexts,
             )
         )
     )
-    chosen = None if runs is None else at_budget(runs, keep)
-    if store is None or chosen is None or chosen.empty:
-        st.info("No stored needle trials for these settings yet: press Run grid to measure them.")
-    else:
-        cells = needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(chosen["run_id"]))), chosen)
-        st.plotly_chart(needle_heatmaps(cells), key="needle-heatmaps")
-        st.caption(
-            f"{int(chosen['trials'].sum())} stored trials of {len(chosen)} runs on "
-            f"{plain(loaded.source.label)}; depths are where the needle really sits, rounded to tenths."
-        )
+    chosen = None if runs is None else at_budget(runs, grid_request.keep)
+    held = heatmap_store is not None and chosen is not None and int(chosen["trials"].sum()) > 0
+    sentence = filling_sentence(filling if filling is not None and filling.active else None, held)
+    if sentence is not None:
+        st.info(plain(sentence), icon=":material/hourglass_top:" if filling is not None else None)
+    if not held or heatmap_store is None or chosen is None:
+        return
+    depths = evenly_spaced_depths(grid_request.depths)
+    trials = heatmap_store.trials_frame(RunFilter(run_ids=tuple(int(run_id) for run_id in chosen["run_id"])))
+    cells = needle_grid(depth_accuracy(trials), chosen, depths=depths)
+    how_to_read(st.container(), NEEDLE_GUIDE, key="needle-heatmaps-guide")
+    show_chart(st.container(), needle_heatmaps(cells), key="needle-heatmaps", filename="needle-grid")
+    st.caption(
+        f"{len(trials)} stored trials of {int((chosen['trials'] > 0).sum())} runs on {plain(model.source.label)}. "
+        "Each column is one of the depths asked for: a trial counts at the depth it asked for (its needle sits at a "
+        "sentence boundary near it), and a trial stored for these settings by a grid of other depths counts at the "
+        "nearest column."
+    )
+
+
+if not policies or not contexts:
+    st.info("Choose at least one policy and one context length.")
+elif loaded is None or request is None:
+    st.info("Load a model in the sidebar to see its stored needle trials.")
+else:
+    heatmap_panel(store, loaded, request)

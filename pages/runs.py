@@ -1,4 +1,5 @@
-"""Runs: every stored run, filtered, compared side by side, and downloaded as CSV or Parquet."""
+"""Runs: every stored run, filtered and downloaded as CSV or Parquet, compared side by side, and the comparison
+downloaded as a self-contained HTML report."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from functools import partial
 import streamlit as st
 
 from kvlab.store import RunFilter, default_db_path
-from kvlab.ui.downloads import MIME_TYPES, export_bytes
+from kvlab.ui.chart_view import how_to_read, show_chart
+from kvlab.ui.downloads import MIME_TYPES, export_bytes, report_file
+from kvlab.ui.report import runs_report
 from kvlab.ui.session import page_setup, reading_store
-from kvlab.ui.tables import choices, compare_runs, runs_table, short_model_name
+from kvlab.ui.tables import METRICS, choices, compare_runs, measured_metrics, runs_table, short_model_name
 from kvlab.ui.text import plain, plain_frame
 
 page_setup()
@@ -45,18 +48,11 @@ st.caption(
     "(`kvlab quality`), which answer nothing."
 )
 
-st.subheader("Compare")
-ids = runs["run_id"].tolist()
-picked = st.multiselect("Runs to compare", ids, default=ids[-2:], format_func=lambda i: f"run {i}")
-if picked:
-    chosen = runs[runs["run_id"].isin(picked)]
-    st.table(plain_frame(compare_runs(chosen, store.trials_frame(RunFilter(run_ids=tuple(picked))))))
-
 st.subheader("Download")
-scope = RunFilter(run_ids=tuple(picked)) if picked else selection
 st.caption(
-    f"The {'compared' if picked else 'filtered'} runs ({len(picked) if picked else len(runs)}): one row per "
-    "run, or one row per trial with its run's columns, as `python -m kvlab export` writes them."
+    f"The runs the filters show ({len(runs)}, whatever is picked for comparison below) and their "
+    f"{int(runs['trials'].sum())} trials: one row per run, or one row per trial with its run's columns, as "
+    "`python -m kvlab export` writes them."
 )
 buttons = st.columns(4)
 for column, (table, suffix) in zip(
@@ -64,10 +60,39 @@ for column, (table, suffix) in zip(
 ):
     column.download_button(
         f"{table.capitalize()} ({'CSV' if suffix == '.csv' else 'Parquet'})",
-        data=partial(export_bytes, store, table, suffix, scope),
+        data=partial(export_bytes, store, table, suffix, selection),
         file_name=f"kvlab-{table}{suffix}",
         mime=MIME_TYPES[suffix],
         on_click="ignore",
         icon=":material/download:",
         key=f"download-{table}{suffix}",
+    )
+
+st.subheader("Compare")
+ids = runs["run_id"].tolist()
+picked = st.multiselect("Runs to compare", ids, default=ids[-2:], format_func=lambda i: f"run {i}")
+if picked:
+    chosen = runs[runs["run_id"].isin(picked)]
+    trials = store.trials_frame(RunFilter(run_ids=tuple(picked)))
+    st.table(plain_frame(compare_runs(chosen, trials)))
+    measures = measured_metrics(chosen)
+    metric = (
+        st.radio("Quality", measures, format_func=lambda name: METRICS[name].title, horizontal=True)
+        if measures
+        else "accuracy"
+    )
+    report = runs_report(chosen, trials, metric)
+    for column, figure in zip(st.columns(len(report.figures)), report.figures):
+        column.markdown(f"**{plain(figure.title)}**")
+        how_to_read(column, figure.guide, key=f"guide-{figure.filename}")
+        show_chart(column, figure.figure, key=f"chart-{figure.filename}", filename=figure.filename)
+    st.download_button(
+        "Report (HTML)",
+        data=partial(report_file, report),
+        file_name=f"kvlab-runs-{'-'.join(str(run_id) for run_id in picked)}.html",
+        mime=MIME_TYPES[".html"],
+        on_click="ignore",
+        icon=":material/download:",
+        key="download-report",
+        help="The compared runs' table and charts, each with its guide, as one HTML file that opens offline.",
     )

@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -41,14 +40,11 @@ def free_port() -> int:
 
 
 class Server:
-    """``streamlit run app.py`` on 127.0.0.1 with ``env`` added to this process's environment.
-
-    torch runs with one thread: the browser and the server share this machine's cores, and two torch threads
-    spinning against a browser drawing WebGL slow both down several times over.
-    """
+    """The dashboard started with the README's command (``scripts/dashboard.sh``, which also chooses torch's
+    threads) on 127.0.0.1, with ``env`` added to this process's environment."""
 
     def __init__(self, env: dict[str, str], *flags: str) -> None:
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+        self.env = {**os.environ, **env}
         self.flags = flags
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -58,11 +54,8 @@ class Server:
         """Start the server and wait until it answers its health check; returns its address."""
         self.process = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "streamlit",
-                "run",
-                "app.py",
+                "bash",
+                str(REPO / "scripts" / "dashboard.sh"),
                 "--server.port",
                 str(self.port),
                 "--server.address",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from browser import Server, idle, launch, needs_chromium
-from test_browser import WIDTH, screenshot
+from test_browser import WIDTH, at_both_sizes
 
 from kvlab.claims import CATALOGUE
 
@@ -61,4 +61,4 @@ def test_the_claims_page_in_a_browser(page, tmp_path):
     assert "h2o prefill 47/37/22/12/7%" in nine and "kvlab-tiny-llama" in nine  # measured from the store's runs
     page.mouse.move(0, 0)  # no tooltip over the picture
     chosen = os.environ.get("KVLAB_SCREENSHOTS")
-    screenshot(page, Path(chosen) if chosen else tmp_path, "claims")
+    at_both_sizes(page, Path(chosen) if chosen else tmp_path, "claims")

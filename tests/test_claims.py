@@ -27,7 +27,7 @@ from kvlab.claims import (
 )
 from kvlab.claims.commands import FIRST_TOKEN_ABLATION
 from kvlab.claims.evaluate import check_ids, record
-from kvlab.claims.needle import FULL_CACHE, needle_cells
+from kvlab.claims.needle import FULL_CACHE, article_rows_left_out, needle_cells
 from kvlab.claims.stats import pooled_perplexity, wilson_interval
 from kvlab.claims.verdicts import (
     CONDITIONAL,
@@ -100,6 +100,18 @@ def test_side_by_side_keeps_both_and_the_full_cache_ceiling():
     assert pd.isna(table.loc["h2o streaming (kvlab)", "50% pruned"])
     assert (table.loc["full cache (kvlab)", ["10% pruned", "90% pruned"]] == 100.0).all()
     assert table.loc["full cache (kvlab)", "10% pruned, 95% interval"] == "34–100"  # 2 of 2
+
+
+def test_the_article_rows_never_stand_without_kvlab_rows_of_their_policy():
+    table = side_by_side(trials())
+    assert [row for row in table.index if row.endswith("(article)")] == ["h2o (article)"]
+    assert article_rows_left_out(table) == ["streaming", "random"]
+    at_other_ratios = pd.DataFrame(  # kvlab measured streaming, but at none of the article's pruning ratios
+        [{"context_length": 4096, "keep": 0.75, "policy": "streaming", "mode": "prefill", "correct": True}] * 3
+    )
+    table = side_by_side(pd.concat([trials(), at_other_ratios]))
+    assert "streaming (article)" not in table.index and "streaming prefill (kvlab)" not in table.index
+    assert article_rows_left_out(side_by_side(trials(), context=1024)) == list(PUBLISHED_NEEDLE_CLAIM)
 
 
 def test_the_full_cache_and_the_ablation_are_named_as_the_policy_registry_says():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -108,6 +109,12 @@ def test_bad_inputs_exit_non_zero_with_one_sentence(checkpoint, capsys, argv, me
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_an_empty_model_name_is_refused_not_replaced_by_the_default(capsys):
+    status, out, err = run(capsys, "generate", "--model", " ", "--prompt", "hello")
+    assert status == 2 and out == ""
+    assert "No model was named" in err
+
+
 def test_a_fraction_below_the_policy_minimum_is_refused_once_the_context_is_known(checkpoint, capsys):
     status, _, err = run(
         capsys,
@@ -134,3 +141,38 @@ def test_the_command_line_starts_without_loading_torch():
     code = "import sys, kvlab.cli; kvlab.cli.build_parser(); print('torch' in sys.modules)"
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert shown == "False"
+
+
+def test_generate_says_what_the_cache_kept_against_the_prompt(checkpoint, capsys):
+    """A budget smaller than the prompt evicts, and the figures line shows it: tokens kept per layer beside the
+    prompt's length, and the bytes in use as a share of what a full cache would hold."""
+    argv = ["generate", "--model", checkpoint, "--prompt", "the cache keeps the tokens that matter " * 6]
+    tail = ["--mode", "streaming", "--chunk", "8", "--max-new-tokens", "4"]
+    status, _, err = run(capsys, *argv, "--policy", "streaming", "--budget", "16", *tail)
+    assert status == 0
+    figures = re.search(
+        r"prompt ([\d,]+) tokens, 4 generated, budget 16; the cache kept 16 tokens per layer; "
+        r"KV in use ([\d,]+) B \((\d+)% of the ([\d,]+) B a full cache would hold\)",
+        err,
+    )
+    assert figures is not None, err
+    prompt_tokens, in_use, share, full = (int(group.replace(",", "")) for group in figures.groups())
+    assert prompt_tokens > 16
+    assert in_use < full and share == round(100 * in_use / full)
+
+    status, _, err = run(capsys, *argv, "--policy", "full", *tail)
+    assert status == 0
+    kept = prompt_tokens + 4 - 1  # every token read: the prompt and the generated tokens but the last
+    assert f"the cache kept {kept} tokens per layer; KV in use" in err and "(100% of the" in err
+
+
+def test_generate_shows_a_range_when_layers_keep_different_numbers(checkpoint, capsys):
+    argv = ["generate", "--model", checkpoint, "--prompt", "the tokens that matter " * 12, "--max-new-tokens", "2"]
+    pyramid = ["--policy", "pyramidkv", "--param", "window=4", "--budget", "24"]
+    status, out, _ = run(capsys, *argv, *pyramid, "--json")
+    assert status == 0
+    kept = json.loads(out)["kept_per_layer"]
+    assert min(kept) < max(kept)
+    status, _, err = run(capsys, *argv, *pyramid)
+    assert status == 0
+    assert f"the cache kept {min(kept)} to {max(kept)} tokens per layer (mean {round(sum(kept) / len(kept))})" in err

@@ -242,11 +242,12 @@ def test_cost_table_rows_and_units() -> None:
     assert list(table.columns) == ["Quantity", "Unit", "Full cache", "Evicted (keep 25%)"]
     rows = table.set_index("Quantity")
     assert rows.loc["KV per token, all layers", "Full cache"] == 131_072
-    assert rows.loc["KV per sequence", "Unit"] == "GiB"
-    assert rows.loc["KV per sequence", "Full cache"] == 1.0
-    assert rows.loc["KV per sequence", "Evicted (keep 25%)"] == 0.25
+    assert rows.loc["KV per sequence", "Unit"] == "bytes"
+    assert rows.loc["KV per sequence", "Full cache"] == GIB
+    assert rows.loc["KV per sequence", "Evicted (keep 25%)"] == GIB / 4
     assert rows.loc["Batch fits in memory", "Full cache"] == "yes"
-    assert rows.loc["Weights", "Full cache"] == pytest.approx(2 * 8_030_261_248 / GIB)
+    assert rows.loc["Weights", "Full cache"] == 2 * 8_030_261_248
+    assert rows.loc["Fewest GPUs that hold one sequence", "Full cache"] == 1
     assert table["Unit"].str.len().gt(0).all()
 
 

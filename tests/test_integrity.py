@@ -23,7 +23,8 @@ from kvlab.store import open_store
 from kvlab.sweep import SweepGrid, SweepRunner
 from kvlab.tasks.items import load_jsonl
 from kvlab.tasks.needle import score
-from kvlab.ui.live import LiveRun, LiveSettings, TextTask, build_prompt, store_live_run
+from kvlab.ui.live import LiveRun, LiveSettings, TextTask, build_prompt
+from kvlab.ui.live_store import store_live_run
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

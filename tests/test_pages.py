@@ -22,6 +22,7 @@ from kvlab.ui.sweep_jobs import SWEEP_JOBS
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = {
+    "pages/overview.py": "Overview",
     "pages/live.py": "Live run",
     "pages/needle_grid.py": "Needle grid",
     "pages/frontier.py": "Frontier",
@@ -107,9 +108,9 @@ def test_a_short_live_run_completes_and_is_stored(db):
     titles = set(charts(app))
     assert {
         "KV cache bytes",
-        "Cache map: surviving positions per layer",
-        "Entropy per layer over the run",
-        "Attention weight per key over the run (mean over layers)",
+        "Cache map: tokens held",
+        "Entropy over the run",
+        "Attention weight per key<br>mean over layers",
     } <= titles
     runs = open_store(db).list_runs()
     assert len(runs) == 1 and runs.loc[0, "trials"] == 1 and runs.loc[0, "context_length"] == 256
@@ -117,7 +118,7 @@ def test_a_short_live_run_completes_and_is_stored(db):
     widget(app.selectbox, "3D view").set_value(2)
     app.run()
     assert not app.exception
-    assert "Attention weight per key over the run (layer 2)" in charts(app)
+    assert "Attention weight per key<br>layer 2" in charts(app)
     assert "stored as run 1" in app.main.caption[-1].value
     assert open_store(db).list_runs().loc[0, "trials"] == 1  # redrawn, not run again
 
@@ -190,7 +191,7 @@ def grid_page(db, policies: list[str], depths: int = 2, trials: int = 1, batch: 
     app = open_page("pages/needle_grid.py")
     widget(app.multiselect, "Policies").set_value(policies)
     widget(app.multiselect, "Context lengths (tokens)").set_value([256])
-    widget(app.slider, "Depths from 0 to 1").set_value(depths)
+    widget(app.slider, "Needle depths (how many)").set_value(depths)
     widget(app.number_input, "Trials per cell").set_value(trials)
     widget(app.number_input, "Batch size").set_value(batch)
     app.run()
@@ -309,6 +310,7 @@ def test_the_runs_page_filters_compares_and_offers_downloads(seeded):
         "Runs (Parquet)",
         "Trials (CSV)",
         "Trials (Parquet)",
+        "Report (HTML)",
     }
 
 
@@ -354,9 +356,11 @@ def test_with_a_login_configured_a_visitor_sees_only_the_login_and_runs_record_t
     app.secrets["auth"] = AUTH
     app.user = {"is_logged_in": True, "email": "ann@example.com", "name": "Ann"}
     app.run()
-    assert app.title[0].value == "Live run"
+    assert app.title[0].value == "Overview"
     assert "Logged in as **ann@example.com**" in [shown(caption.value) for caption in app.sidebar.caption]
     assert widget(app.sidebar.button, "Log out")
+    app.switch_page("pages/live.py")
+    app.run()
     widget(app.number_input, "Context length (tokens)").set_value(128)
     widget(app.number_input, "Tokens to generate (at most)").set_value(2)
     click(app, "Run")

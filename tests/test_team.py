@@ -20,7 +20,8 @@ from kvlab.budget import Budget
 from kvlab.store import open_store
 from kvlab.ui.device_queue import DeviceQueue, Ticket, Waiting
 from kvlab.ui.grid import NeedleGridRequest
-from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, build_prompt, store_live_run
+from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, build_prompt
+from kvlab.ui.live_store import store_live_run
 from kvlab.ui.sweep_jobs import SweepJobs
 
 sync_api = pytest.importorskip("playwright.sync_api")

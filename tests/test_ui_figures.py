@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
 from kvlab.engine import Event
 from kvlab.ui import live_figures as figures
-from kvlab.ui.live import LiveTrace
+from kvlab.ui.live import LiveTrace, MemoryPoint
 
 LAYERS, HEADS, KV_HEADS = 2, 4, 2
 PROMPT, CHUNK, BINS = 256, 16, 32  # 8 positions per bin
 SINKS = (0, 1)
 HITTER = 84  # bin 10, read in the pass of tokens 80-95
 RECENT = 16
+#: Chromium fits about 37 characters of a bold chart title on a line in a chart a third of a 1,280-pixel page wide
+#: (260 px with the sidebar open) and 26 at a 1,024-pixel page (180 px); 24 leaves room for wide letters. Charts side
+#: by side leave room for two lines.
+TITLE_LINE_CHARACTERS = 24
+TITLE_LINES = 2
+#: The 3D view's axis titles are drawn in the scene, where a long one runs out of the chart.
+SCENE_TITLE_CHARACTERS = 12
 
 
 def held_after(seen: int) -> list[int]:
@@ -157,7 +166,7 @@ def test_cache_map_shows_share_held_and_leaves_unread_positions_blank(trace):
     assert layer[5] == 0.0  # read, then evicted
     assert np.all(layer[-2:] == 1.0)  # the recent window
     assert edges[0] == 0 and edges[-1] == PROMPT
-    half_read = LiveTrace(1, PROMPT, 0, BINS, 2)
+    half_read = LiveTrace(LAYERS, PROMPT, 0, BINS, 2)
     half_read.add(event("prefill", 0, 0, 128, []))
     assert np.isnan(figures.survival(half_read, 32)[0][0, 16:]).all()
 
@@ -165,9 +174,22 @@ def test_cache_map_shows_share_held_and_leaves_unread_positions_blank(trace):
 def test_memory_figure_labels_measured_and_computed_bytes(trace):
     figure = figures.memory_figure(trace)
     names = [series.name for series in figure.data]
-    assert names[:3] == ["full cache (computed)", "reserved (measured from tensors)", "in use (measured from tensors)"]
-    assert figure.layout.yaxis.title.text == "KV bytes (KiB)"
-    assert list(figure.data[2].y)[-1] == pytest.approx(len(held_after(PROMPT)))
+    assert names[:3] == ["full cache (computed)", "reserved (measured)", "in use (measured)"]
+    assert figure.layout.yaxis.title.text == "KV bytes"
+    in_use = figure.data[2]
+    assert list(in_use.y)[-1] == len(held_after(PROMPT)) * 1024  # raw bytes on the axis
+    assert in_use.customdata[-1][0] == f"{len(held_after(PROMPT))}.0 KiB"  # binary units in the hover
+
+
+def test_memory_axis_is_ticked_at_round_binary_units(trace):
+    axis = figures.memory_figure(trace).layout.yaxis
+    assert all(re.fullmatch(r"\d+ KiB", label) for label in axis.ticktext)  # the full cache reaches 256 KiB
+    assert axis.tickvals[0] == 0 and axis.tickvals[-1] >= PROMPT * 1024
+    steps = np.diff(axis.tickvals)
+    assert np.all(steps == steps[0]) and steps[0] % 1024 == 0
+    larger = LiveTrace(LAYERS, PROMPT, 0, BINS, 2)
+    larger.memory = [MemoryPoint("prefill", 128, 3 << 20, 12 << 20, 5 << 20)]
+    assert all(label.endswith(" MiB") for label in figures.memory_figure(larger).layout.yaxis.ticktext)
 
 
 def test_sink_and_entropy_figures_read_the_latest_pass(trace):
@@ -196,6 +218,34 @@ def test_every_figure_has_a_placeholder_before_the_first_pass():
     assert figures.attention_landscape(empty).layout.annotations[0].text == figures.WAITING_FOR_ROWS
 
 
-def test_byte_units():
-    assert figures.byte_unit(512) == (1.0, "bytes")
-    assert figures.byte_unit(3 << 20) == (float(1 << 20), "MiB")
+def title_lines(figure) -> list[str]:
+    """The lines of a figure's title as they are drawn (HTML tags other than line breaks dropped)."""
+    return re.sub(r"<(?!br>)[^>]+>", "", figure.layout.title.text).split("<br>")
+
+
+def every_figure(trace: LiveTrace | None) -> list:
+    return [
+        figures.memory_figure(trace),
+        figures.sink_figure(trace),
+        figures.head_entropy(trace),
+        figures.attention_landscape(trace),
+        figures.attention_landscape(trace, layer=LAYERS - 1),
+        figures.cache_map(trace),
+        figures.entropy_over_time(trace),
+    ]
+
+
+def test_titles_fit_a_chart_a_third_of_a_page_wide(trace):
+    many_sinks = LiveTrace(LAYERS, PROMPT, 0, BINS, 16)
+    for step, first in enumerate(range(0, 2 * CHUNK, CHUNK)):
+        many_sinks.add(event("prefill", step, first, first + CHUNK, held_after(first)))
+    for figure in every_figure(None) + every_figure(trace) + every_figure(many_sinks):
+        lines = title_lines(figure)
+        assert len(lines) <= TITLE_LINES and all(0 < len(line) <= TITLE_LINE_CHARACTERS for line in lines), lines
+
+
+def test_the_3d_scene_axis_titles_are_short(trace):
+    scene = figures.attention_landscape(trace).layout.scene
+    titles = [scene.xaxis.title.text, scene.yaxis.title.text, scene.zaxis.title.text]
+    assert all(0 < len(title) <= SCENE_TITLE_CHARACTERS for title in titles), titles
+    assert scene.domain.x[1] - scene.domain.x[0] == 1  # the colour bar lies below the scene, not beside it

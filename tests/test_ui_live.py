@@ -11,7 +11,8 @@ from kvlab.engine import Generation
 from kvlab.errors import KvlabError
 from kvlab.store import open_store
 from kvlab.tasks.needle import score
-from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, TextTask, build_prompt, store_live_run, warm_up
+from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, TextTask, build_prompt, warm_up
+from kvlab.ui.live_store import store_live_run
 
 
 def run_to_end(run: LiveRun) -> list:

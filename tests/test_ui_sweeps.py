@@ -15,7 +15,7 @@ from kvlab.errors import KvlabError
 from kvlab.store import SweepRecord
 from kvlab.ui.device_queue import DeviceQueue
 from kvlab.ui.grid import NeedleGridRequest
-from kvlab.ui.sweep_jobs import SweepJobs, sweep_views
+from kvlab.ui.sweep_jobs import SweepJobs, filling_job, filling_sentence, sweep_views
 
 
 @pytest.fixture
@@ -148,3 +148,21 @@ def test_the_page_lists_sweeps_to_resume_and_only_the_latest_finished(shipped):
     assert views[3].can_resume and views[2].can_resume  # running, but in no job of this process: it died
     assert (views[1].level, views[1].can_resume) == ("error", False)
     assert "not a needle grid" in views[1].sentence
+
+
+def test_a_sweep_fills_the_heatmaps_of_the_settings_it_shares(shipped, store, jobs):
+    request = grid_request(shipped)
+    assert request.fills(dataclasses.replace(request, policies=("h2o", "random"), depths=5, trials=3, batch_size=1))
+    assert not request.fills(dataclasses.replace(request, keep=0.3))
+    assert not request.fills(dataclasses.replace(request, policies=("random",)))
+    assert not request.fills(dataclasses.replace(request, contexts=(512,)))
+    assert filling_sentence(None, stored=True) is None
+    assert filling_sentence(None, stored=False).endswith("press Run grid to measure them.")
+    with jobs.queue.turn("holder"):
+        job = jobs.start(request, shipped, store)
+        until(lambda: job.waiting is not None)
+        assert filling_job(jobs.jobs(store.path), dataclasses.replace(request, depths=5)) is job
+        assert filling_job(jobs.jobs(store.path), dataclasses.replace(request, mode="streaming")) is None
+        assert "waits for the device" in filling_sentence(job, stored=False)
+    assert job.join(60)
+    assert filling_job(jobs.jobs(store.path), request) is None  # ended: it fills nothing any more

@@ -139,10 +139,24 @@ def test_frontier_points_on_the_kept_fraction_and_byte_axes(store):
     front = set(by_bytes[by_bytes["front"]]["label"])
     assert front == {"h2o · prefill · keep 10%", "streaming · prefill · 128 tokens"}
     figure = frontier_figure(by_bytes, "KV bytes", bytes_axis=True)
-    assert figure.layout.xaxis.type == "log" and figure.layout.xaxis.title.text == "KV bytes (MiB)"
+    assert figure.layout.xaxis.type == "log" and figure.layout.xaxis.title.text == "KV bytes"
+    assert "KiB" in " ".join(figure.layout.xaxis.ticktext)  # round binary ticks, not plotly's 2 3 4 5 in MiB
     assert figure.data[-1].name == "Pareto front" and len(figure.data[-1].x) == len(front)
     assert len(figure.data) == 1 + len(set(by_bytes["line"]))
     assert tables.frontier_points(frontier.iloc[0:0]).empty
+
+
+def test_frontier_lines_at_the_same_fraction_are_drawn_apart_and_named_together(store):
+    points = tables.frontier_points(store.accuracy_frontier(), "keep")
+    figure = frontier_figure(points, "kept fraction", bytes_axis=False)
+    at_ten = {trace.name: trace.x[0] for trace in figure.data[:-1] if trace.name != "full cache"}
+    assert at_ten["h2o · prefill"] != at_ten["streaming · prefill"]  # both keep 10 %
+    assert abs(at_ten["h2o · prefill"] - at_ten["streaming · prefill"]) < 0.05
+    low, high = figure.layout.xaxis.range
+    assert all(low < x < high for trace in figure.data for x in trace.x)
+    hover = figure.data[1].customdata[0][1]
+    assert hover.startswith("At keep 10%") and "streaming · prefill · 0 % (n=1)" in hover
+    assert len({trace.marker.symbol for trace in figure.data[:-1]}) == len(figure.data) - 1
 
 
 def test_runs_table_and_comparison(store):
@@ -155,7 +169,7 @@ def test_runs_table_and_comparison(store):
     compared = tables.compare_runs(picked, store.trials_frame(RunFilter(run_ids=(1, 2))))
     assert list(compared.columns) == ["run 1", "run 2"]
     assert compared.loc["budget", "run 2"] == "keep 10%"
-    assert compared.loc["mean KV bytes at end (measured)", "run 1"] == "8,000"
+    assert compared.loc["mean KV bytes at end (measured)", "run 1"] == "7.81 KiB"  # 8,000 bytes
     assert compared.loc["trials", "run 2"] == "4"
     assert all(isinstance(value, str) for value in compared.to_numpy().ravel())
 
@@ -176,7 +190,7 @@ def test_cost_table_is_written_out_for_reading():
     shown = cost_view.formatted_costs(cost_table(model, gpu, scenario)).set_index("Quantity")
     assert shown.loc["Sequences that fit beside the weights", "Full cache"] == "57"
     assert shown.loc["Sequences that fit beside the weights", "Evicted (keep 25%)"] == "228"
-    assert shown.loc["KV per token, all layers", "Full cache"] == "131,072"
+    assert shown.loc["KV per token, all layers", "Full cache"] == "128 KiB"
     assert shown.loc["Batch fits in memory", "Full cache"] == "yes"
     assert shown.loc["Cost per query", "Full cache"].startswith("$0.000998")
     figure = cost_bars(*compare(model, gpu, scenario))

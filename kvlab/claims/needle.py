@@ -143,13 +143,17 @@ def _fill_intervals(table: pd.DataFrame) -> pd.DataFrame:
 
 def side_by_side(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataFrame:
     """The article's rows and kvlab's rows for the same pruning ratios, each article policy followed by kvlab's
-    measurement of it, then the other policies, then the full cache (which prunes nothing) as the ceiling."""
-    measured = measured_table(trials, context)
+    measurement of it, then the other policies, then the full cache (which prunes nothing) as the ceiling.
+
+    kvlab's rows are those with a measured cell at one of the article's ratios, and an article row appears only
+    where kvlab has such a row of its policy: the published figures are never shown without kvlab's beside them
+    (:func:`article_rows_left_out` names those left out)."""
+    measured = measured_table(trials, context).dropna(how="all", subset=_columns())
     published = published_table()
     order: list[str] = []
     for policy in PUBLISHED_NEEDLE_CLAIM:
-        order.append(f"{policy} (article)")
-        order += [row for row in measured.index if row.startswith(f"{policy} ")]
+        kvlab_rows = [row for row in measured.index if row.startswith(f"{policy} ")]
+        order += [f"{policy} (article)", *kvlab_rows] if kvlab_rows else []
     order += [row for row in measured.index if row not in order]
     table = pd.concat([published, measured]).reindex(index=order, columns=_measured_columns())
     full = full_cache_cell(trials, context)
@@ -159,3 +163,9 @@ def side_by_side(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataF
         table.loc[label, [interval_column(p) for p in PRUNING]] = interval_text(full["low"], full["high"])
         table.loc[label, TRIALS_COLUMN] = full["trials"]
     return _fill_intervals(table)
+
+
+def article_rows_left_out(table: pd.DataFrame) -> list[str]:
+    """The article's policies whose rows a :func:`side_by_side` table leaves out, kvlab having measured none of
+    their cells at that length."""
+    return [policy for policy in PUBLISHED_NEEDLE_CLAIM if f"{policy} (article)" not in table.index]

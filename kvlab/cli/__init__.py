@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Callable, NoReturn, Sequence
 
-from kvlab.cli import claims, evaluation, generate, quality, store
+from kvlab.cli import claims, evaluation, generate, live, quality, store
 from kvlab.errors import KvlabError
 from kvlab.guard import log_to_file
 
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     store.register(commands)
     quality.register(commands)
     claims.register(commands)
+    live.register(commands)
     return parser
 
 

@@ -26,6 +26,7 @@ from kvlab.cli.options import (
 )
 
 if TYPE_CHECKING:  # the parser is built without loading torch
+    from kvlab.store import Store
     from kvlab.tasks.needle import Kind
 
 NEEDLE_KINDS: dict[str, Kind] = {"needle": "single", "needle-multikey": "multi-key", "needle-multivalue": "multi-value"}
@@ -72,7 +73,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="let every prefill-mode policy read each context itself (for measuring the sharing)",
     )
     add_db_argument(sweep, "database file")
-    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar and no estimate")
+    sweep.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the trials, those already stored and an estimate of the time the rest take, and exit",
+    )
     sweep.set_defaults(func=run_sweep)
 
     evaluate = commands.add_parser(
@@ -123,17 +129,32 @@ def sweep_grid(args: argparse.Namespace):
     )
 
 
+def existing_store(path: str | None) -> Store | None:
+    """The database at ``path`` (or the default one) opened read-only, or None when there is none yet: a dry run
+    creates and changes nothing."""
+    from kvlab.store import default_db_path, open_store
+
+    where = Path(path) if path else default_db_path()
+    return open_store(where, read_only=True) if where.is_file() and where.stat().st_size > 0 else None
+
+
 def run_sweep(args: argparse.Namespace) -> int:
     """Run (or resume) a sweep and report what was run and what was already stored."""
     from tqdm import tqdm
 
+    from kvlab.estimate import measure_speed, sweep_estimate
     from kvlab.store import open_store
     from kvlab.sweep import SweepRunner
 
     grid = sweep_grid(args)
     loaded = load_model_from_args(args)
     grid.check_fits(loaded)  # before the store is opened: a grid that cannot run creates no database
+    if args.dry_run:
+        print(sweep_estimate(loaded, grid, existing_store(args.db), functools.partial(measure_speed, loaded, grid)))
+        return 0
     store = open_store(args.db)
+    if not args.quiet:
+        print(sweep_estimate(loaded, grid, store, functools.partial(measure_speed, loaded, grid)), file=sys.stderr)
     bar = tqdm(total=0, unit="trial", file=sys.stderr, disable=args.quiet)
 
     def progress(done: int, total: int, label: str) -> None:

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import textwrap
+from typing import TYPE_CHECKING
 
 from kvlab.cli.options import (
     add_generation_arguments,
@@ -18,6 +19,9 @@ from kvlab.cli.options import (
 )
 from kvlab.errors import KvlabError
 from kvlab.tasks.texts import read_text
+
+if TYPE_CHECKING:  # the engine imports torch; the parser must not
+    from kvlab.engine import GenerationResult, RunSpec
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -92,15 +96,32 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         print(result.texts[0])
         print(f"[{source.label}: {source.describe()}]", file=sys.stderr)
-        print(
-            f"[{spec.policy.name}, {spec.mode}, {spec.layout}] context {result.context_tokens} tokens, budget "
-            f"{result.budget_tokens or 'none'}; KV in use {result.kv_bytes:,} B of {result.kv_bytes_full:,} B full, "
-            f"peak {result.peak_kv_bytes:,} B; reserved {result.kv_reserved_bytes:,} B, dead share "
-            f"{result.dead_share:.0%}, {result.compactions} compactions (measured from the cache tensors on "
-            f"{result.device})",
-            file=sys.stderr,
-        )
+        print(_figures_line(spec, result), file=sys.stderr)
     return 0
+
+
+def _figures_line(spec: RunSpec, result: GenerationResult) -> str:
+    """The figures of one generation in one line for a person: what the cache kept against what it read, so that
+    eviction shows (a budget the prompt never reaches evicts nothing), then the bytes measured from its tensors."""
+    full = result.kv_bytes_full
+    share = f"{result.kv_bytes / full:.0%} of " if full else ""
+    return (
+        f"[{spec.policy.name}, {spec.mode}, {spec.layout}] prompt {result.context_tokens:,} tokens, "
+        f"{len(result.tokens[0]):,} generated, budget {result.budget_tokens or 'none'}; the cache kept "
+        f"{kept_tokens(result)}; KV in use {result.kv_bytes:,} B ({share}the {full:,} B a full cache would hold), "
+        f"peak {result.peak_kv_bytes:,} B; reserved {result.kv_reserved_bytes:,} B, dead share "
+        f"{result.dead_share:.0%}, {result.compactions} compactions (in use, peak and reserved measured from the "
+        f"cache tensors on {result.device})"
+    )
+
+
+def kept_tokens(result: GenerationResult) -> str:
+    """How many tokens each layer's cache holds at the end: one number when the layers agree, else their range and
+    mean (PyramidKV and sliding-window layers keep different numbers)."""
+    low, high = min(result.kept_per_layer, default=0), max(result.kept_per_layer, default=0)
+    if low == high:
+        return f"{low:,} tokens per layer"
+    return f"{low:,} to {high:,} tokens per layer (mean {result.mean_kept_tokens:,})"
 
 
 def run_policies(args: argparse.Namespace) -> int:

@@ -103,8 +103,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     add_seed_argument(parser)
 
 
-def add_heap_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of the KV heap: its layout, the threshold layout's dead share, and eager decoding."""
+def add_heap_arguments(parser: argparse.ArgumentParser, eager: bool = True) -> None:
+    """Options of the KV heap: its layout, the threshold layout's dead share, and (with ``eager``) eager decoding
+    (a command that observes attention always decodes eagerly, and has no such option)."""
     from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
 
     parser.add_argument(
@@ -119,6 +120,8 @@ def add_heap_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_COMPACT_AT,
         help=f"the threshold layout's dead share, in (0, 1] (default {DEFAULT_COMPACT_AT})",
     )
+    if not eager:
+        return
     parser.add_argument(
         "--eager",
         action="store_true",

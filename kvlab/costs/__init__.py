@@ -5,6 +5,7 @@ presets, :mod:`~kvlab.costs.report` turns a scenario into outputs. Everything is
 """
 
 from kvlab.costs.formulas import (
+    MOST_GPUS,
     PRECISION_BYTES,
     attended_pairs,
     attention_flops_per_pair,
@@ -14,6 +15,7 @@ from kvlab.costs.formulas import (
     cost_per_query,
     decode_step_seconds,
     decode_tokens_per_second,
+    gpus_that_fit,
     kept_tokens,
     kv_bytes_for_sequence,
     kv_bytes_per_token,
@@ -26,12 +28,14 @@ from kvlab.costs.formulas import (
 )
 from kvlab.costs.gpus import GPU_PRESETS, GpuSpec
 from kvlab.costs.models import MODEL_PRESETS, ModelSpec
-from kvlab.costs.report import FORMULAS, CostEstimate, Scenario, compare, cost_table, estimate
+from kvlab.costs.report import DOES_NOT_FIT, FORMULAS, CostEstimate, Scenario, compare, cost_table, estimate
 
 __all__ = [
+    "DOES_NOT_FIT",
     "FORMULAS",
     "GPU_PRESETS",
     "MODEL_PRESETS",
+    "MOST_GPUS",
     "PRECISION_BYTES",
     "CostEstimate",
     "GpuSpec",
@@ -48,6 +52,7 @@ __all__ = [
     "decode_step_seconds",
     "decode_tokens_per_second",
     "estimate",
+    "gpus_that_fit",
     "kept_tokens",
     "kv_bytes_for_sequence",
     "kv_bytes_per_token",

@@ -23,7 +23,9 @@ PRECISION_BYTES: Mapping[str, float] = MappingProxyType(
 QUANT_GROUP_META_BYTES = 4
 """Bytes of metadata per quantisation group: one fp16 scale and one fp16 zero-point."""
 
-"""``keep × N`` is rounded to this many decimals before ``ceil`` so that 0.1 × 30 keeps 3 tokens, not 4."""
+MOST_GPUS = 64
+"""The most GPUs the calculator splits one model over; a configuration that needs more is reported as not fitting
+on any count it offers (64 is eight nodes of eight GPUs)."""
 
 
 def bytes_per_element(precision: str, group_size: int | None = None) -> float:
@@ -118,6 +120,28 @@ def sequences_that_fit(
     if free <= 0 or kv_bytes_per_sequence <= 0:
         return 0
     return math.floor(free / kv_bytes_per_sequence)
+
+
+def gpus_that_fit(
+    memory_bytes: float,
+    weights_bytes: float,
+    kv_bytes_per_sequence: float,
+    reserve_fraction: float = 0.10,
+    sequences: int = 1,
+    most: int = MOST_GPUS,
+) -> int | None:
+    """The fewest GPUs of ``memory_bytes`` each that hold the weights, the reserve and ``sequences`` caches.
+
+    Under ideal tensor parallelism the GPUs pool their memory, so this is the smallest count ``g`` for which
+    :func:`sequences_that_fit` of ``g × memory_bytes`` reaches ``sequences``; None when even ``most`` GPUs do not.
+    """
+    for count in range(1, most + 1):
+        if (
+            sequences_that_fit(count * memory_bytes, weights_bytes, kv_bytes_per_sequence, reserve_fraction)
+            >= sequences
+        ):
+            return count
+    return None
 
 
 def decode_step_seconds(

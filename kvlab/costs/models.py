@@ -8,6 +8,7 @@ the count derived from the config).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,90 @@ class ModelSpec:
     def params_per_token(self) -> float:
         """Parameters one token runs through: ``active_params`` for a mixture of experts, else ``params``."""
         return self.params if self.active_params is None else self.active_params
+
+
+#: Endings of ``architectures`` entries that generate text token by token, and so decode with a KV cache.
+_GENERATIVE_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+#: Endings of ``architectures`` entries that read a text in one pass (masked-LM, classification, extraction heads).
+_ONE_PASS_HEADS = (
+    "ForMaskedLM",
+    "ForPreTraining",
+    "ForNextSentencePrediction",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+)
+#: ``model_type`` of encoder-only families (all have a masked-LM head in transformers); a config of one of these
+#: types is a decoder only when it says ``"is_decoder": true``.
+ENCODER_ONLY_TYPES = frozenset(
+    {
+        "albert",
+        "bert",
+        "big_bird",
+        "camembert",
+        "convbert",
+        "data2vec-text",
+        "deberta",
+        "deberta-v2",
+        "distilbert",
+        "electra",
+        "ernie",
+        "esm",
+        "eurobert",
+        "funnel",
+        "longformer",
+        "megatron-bert",
+        "mobilebert",
+        "modernbert",
+        "mpnet",
+        "nomic_bert",
+        "rembert",
+        "roberta",
+        "roformer",
+        "squeezebert",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+    }
+)
+
+
+#: ``model_type`` of encoder-decoder families, refused even when a config.json leaves ``is_encoder_decoder`` out.
+ENCODER_DECODER_TYPES = frozenset(
+    {"bart", "longt5", "m2m_100", "marian", "mbart", "mt5", "nllb-moe", "pegasus", "switch_transformers", "t5", "umt5"}
+)
+
+
+def require_decoder(config: Mapping[str, Any]) -> None:
+    """Refuse, in one sentence, a ``config.json`` that is not a decoder's: the cost model prices the cache a
+    decoder-only transformer keeps while it generates, which encoders and encoder-decoders do not have in this form.
+
+    Decided from what the published files state: ``is_encoder_decoder`` (or an encoder-decoder ``model_type``),
+    then the ``architectures`` heads (a causal-LM head accepts, a masked-LM or classification head refuses), then
+    the ``model_type`` of encoder-only families. A missing ``is_decoder`` is no reason to refuse: Llama, Qwen and
+    Mistral files leave it out.
+    """
+    model_type = str(config.get("model_type", ""))
+    if config.get("is_encoder_decoder") is True or model_type in ENCODER_DECODER_TYPES:
+        raise KvlabError(
+            f"This config describes an encoder-decoder model ({model_type or 'no model_type'}), and the calculator "
+            "prices only decoder-only transformers; paste the config of a model whose architectures end in ForCausalLM."
+        )
+    heads = config.get("architectures")
+    names = [name for name in heads if isinstance(name, str)] if isinstance(heads, list) else []
+    if any(name.endswith(_GENERATIVE_HEADS) for name in names):
+        return
+    one_pass = next((name for name in names if name.endswith(_ONE_PASS_HEADS)), None)
+    if one_pass is not None:
+        raise KvlabError(
+            f"This config describes {one_pass}, which reads its input in one pass and generates no tokens, so it "
+            "has no KV cache to price; paste the config of a model whose architectures end in ForCausalLM."
+        )
+    if model_type in ENCODER_ONLY_TYPES and config.get("is_decoder") is not True:
+        raise KvlabError(
+            f"This config describes a {model_type} model, an encoder that reads its input in one pass and keeps no "
+            "KV cache; paste the config of a model whose architectures end in ForCausalLM."
+        )
 
 
 def _alternating_layer_types(num_layers: int) -> list[str]:

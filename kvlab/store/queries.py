@@ -327,6 +327,42 @@ class Store:
         with connection.cursor(self.path, write=write) as cursor:
             yield cursor
 
+    # --- replays of live runs -----------------------------------------------------------------------------------
+
+    def add_replay(self, run_id: int, trial_key: str, payload: bytes) -> None:
+        """Keep a live run's replay (:mod:`kvlab.ui.replay`) with its trial; the latest recording of a trial
+        replaces an earlier one, as running the same settings on the same prompt again is the same trial."""
+
+        def upsert(cursor: Cursor) -> None:
+            self._require_run(cursor, run_id)
+            cursor.execute("INSERT OR REPLACE INTO replays VALUES (?, ?, ?, ?)", [run_id, trial_key, payload, utcnow()])
+
+        self._write(upsert)
+
+    def replays(self, filters: RunFilter = RunFilter()) -> pd.DataFrame:
+        """The stored runs that can be replayed, newest first: every run column, the trial, its verdict, the
+        payload's size and when it was recorded."""
+        where, params = _where(filters)
+        return self._read(
+            f"""
+            SELECT r.*, p.trial_key, t.correct, t.exact, octet_length(p.payload) AS replay_bytes, p.recorded_at
+            FROM replays p JOIN runs r USING (run_id)
+            LEFT JOIN trials t ON t.run_id = p.run_id AND t.trial_key = p.trial_key
+            WHERE {where} ORDER BY p.recorded_at DESC, r.run_id DESC
+            """,
+            params,
+        )
+
+    def replay_payload(self, run_id: int, trial_key: str) -> bytes:
+        """One stored replay's payload; a run without one is one sentence."""
+        with self._cursor() as cursor:
+            rows = self._fetch(
+                cursor, "SELECT payload FROM replays WHERE run_id = ? AND trial_key = ?", [run_id, trial_key]
+            )
+        if not rows:
+            raise KvlabError(f"Run {run_id} has no stored replay for {trial_key!r} in {self.path}.")
+        return bytes(rows[0][0])
+
     # --- the articles' claims ----------------------------------------------------------------------------------
 
     def replace_claims(self, rows: Iterable[ClaimRecord]) -> int:

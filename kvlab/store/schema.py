@@ -235,6 +235,22 @@ def v7_quality_and_claims(cursor: Cursor) -> None:
     )
 
 
+def v8_replays(cursor: Cursor) -> None:
+    """Replays: a stored live run keeps its trace (the statistics of every pass, the bytes and survivors after every
+    event, the text after every token) as one compressed payload, so it can be watched again without a model."""
+    cursor.execute(
+        """
+        CREATE TABLE replays (
+            run_id BIGINT NOT NULL,
+            trial_key VARCHAR NOT NULL,
+            payload BLOB NOT NULL,
+            recorded_at TIMESTAMP NOT NULL,
+            PRIMARY KEY (run_id, trial_key)
+        );
+        """
+    )
+
+
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
 MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v1_initial,
@@ -244,6 +260,7 @@ MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v5_identity_and_marker,
     v6_heap_layouts,
     v7_quality_and_claims,
+    v8_replays,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The first version with the marker; older kvlab databases are recognised by their tables and columns.

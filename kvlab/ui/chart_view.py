@@ -34,5 +34,5 @@ def show_chart(where: DeltaGenerator, figure: go.Figure, key: str, filename: str
 
 def how_to_read(where: DeltaGenerator, guide: ChartGuide, key: str) -> None:
     """A small "How to read this" button in ``where`` that opens ``guide``."""
-    with where.popover("How to read this", icon=":material/help:", key=key):
+    with where.popover("How to read this", icon=":material/help:", key=key, type="tertiary"):
         st.markdown(guide.markdown())

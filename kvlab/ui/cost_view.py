@@ -1,15 +1,27 @@
-"""The cost calculator's figure and tables: pure functions of :class:`kvlab.costs.CostEstimate`, of
-``kvlab.costs.cost_table`` and of the stored runs' budgets."""
+"""The cost calculator's figure, metrics, notices and tables: pure functions of :class:`kvlab.costs.CostEstimate`, of
+``kvlab.costs.cost_table`` and of the stored runs' budgets.
+
+Whether a configuration fits is decided once, in :mod:`kvlab.costs` (:attr:`~kvlab.costs.CostEstimate.fits`); a
+configuration that does not fit has no time or price there, and everything here shows "does not fit" instead.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvlab.costs import CostEstimate
-from kvlab.costs.gpus import GIB
+from kvlab.costs import DOES_NOT_FIT, MOST_GPUS, CostEstimate, Scenario
+from kvlab.ui.guides import ChartGuide
 from kvlab.ui.tables import present, run_label, short_model_name
+from kvlab.ui.units import byte_axis, format_bytes
+
+FULL_COLOUR = "#888888"
+EVICTED_COLOUR = "#1f4e9c"
 
 
 def _short(value: float) -> str:
@@ -17,31 +29,230 @@ def _short(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def cost_bars(full: CostEstimate, evicted: CostEstimate) -> go.Figure:
-    """Full cache against the evicted one on four outputs that decide a deployment."""
-    panels = (
-        ("KV per sequence (GiB)", full.kv_bytes_per_sequence / GIB, evicted.kv_bytes_per_sequence / GIB),
-        ("sequences that fit", full.max_sequences, evicted.max_sequences),
-        ("decode tokens/s (batch)", full.tokens_per_second, evicted.tokens_per_second),
-        ("$ per million tokens", full.cost_per_million_tokens, evicted.cost_per_million_tokens),
+def _dollars(value: float) -> str:
+    """A price as a bar label: dollars, as :func:`_short` writes the number."""
+    return f"${_short(value)}"
+
+
+def _count(value: float) -> str:
+    """A whole count with thousands separated."""
+    return f"{value:,.0f}"
+
+
+class _Panel(NamedTuple):
+    """One panel of :func:`cost_bars`: its title, the full and evicted values (None: does not fit) and their label."""
+
+    title: str
+    full: float | None
+    evicted: float | None
+    label: Callable[[float], str]
+
+
+def _panels(full: CostEstimate, evicted: CostEstimate) -> tuple[_Panel, ...]:
+    return (
+        _Panel("KV per sequence", full.kv_bytes_per_sequence, evicted.kv_bytes_per_sequence, format_bytes),
+        _Panel("sequences that fit", full.max_sequences, evicted.max_sequences, _count),
+        _Panel("tokens/s (batch)", full.tokens_per_second, evicted.tokens_per_second, _short),
+        _Panel("$ per million tokens", full.cost_per_million_tokens, evicted.cost_per_million_tokens, _dollars),
     )
-    figure = make_subplots(rows=1, cols=len(panels), subplot_titles=[title for title, *_ in panels])
-    names = ("full cache", f"evicted (keep {evicted.keep_fraction:.0%})")
-    for index, (_, *values) in enumerate(panels, start=1):
+
+
+COST_BARS_GUIDE = ChartGuide(
+    axes=(
+        "Four panels, each comparing the full cache (grey) with the evicted one (blue, at the kept fraction) on the "
+        "same workload and GPUs: the cache of one sequence at N + M tokens, how many such sequences fit beside the "
+        "weights, the batch's decode throughput and the price of a million generated tokens. All four are computed "
+        "from the formulas below, not measured."
+    ),
+    good=(
+        "The blue bar is lower on the cache and the price and higher on sequences and tokens/s: the memory that "
+        "eviction frees holds more sequences, which raises throughput and lowers the price. A grey bar marked 'does "
+        "not fit' beside a blue bar means eviction is what lets the model run on these GPUs."
+    ),
+    bad=(
+        "Blue and grey almost equal: the kept fraction saves little here (a sliding window may already cap the "
+        "cache). 'does not fit' under both bars: the weights, the reserve and one sequence's cache exceed the GPUs' "
+        "memory; the message above this chart says how many GPUs would fit it."
+    ),
+)
+
+
+def cost_bars(full: CostEstimate, evicted: CostEstimate) -> go.Figure:
+    """Full cache against the evicted one on four outputs that decide a deployment; a time or price that a
+    configuration does not have (it does not fit) is drawn as no bar, marked "does not fit"."""
+    panels = _panels(full, evicted)
+    names = ["full", f"keep {evicted.keep_fraction:.0%}"]
+    figure = make_subplots(rows=1, cols=len(panels), subplot_titles=[panel.title for panel in panels])
+    for column, panel in enumerate(panels, start=1):
+        values = [panel.full, panel.evicted]
+        labels = [DOES_NOT_FIT if value is None else panel.label(value) for value in values]
         figure.add_trace(
             go.Bar(
-                x=list(names),
+                x=names,
                 y=values,
-                marker_color=["#888888", "#1f4e9c"],
-                text=[_short(v) for v in values],
+                marker_color=[FULL_COLOUR, EVICTED_COLOUR],
+                text=[label if value is not None else "" for label, value in zip(labels, values)],
                 textposition="auto",
+                customdata=labels,
+                hovertemplate=f"{panel.title}, %{{x}}: %{{customdata}}<extra></extra>",
                 showlegend=False,
             ),
             row=1,
-            col=index,
+            col=column,
         )
-    figure.update_layout(height=300, margin=dict(t=50, b=30))
+        for name, value in zip(names, values):
+            if value is None:
+                figure.add_annotation(
+                    x=name, y=0, text="does not<br>fit", showarrow=False, yanchor="bottom", row=1, col=column
+                )
+        if all(value is None for value in values):
+            figure.update_yaxes(range=[0, 1], showticklabels=False, showgrid=False, row=1, col=column)
+        elif not any(values):  # all zero: no sequence fits, drawn on a 0 to 1 axis rather than around zero
+            figure.update_yaxes(range=[0, 1], row=1, col=column)
+    largest_cache = max(full.kv_bytes_per_sequence, evicted.kv_bytes_per_sequence)
+    figure.update_yaxes(**byte_axis(0, largest_cache, log=False, max_ticks=5), row=1, col=1)
+    figure.update_yaxes(rangemode="tozero")
+    figure.update_layout(height=300, margin=dict(t=50, b=30, l=60, r=20))
     return figure
+
+
+DeltaColour = Literal["normal", "inverse", "off"]
+DeltaArrow = Literal["auto", "up", "down", "off"]
+#: A metric's value when the configuration has none (it does not fit); the delta under it says why.
+NO_VALUE = "—"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One ``st.metric``: what it shows and how its delta against the full cache reads."""
+
+    label: str
+    value: str
+    delta: str | None = None
+    delta_color: DeltaColour = "normal"
+    delta_arrow: DeltaArrow = "auto"
+
+
+def _milliseconds(seconds: float) -> str:
+    return f"{seconds * 1e3:,.2f} ms"
+
+
+def _price(dollars: float) -> str:
+    return f"${dollars:,.5f}"
+
+
+def _change(evicted: float, full: float, shown: Callable[[float], str]) -> str | None:
+    """``-768 MiB vs full``: the evicted value's change, signed first so that ``st.metric`` reads its direction;
+    None when there is none."""
+    if evicted == full:
+        return None
+    return f"{'-' if evicted < full else '+'}{shown(abs(evicted - full))} vs full"
+
+
+def _timed_metric(label: str, full: float | None, evicted: float | None, shown: Callable[[float], str]) -> Metric:
+    """A time or price of the evicted cache, with its change against the full one when both fit; a dash marked
+    "does not fit" (short enough for a fifth of the page) when the evicted cache does not fit."""
+    if evicted is None:
+        return Metric(label, NO_VALUE, DOES_NOT_FIT, "off", "off")
+    if full is None:
+        return Metric(label, shown(evicted), f"full cache: {DOES_NOT_FIT}", "off", "off")
+    return Metric(label, shown(evicted), _change(evicted, full, shown), "inverse")
+
+
+def cost_metrics(full: CostEstimate, evicted: CostEstimate) -> list[Metric]:
+    """The five headline numbers of the evicted cache, each against the full cache; sizes in binary units, and
+    "does not fit" for a time or price of a configuration that does not fit."""
+    return [
+        Metric("KV per token", format_bytes(evicted.kv_bytes_per_token)),
+        Metric(
+            "KV per sequence",
+            format_bytes(evicted.kv_bytes_per_sequence),
+            _change(evicted.kv_bytes_per_sequence, full.kv_bytes_per_sequence, format_bytes),
+            "inverse",
+        ),
+        Metric(
+            "Sequences that fit",
+            _count(evicted.max_sequences),
+            _change(evicted.max_sequences, full.max_sequences, _count),
+        ),
+        _timed_metric("Decode time per token", full.decode_step_seconds, evicted.decode_step_seconds, _milliseconds),
+        _timed_metric("Cost per query", full.cost_per_query, evicted.cost_per_query, _price),
+    ]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A message under the metrics: ``level`` is the Streamlit call that shows it (``st.error`` and so on)."""
+
+    level: Literal["error", "warning", "info"]
+    text: str
+
+
+def _gpus(count: int | None) -> str:
+    """``2 GPUs``; ``more than 64 GPUs`` when no count the calculator offers is enough."""
+    if count is None:
+        return f"more than {MOST_GPUS} GPUs"
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+def _needed(full: CostEstimate, evicted: CostEstimate) -> str:
+    """How many GPUs of this kind would fit one sequence, with eviction and without."""
+    if evicted.gpus_to_fit is None:
+        return f"Not even {MOST_GPUS} GPUs of this kind would fit it."
+    if evicted.gpus_to_fit == full.gpus_to_fit:
+        return f"{_gpus(evicted.gpus_to_fit)} of this kind (ideal tensor parallelism) would fit it."
+    return (
+        f"{_gpus(evicted.gpus_to_fit)} of this kind (ideal tensor parallelism) would fit it with eviction "
+        f"(keep {evicted.keep_fraction:.0%}), {_gpus(full.gpus_to_fit)} with the full cache."
+    )
+
+
+def fit_notices(full: CostEstimate, evicted: CostEstimate, scenario: Scenario, gpu_name: str) -> list[Notice]:
+    """What the page says about memory: a configuration that does not fit at all (and the GPUs that would fit it),
+    one that fits only because of eviction, and a batch that does not fit."""
+    on = f"{scenario.gpu_count} × {gpu_name}"
+    weights = f"{format_bytes(evicted.weight_bytes)} of weights"
+    reserve = f"the {scenario.memory_reserve:.0%} reserve"
+    notices: list[Notice] = []
+    if not evicted.fits:
+        notices.append(
+            Notice(
+                "error",
+                f"Does not fit: {on} cannot hold {weights}, {reserve} and one sequence's "
+                f"{format_bytes(evicted.kv_bytes_per_sequence)} cache, so there is no decode time or price. "
+                + _needed(full, evicted),
+            )
+        )
+    elif not full.fits:
+        notices.append(
+            Notice(
+                "info",
+                f"The full cache does not fit on {on}: one sequence's {format_bytes(full.kv_bytes_per_sequence)} "
+                f"cache does not fit beside {weights} and {reserve} ({_gpus(full.gpus_to_fit)} would hold it). "
+                f"The evicted cache (keep {evicted.keep_fraction:.0%}, {format_bytes(evicted.kv_bytes_per_sequence)} "
+                f"a sequence) fits {evicted.max_sequences:,}: here eviction is what lets the model run on these GPUs "
+                "at all.",
+            )
+        )
+    if evicted.fits and not evicted.batch_fits:
+        notices.append(
+            Notice(
+                "warning",
+                f"A batch of {scenario.batch:,} does not fit: only {evicted.max_sequences:,} sequences fit beside the "
+                "weights, so the decode time and prices are for a batch this memory cannot hold; "
+                f"{_gpus(evicted.gpus_to_fit_batch)} of this kind would hold it.",
+            )
+        )
+    elif evicted.batch_fits and full.fits and not full.batch_fits:
+        notices.append(
+            Notice(
+                "info",
+                f"A batch of {scenario.batch:,} fits only with eviction: the full cache leaves room for "
+                f"{full.max_sequences:,} sequences, so its decode time and prices are for a batch this memory cannot "
+                f"hold ({_gpus(full.gpus_to_fit_batch)} would hold it).",
+            )
+        )
+    return notices
 
 
 def stored_keep_fractions(runs: pd.DataFrame) -> dict[str, float]:
@@ -61,13 +272,16 @@ def stored_keep_fractions(runs: pd.DataFrame) -> dict[str, float]:
 
 
 def formatted_costs(table: pd.DataFrame) -> pd.DataFrame:
-    """``kvlab.costs.cost_table`` with every number written out for reading: thousands separated, three significant
-    digits for fractional values, dollars to four significant digits."""
+    """``kvlab.costs.cost_table`` with every number written out for reading: sizes in binary units (KiB, MiB, GiB),
+    thousands separated, three significant digits for fractional values, dollars to four significant digits; text
+    cells ("does not fit", "yes") as they are."""
 
     def cell(value: object, unit: str) -> str:
         if isinstance(value, str):
             return value
         number = float(value)  # type: ignore[arg-type]
+        if unit == "bytes":
+            return format_bytes(number)
         if unit == "$":
             return f"${number:,.4g}" if number < 1000 else f"${number:,.0f}"
         if number == int(number) and abs(number) >= 1:
@@ -77,4 +291,5 @@ def formatted_costs(table: pd.DataFrame) -> pd.DataFrame:
     shown = table.copy()
     for column in shown.columns[2:]:
         shown[column] = [cell(value, unit) for value, unit in zip(shown[column], shown["Unit"])]
+    shown["Unit"] = ["" if unit == "bytes" else unit for unit in shown["Unit"]]
     return shown

@@ -24,11 +24,24 @@ from kvlab.sweep import Progress, SweepGrid, SweepRunner, SweepSummary
 SPEC_KIND = "needle-grid"
 
 
+def evenly_spaced_depths(count: int) -> tuple[float, ...]:
+    """``count`` needle depths evenly spaced from the start of the text (0) to its end (1), at least two: the one
+    rule by which a needle grid's number of depths becomes its depths."""
+    if count < 2:
+        raise KvlabError(f"A needle grid needs at least two depths (the start and the end), not {count}.")
+    return tuple(float(d) for d in np.linspace(0.0, 1.0, count).round(4))
+
+
+def depth_label(depth: float) -> str:
+    """A needle depth as a share of the text, as the page and its heatmap write it: ``25%``, ``12.5%``."""
+    return f"{round(100 * depth, 1):g}%"
+
+
 @dataclass(frozen=True)
 class NeedleGridRequest:
     """A needle grid on one model: every policy at ``keep`` (the full cache once) in ``mode``, at each context
-    length, ``depths`` evenly spaced depths from 0 to 1, ``trials`` items per depth, ``batch_size`` prompts per
-    forward pass."""
+    length, ``depths`` evenly spaced depths from 0 to 1 (:func:`evenly_spaced_depths`), ``trials`` items per depth,
+    ``batch_size`` prompts per forward pass."""
 
     model: str
     policies: tuple[str, ...]
@@ -45,10 +58,19 @@ class NeedleGridRequest:
             tuple(make_policy(name) for name in self.policies),
             keeps=(self.keep,),
             contexts=self.contexts,
-            depths=tuple(float(d) for d in np.linspace(0.0, 1.0, self.depths).round(4)),
+            depths=evenly_spaced_depths(self.depths),
             trials=self.trials,
             modes=(self.mode,),
             batch_size=self.batch_size,
+        )
+
+    def fills(self, other: NeedleGridRequest) -> bool:
+        """Whether this grid's trials show on ``other``'s heatmap: the same model, kept fraction and mode, and a
+        policy and a context length in common."""
+        return (
+            (self.model, self.keep, self.mode) == (other.model, other.keep, other.mode)
+            and bool(set(self.policies) & set(other.policies))
+            and bool(set(self.contexts) & set(other.contexts))
         )
 
     def runs(self) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 from kvlab.arch import arch_from_config
 from kvlab.costs import GpuSpec, ModelSpec
 from kvlab.costs.gpus import GIB
+from kvlab.costs.models import require_decoder
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel
 from kvlab.policies import POLICIES
@@ -78,13 +79,15 @@ def read_upload(name: str, data: bytes) -> str:
 
 
 def model_spec_from_json(text: str, params_billions: float, name: str = "pasted config.json") -> ModelSpec:
-    """A model to price from a pasted ``config.json`` and its parameter count (which a config does not state)."""
+    """A model to price from a pasted ``config.json`` and its parameter count (which a config does not state);
+    encoders and encoder-decoders are refused (:func:`~kvlab.costs.models.require_decoder`)."""
     try:
         config = json.loads(text)
     except json.JSONDecodeError as error:
         raise KvlabError(f"The pasted config is not valid JSON ({error.msg} at line {error.lineno}).") from None
     if not isinstance(config, dict):
         raise KvlabError("The pasted config must be a JSON object, like a model's config.json.")
+    require_decoder(config)
     if params_billions <= 0:
         raise KvlabError("Give the model's parameter count; a config.json does not state it.")
     arch_from_config(config)  # refuses, in one sentence, a config without layers, heads or hidden size

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -31,9 +32,7 @@ from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.limits import check_seed
 from kvlab.models import LoadedModel
 from kvlab.policies import make_policy
-from kvlab.records import batch_trials, needle_sources_hash, run_config, stops_for
-from kvlab.store import RunConfig, Store, Trial
-from kvlab.store.export import frame_bytes, record_frame
+from kvlab.records import needle_sources_hash, stops_for
 from kvlab.tasks.facts import TEMPLATES, make_fact
 from kvlab.tasks.items import TaskItem, item_hash, prompt_ids, stop_token_ids, text_ids
 from kvlab.tasks.needle import Haystack, build_needle, encode, fact_piece, load_haystacks, score
@@ -222,6 +221,17 @@ class MemoryPoint:
     compactions: int = 0
 
 
+@dataclass(frozen=True)
+class EventMark:
+    """What the trace held right after one event, so that a replay can show the run as it stood then: how many
+    observed passes and generated tokens there were, and the positions each layer's KV heads held (a ``[layers,
+    kv_heads, span]`` mask packed into bits along the positions, a few KiB per event)."""
+
+    observed: int
+    tokens: int
+    held: np.ndarray
+
+
 @dataclass
 class LiveTrace:
     """Everything the live figures draw, accumulated event by event (first sequence of the batch).
@@ -241,6 +251,7 @@ class LiveTrace:
     survivors: list[np.ndarray] = field(default_factory=list)
     seen_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
+    history: list[EventMark] = field(default_factory=list)
 
     @property
     def span(self) -> int:
@@ -314,6 +325,37 @@ class LiveTrace:
         self.seen_tokens = event.seen_tokens
         if event.kind == "decode" and event.token_ids:
             self.token_ids.append(event.token_ids[0])
+        self.history.append(EventMark(len(self.observed), len(self.token_ids), self.held_bits(self.survivors)))
+
+    def held_bits(self, survivors: list[np.ndarray]) -> np.ndarray:
+        """Which positions each layer's KV heads hold, as a ``[layers, kv_heads, span]`` mask packed into bits."""
+        heads = max((positions.shape[0] for positions in survivors if positions.ndim > 1), default=1)
+        mask = np.zeros((self.num_layers, heads, self.span), dtype=bool)
+        for layer, positions in enumerate(survivors):
+            rows = positions.reshape(-1, positions.shape[-1]) if positions.size else positions.reshape(heads, 0)
+            mask[layer, np.arange(rows.shape[0])[:, None], rows] = True
+        return np.packbits(mask, axis=-1)
+
+    def at(self, event: int) -> LiveTrace:
+        """The trace as it stood right after event ``event`` (0-based; negative counts from the end): what a
+        replay draws at that point."""
+        mark = self.history[event]
+        index = range(len(self.history))[event]
+        mask = np.unpackbits(mark.held, axis=-1, count=self.span).astype(bool)
+        return LiveTrace(
+            num_layers=self.num_layers,
+            prompt_tokens=self.prompt_tokens,
+            max_new_tokens=self.max_new_tokens,
+            n_bins=self.n_bins,
+            n_sink=self.n_sink,
+            needle=self.needle,
+            observed=self.observed[: mark.observed],
+            memory=self.memory[: index + 1],
+            survivors=[np.stack([np.flatnonzero(head) for head in layer]) for layer in mask],
+            seen_tokens=self.memory[index].seen_tokens,
+            token_ids=self.token_ids[: mark.tokens],
+            history=self.history[: index + 1],
+        )
 
     def kept_per_layer(self) -> list[int]:
         """Tokens each layer holds now (per KV head)."""
@@ -326,6 +368,26 @@ class LiveTrace:
             return None
         wanted = np.arange(*self.needle)
         return float(np.mean([np.isin(wanted, positions.ravel()).mean() for positions in self.survivors]))
+
+
+class RedrawClock:
+    """When a running page redraws: after the events :meth:`LiveTrace.redraw_due` names, but at most once every
+    ``interval_s`` seconds (the first at once). Every redraw sends six figures to the browser, which draws them on
+    the same machine's cores as the model on a small server; the finished run is drawn in full anyway."""
+
+    def __init__(self, interval_s: float, every_decoded: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s, self.every_decoded, self.clock = interval_s, every_decoded, clock
+        self.last: float | None = None
+
+    def due(self, trace: LiveTrace) -> bool:
+        """Whether to redraw after ``trace``'s latest event (and, if so, the clock starts again)."""
+        if not trace.redraw_due(self.every_decoded):
+            return False
+        now = self.clock()
+        if self.last is not None and now - self.last < self.interval_s:
+            return False
+        self.last = now
+        return True
 
 
 @dataclass(frozen=True)
@@ -414,74 +476,6 @@ class LiveRun:
             contains=None if verdict is None else verdict.contains,
             exact=None if verdict is None else verdict.exact,
         )
-
-
-@dataclass(frozen=True)
-class Filed:
-    """Where a finished live run went: its ``run_id`` once stored; otherwise why it could not be stored
-    (``problem``) and its run and trial as a CSV file (``record``) for the user to keep. An unscored run (no
-    expected answer) is neither stored nor kept."""
-
-    run_id: int | None = None
-    problem: str | None = None
-    record: bytes | None = None
-
-
-@dataclass(frozen=True)
-class LiveResult:
-    """A finished live run as the page keeps it between reruns: redrawn from here when a view setting changes."""
-
-    trace: LiveTrace
-    outcome: LiveOutcome
-    prompt: LivePrompt
-    filed: Filed = Filed()
-
-
-def live_config(live: LiveRun) -> RunConfig:
-    """The stored configuration of a live run; the same settings on the same prompt find the same run."""
-    return run_config(
-        live.loaded,
-        live.spec,
-        task=live.prompt.task,
-        task_hash=live.prompt.task_hash,
-        stop_rule=live.stops.rule,
-        query_aware=live.settings.query_aware,
-        context_length=live.prompt.context_tokens,
-    )
-
-
-def live_trial(live: LiveRun, outcome: LiveOutcome) -> Trial | None:
-    """The one trial of a finished live run; None when there is no answer to score it by."""
-    item = live.prompt.item()
-    if item is None:
-        return None
-    return batch_trials([(live.prompt.trial_key, item)], outcome.result)[0]
-
-
-def store_live_run(store: Store, live: LiveRun, outcome: LiveOutcome, started_by: str | None = None) -> int | None:
-    """File a finished live run and its one trial; None (nothing stored) when there is no answer to score it by."""
-    scored = live_trial(live, outcome)
-    if scored is None:
-        return None
-    run_id = store.begin_run(live_config(live), started_by=started_by)
-    store.add_trial(run_id, scored)
-    store.finish_run(run_id)
-    return run_id
-
-
-def file_live_run(
-    opener: Callable[[], Store], live: LiveRun, outcome: LiveOutcome, started_by: str | None = None
-) -> Filed:
-    """Store a finished live run in the store ``opener`` opens; a store that cannot be opened or written (locked,
-    damaged, a full disk) loses nothing: the run comes back as a CSV record with the reason."""
-    scored = live_trial(live, outcome)
-    if scored is None:
-        return Filed()
-    try:
-        run_id = store_live_run(opener(), live, outcome, started_by)
-    except KvlabError as error:
-        return Filed(problem=str(error), record=frame_bytes(record_frame(live_config(live), scored), ".csv"))
-    return Filed(run_id=run_id)
 
 
 def warm_up(loaded: LoadedModel) -> None:

@@ -3,6 +3,11 @@
 Every figure has a bounded number of points whatever the context length (rows of queries and columns of key
 positions are pooled to fixed maxima), labelled axes with units, and draws what the cache did not hold as absent
 (a hole, not a zero): an evicted token received no attention because it was not there, not because it was ignored.
+
+Each figure has a :class:`~kvlab.ui.guides.ChartGuide` beside its builder (all of them in :data:`GUIDES`), and is laid
+out for a third of a 1,280-px page (the small charts) or three fifths of it (the 3D view): titles of two lines at
+most, of at most 24 characters each, legends along the bottom edge, and a 3D scene whose axis titles stay inside the
+chart.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import plotly.graph_objects as go
 
+from kvlab.ui.guides import ChartGuide
 from kvlab.ui.live import LiveTrace, ObservedStep
+from kvlab.ui.units import byte_axis, format_bytes
 
 MAX_ROWS = 64
 MAX_COLUMNS = 256
@@ -33,19 +40,22 @@ WAITING = "Waiting for the first pass…"
 WAITING_FOR_ROWS = "Waiting for a second pass: a surface needs two rows of queries."
 
 
-def byte_unit(largest: float) -> tuple[float, str]:
-    """The divisor and name of the binary unit that shows ``largest`` bytes as a number of sensible size."""
-    for divisor, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if largest >= divisor:
-            return float(divisor), name
-    return 1.0, "bytes"
+def _chart_frame(title: str, height: int = 340) -> dict[str, object]:
+    """The layout the 2D charts share: room for two title lines whatever the title (charts side by side keep their
+    plots level), and the legend along the bottom edge, below the axis titles, never over the title."""
+    return dict(
+        title=title,
+        height=height,
+        margin=dict(t=64, b=40),
+        legend=dict(orientation="h", yref="container", yanchor="bottom", y=0, x=0),
+    )
 
 
 def _placeholder(title: str, message: str) -> go.Figure:
     """An empty chart that keeps the layout in place until there is something to draw."""
     figure = go.Figure()
     figure.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
-    figure.update_layout(title=title, xaxis_visible=False, yaxis_visible=False, height=320)
+    figure.update_layout(**_chart_frame(title), xaxis_visible=False, yaxis_visible=False)
     return figure
 
 
@@ -173,14 +183,40 @@ def heavy_hitter_bins(
     return sorted(strongest)
 
 
+#: The most layers or heads an axis ticks one by one: two-digit labels overlap beyond this on a chart a third of
+#: the page wide.
+MAX_COUNT_TICKS = 12
+
+
 def _count_axis(title: str, count: int) -> dict:
-    """An axis of layers or heads: every one ticked while that stays readable."""
-    return dict(title=title, dtick=1 if count <= 32 else None)
+    """An axis of layers or heads: every one ticked while that stays readable, round steps beyond."""
+    return dict(title=title, dtick=1 if count <= MAX_COUNT_TICKS else None)
 
 
 def layer_name(layer: int | None) -> str:
     """How the 3D view's layer choice reads: a layer by number, or the mean over layers (``None``)."""
     return "mean over layers" if layer is None else f"layer {layer}"
+
+
+LANDSCAPE_GUIDE = ChartGuide(
+    axes=(
+        "Key position (pooled into bins) by query (prefill chunks by their first token, then generated tokens as "
+        "+1, +2, …; at most 64 rows). Height and colour (weight) are the mean attention weight one held key of a "
+        "bin receives, on a log axis from 1e-6 (smaller weights lie on the floor); holes are keys the cache did "
+        "not hold during that pass, evicted or not read yet."
+    ),
+    good=(
+        "The red line (the measured weight of each of the first few tokens, the sinks) runs high through every "
+        "row, and the orange pillars (bins that queries well after them attend to at least 3 times an even share) "
+        "go on to the last rows: the policy kept what later queries use. Over the needle's green floor mark the "
+        "surface stays whole from the row that read it to the last generated token."
+    ),
+    bad=(
+        "A hole opens over the green needle mark after the row that read it: the fact was evicted and the answer "
+        "cannot come from the cache. The red line breaks off (the sinks were evicted), or a pillar ends in a hole "
+        "while the rows after it are still being read (a heavy hitter was evicted that later queries needed)."
+    ),
+)
 
 
 def attention_landscape(trace: LiveTrace | None, layer: int | None = None, max_rows: int = MAX_ROWS) -> go.Figure:
@@ -192,7 +228,7 @@ def attention_landscape(trace: LiveTrace | None, layer: int | None = None, max_r
     pass are holes. Marked: the weight of the first ``n_sink`` tokens (measured exactly, not read off their bin),
     heavy-hitter pillars (:func:`heavy_hitter_bins`) and the needle on the floor.
     """
-    title = f"Attention weight per key over the run ({layer_name(layer)})"
+    title = f"Attention weight per key<br>{layer_name(layer)}"
     if trace is None or len(trace.observed) < 2:
         return _placeholder(title, IDLE if trace is None else WAITING_FOR_ROWS)
     rows = query_rows(trace, layer, max_rows)
@@ -216,7 +252,18 @@ def attention_landscape(trace: LiveTrace | None, layer: int | None = None, max_r
             cmax=high,
             customdata=np.repeat(np.asarray(rows.label, dtype=object)[:, None], trace.n_bins, axis=1),
             hovertemplate="keys around %{x:.0f}<br>%{customdata}<br>weight per key %{z:.2e}<extra></extra>",
-            colorbar=dict(title="weight", len=0.6, tickvals=powers, ticktext=[f"1e{int(p)}" for p in powers]),
+            colorbar=dict(
+                title=dict(text="weight", side="right"),
+                orientation="h",
+                x=0,
+                xanchor="left",
+                y=0.1,
+                yanchor="top",
+                len=0.7,
+                thickness=12,
+                tickvals=powers,
+                ticktext=[f"1e{int(p)}" for p in powers],
+            ),
             name="attention weight per held key",
             connectgaps=False,
         )
@@ -255,30 +302,54 @@ def attention_landscape(trace: LiveTrace | None, layer: int | None = None, max_r
                 name=f"needle, tokens {start}–{end - 1}",
             )
         )
-    tick_step = max(1, len(y) // 8)
+    tick_step = max(1, len(y) // 6)
+    # The floor's tick is left to the colour bar: on the axis it would sit on the first key position's tick.
+    power_ticks = dict(tickvals=(10.0 ** powers[1:]).tolist(), ticktext=[f"1e{int(p)}" for p in powers[1:]])
     figure.update_layout(
         title=title,
-        height=560,
-        margin=dict(l=0, r=0, t=40, b=0),
-        legend=dict(orientation="h", yanchor="bottom", y=-0.08, x=0),
+        height=600,
+        margin=dict(l=10, r=10, t=60, b=10),
+        legend=dict(orientation="h", yanchor="top", y=0, x=0),
         scene=dict(
-            xaxis=dict(title="key position (token)", range=[0, trace.span]),
+            domain=dict(x=[0, 1], y=[0.12, 1]),
+            xaxis=dict(title="key position", range=[0, trace.span]),
             yaxis=dict(
-                title="query (from token / +decoded)",
-                tickvals=y[::tick_step].tolist(),
-                ticktext=[rows.tick[i] for i in y[::tick_step]],
+                title="query", tickvals=y[::tick_step].tolist(), ticktext=[rows.tick[i] for i in y[::tick_step]]
             ),
-            zaxis=dict(title="weight/key", type="log", range=[low, high], exponentformat="power"),
-            camera=dict(eye=dict(x=1.45, y=-1.65, z=0.85)),
+            zaxis=dict(title="weight", type="log", range=[low, high], **power_ticks),
+            aspectmode="manual",
+            aspectratio=dict(x=1, y=1, z=1.2),
+            camera=dict(eye=dict(x=1.75, y=-2.0, z=0.9), center=dict(x=0.05, y=0.05, z=-0.1)),
         ),
     )
     return figure
 
 
+SINK_GUIDE = ChartGuide(
+    axes=(
+        "One bar per layer: the attention share of the latest pass that goes to the first tokens of the prompt "
+        "(the attention sinks; the title says how many), mean over query heads and the pass's queries. The black "
+        "diamond is the head that gives them the most; 1 would mean all of a head's attention."
+    ),
+    good=(
+        "The bars keep their height from the first chunk to the last generated token: the sinks are held "
+        "(streaming keeps them by construction; scoring policies such as H2O usually keep them because they score "
+        "high). How high they stand depends on the model; many pretrained models give them a large share in most "
+        "layers after the first two."
+    ),
+    bad=(
+        "Bars that fall to zero after an eviction: the sink tokens are no longer in the cache, so the attention "
+        "they took is spread over whatever is left, the failure StreamingLLM's window-only baseline shows. The "
+        "drop_first ablation evicts the first token on purpose: its bars lose that token's share."
+    ),
+)
+
+
 def sink_figure(trace: LiveTrace | None) -> go.Figure:
     """Attention share on the first ``n_sink`` tokens per layer in the latest pass: mean over heads, and the
     strongest head."""
-    title = f"Sinks: attention share on the first {trace.n_sink if trace else 'few'} tokens"
+    count = f"{trace.n_sink} " if trace else ""
+    title = f"Sinks: attention share<br>on the first {count}tokens"
     if trace is None or not trace.observed:
         return _placeholder(title, IDLE if trace is None else WAITING)
     latest = trace.observed[-1].sink_mass
@@ -294,19 +365,36 @@ def sink_figure(trace: LiveTrace | None) -> go.Figure:
         )
     )
     figure.update_layout(
-        title=title,
-        height=320,
-        margin=dict(t=40, b=40),
+        **_chart_frame(title),
         xaxis=_count_axis("layer", len(layers)),
         yaxis=dict(title="attention share", rangemode="tozero"),
-        legend=dict(orientation="h", y=-0.3, x=0),
     )
     return figure
 
 
+ENTROPY_GUIDE = ChartGuide(
+    axes=(
+        "Layers (y) over the run (x: prefill chunks by their first token, then generated tokens as +1, +2, …; at "
+        "most 64 columns). Colour is each layer's attention entropy in nats, mean over its query heads and the "
+        "pass's queries: dark is attention on a few keys, yellow is attention spread wide (an even spread over n "
+        "keys is ln n nats, 6.9 for 1,000)."
+    ),
+    good=(
+        "Each layer keeps its band through the run. Entropy may rise slowly while the prompt is read (more keys "
+        "to spread over) and level off once eviction holds the cache at the budget; the switch to generated "
+        "tokens (one query per pass) may shift it a little."
+    ),
+    bad=(
+        "A layer whose entropy jumps up right after eviction starts (the keys it attended to are gone and its "
+        "attention spreads over the rest) or collapses towards zero (its attention piles onto one remaining "
+        "token): the policy removed keys that layer relied on."
+    ),
+)
+
+
 def entropy_over_time(trace: LiveTrace | None, max_columns: int = MAX_ROWS) -> go.Figure:
     """Mean attention entropy per layer (nats, mean over heads and the pass's queries) as the run goes on."""
-    title = "Entropy per layer over the run"
+    title = "Entropy over the run"
     if trace is None or not trace.observed:
         return _placeholder(title, IDLE if trace is None else WAITING)
     groups = _groups([step.kind for step in trace.observed], max_columns)
@@ -330,11 +418,9 @@ def entropy_over_time(trace: LiveTrace | None, max_columns: int = MAX_ROWS) -> g
             hovertemplate="layer %{y}<br>%{customdata}<br>entropy %{z:.2f} nats<extra></extra>",
         )
     )
-    step = max(1, len(labels) // 8)
+    step = max(1, len(labels) // 6)
     figure.update_layout(
-        title=title,
-        height=300,
-        margin=dict(t=40, b=40),
+        **_chart_frame(title, height=300),
         xaxis=dict(
             title="pass (from token / +decoded)", tickvals=list(range(0, len(labels), step)), ticktext=ticks[::step]
         ),
@@ -343,9 +429,27 @@ def entropy_over_time(trace: LiveTrace | None, max_columns: int = MAX_ROWS) -> g
     return figure
 
 
+HEAD_ENTROPY_GUIDE = ChartGuide(
+    axes=(
+        "Layers (rows) by query heads (columns) in the latest pass. Colour is each head's attention entropy in "
+        "nats, averaged over the pass's queries: dark is a head that attends to a few keys, yellow one that "
+        "spreads its attention wide (an even spread over n keys is ln n nats)."
+    ),
+    good=(
+        "The pattern holds as the cache is evicted: focused heads stay dark, broad heads stay light, from chunk to "
+        "chunk and into the generated tokens. Broad heads may read a little lower once the cache holds only the "
+        "budget, since fewer keys are there to spread over."
+    ),
+    bad=(
+        "Focused heads turning light after evictions (what they attended to was evicted and they spread over the "
+        "rest), or whole layers turning dark at once (all attention on one surviving token)."
+    ),
+)
+
+
 def head_entropy(trace: LiveTrace | None) -> go.Figure:
     """Attention entropy per layer and query head in the latest pass (nats)."""
-    title = "Entropy per layer and head (latest pass)"
+    title = "Entropy per head<br>latest pass"
     if trace is None or not trace.observed:
         return _placeholder(title, IDLE if trace is None else WAITING)
     latest = trace.observed[-1].entropy
@@ -358,9 +462,7 @@ def head_entropy(trace: LiveTrace | None) -> go.Figure:
         )
     )
     figure.update_layout(
-        title=title,
-        height=320,
-        margin=dict(t=40, b=40),
+        **_chart_frame(title),
         xaxis=_count_axis("query head", latest.shape[1]),
         yaxis=_count_axis("layer", latest.shape[0]),
     )
@@ -384,10 +486,29 @@ def survival(trace: LiveTrace, max_columns: int = MAX_COLUMNS) -> tuple[np.ndarr
     return matrix, edges
 
 
+CACHE_MAP_GUIDE = ChartGuide(
+    axes=(
+        "Original position of each token (x, in up to 256 columns) by layer (y). Colour is the share of a "
+        "column's tokens held in the cache now, over KV heads: dark blue all, pale blue a few, red none (all "
+        "evicted); blank columns are not read yet. The green box is the needle's tokens."
+    ),
+    good=(
+        "A dark column at the far left (the sinks), a dark band at the right (the recent window) and scattered "
+        "blue in between (the heavy hitters a scoring policy kept). In a needle task the needle's box stays blue "
+        "in most layers. PyramidKV keeps less in deeper layers by design, so its upper rows are paler."
+    ),
+    bad=(
+        "A red needle box: the fact is gone from the cache in those layers and the model cannot read it back. A "
+        "red first column under a policy meant to keep sinks, or one layer far redder than the others, means the "
+        "policy did not keep what it promises."
+    ),
+)
+
+
 def cache_map(trace: LiveTrace | None, max_columns: int = MAX_COLUMNS) -> go.Figure:
     """Which original positions survive in each layer: share held per column of positions (1 = every token of the
     column in every KV head), red where everything was evicted, blank where nothing has been read yet."""
-    title = "Cache map: surviving positions per layer"
+    title = "Cache map: tokens held"
     if trace is None or not trace.survivors:
         return _placeholder(title, IDLE if trace is None else WAITING)
     matrix, edges = survival(trace, max_columns)
@@ -414,78 +535,109 @@ def cache_map(trace: LiveTrace | None, max_columns: int = MAX_COLUMNS) -> go.Fig
             annotation_position="top left",
         )
     figure.update_layout(
-        title=title,
-        height=320,
-        margin=dict(t=40, b=40),
+        **_chart_frame(title),
         xaxis=dict(title="original position (token)", range=[0, trace.span]),
         yaxis=_count_axis("layer", trace.num_layers),
     )
     return figure
 
 
+MEMORY_GUIDE = ChartGuide(
+    axes=(
+        "Tokens read (x) against KV bytes (y, binary units) after every prefill chunk and generated token. Blue "
+        "dots: bytes of the slots holding a token (in use); orange: bytes of the heap's tensors (reserved), both "
+        "measured; orange triangles: compactions. Grey dashes: a full cache of the same dtype and shapes after the "
+        "same tokens, computed (an evicting run never holds one)."
+    ),
+    good=(
+        "In streaming mode blue climbs with grey until the budget is full, then stays flat at the budget while grey "
+        "keeps climbing: the gap is the memory saved. Orange stays flat a little above the plateau (the heap is "
+        "sized to the budget plus one chunk). In prefill mode blue follows grey over the whole prompt and drops to "
+        "the budget at the one compression."
+    ),
+    bad=(
+        "Blue climbing with grey to the end: nothing was evicted (the full policy, or a budget as large as the "
+        "prompt). Orange far above blue for a long stretch: evicted slots sit dead in the tensors and the heap "
+        "does not compact, so the bytes evicted are not returned to the device."
+    ),
+)
+
+
+def _bytes_trace(seen: list[int], values: list[int], notes: list[str], name: str, **style: object) -> go.Scatter:
+    """One series of the memory chart: raw bytes on the axis, the bytes in binary units and a note in the hover."""
+    return go.Scatter(
+        x=seen,
+        y=values,
+        name=name,
+        customdata=[[format_bytes(value), note] for value, note in zip(values, notes)],
+        hovertemplate=f"%{{customdata[0]}} after %{{x:,}} tokens<br>%{{customdata[1]}}<extra>{name}</extra>",
+        **style,
+    )
+
+
 def memory_figure(trace: LiveTrace | None) -> go.Figure:
     """The KV heap after every event: bytes of the slots holding a token and of the tensors reserved (both measured
     from the tensors held) against what a full cache of the same dtype and shapes would hold (computed), with the
-    dead share in the hover and a mark where the heap compacted."""
+    dead share in the hover and a mark where the heap compacted. Raw bytes, ticked at round binary values."""
     title = "KV cache bytes"
     if trace is None or not trace.memory:
         return _placeholder(title, IDLE if trace is None else WAITING)
     points = trace.memory
     seen = [point.seen_tokens for point in points]
-    divisor, unit = byte_unit(max(max(max(p.kv_bytes_full, p.kv_reserved_bytes) for p in points), 1))
+    full = [point.kv_bytes_full for point in points]
+    reserved = [point.kv_reserved_bytes for point in points]
+    dead = [f"{point.kind}; {point.dead_share:.0%} of the slots in use are dead" for point in points]
     figure = go.Figure()
+    computed = [f"{point.kind}; computed, not measured" for point in points]
     figure.add_trace(
-        go.Scatter(
-            x=seen,
-            y=[p.kv_bytes_full / divisor for p in points],
-            mode="lines",
-            name="full cache (computed)",
-            line=dict(dash="dash", color="#888888"),
-        )
-    )
-    dead = [f"{p.kind}; {p.dead_share:.0%} of the slots in use are dead" for p in points]
-    hover = f"after %{{customdata}}, %{{x}} tokens<br>%{{y:.2f}} {unit}<extra></extra>"
-    figure.add_trace(
-        go.Scatter(
-            x=seen,
-            y=[p.kv_reserved_bytes / divisor for p in points],
-            mode="lines",
-            name="reserved (measured from tensors)",
-            line=dict(color=RESERVED_COLOUR, shape="hv"),
-            customdata=dead,
-            hovertemplate=hover,
+        _bytes_trace(
+            seen, full, computed, "full cache (computed)", mode="lines", line=dict(dash="dash", color="#888888")
         )
     )
     figure.add_trace(
-        go.Scatter(
-            x=seen,
-            y=[p.kv_bytes / divisor for p in points],
+        _bytes_trace(
+            seen, reserved, dead, "reserved (measured)", mode="lines", line=dict(color=RESERVED_COLOUR, shape="hv")
+        )
+    )
+    figure.add_trace(
+        _bytes_trace(
+            seen,
+            [point.kv_bytes for point in points],
+            dead,
+            "in use (measured)",
             mode="lines+markers",
-            name="in use (measured from tensors)",
             line=dict(color=HELD_COLOUR),
             marker=dict(size=4),
-            customdata=dead,
-            hovertemplate=hover,
         )
     )
     compacted = [i for i in range(len(points)) if points[i].compactions > (points[i - 1].compactions if i else 0)]
     if compacted:
         figure.add_trace(
-            go.Scatter(
-                x=[seen[i] for i in compacted],
-                y=[points[i].kv_reserved_bytes / divisor for i in compacted],
+            _bytes_trace(
+                [seen[i] for i in compacted],
+                [reserved[i] for i in compacted],
+                [f"{points[i].compactions} compactions so far" for i in compacted],
+                "compacted",
                 mode="markers",
-                name="compacted",
                 marker=dict(symbol="triangle-down", size=9, color=RESERVED_COLOUR),
-                hovertemplate="compacted after %{x} tokens<extra></extra>",
             )
         )
     figure.update_layout(
-        title=title,
-        height=320,
-        margin=dict(t=40, b=40),
-        xaxis=dict(title="tokens read", rangemode="tozero"),
-        yaxis=dict(title=f"KV bytes ({unit})", rangemode="tozero"),
-        legend=dict(orientation="h", y=-0.3, x=0),
+        **_chart_frame(title),
+        xaxis=dict(title="tokens read", rangemode="tozero", nticks=5),
+        yaxis=dict(
+            title="KV bytes", rangemode="tozero", **byte_axis(0, max(*full, *reserved, 1), log=False, max_ticks=5)
+        ),
     )
     return figure
+
+
+#: Each live chart's guide, by the short name the live page keys that chart with.
+GUIDES: dict[str, ChartGuide] = {
+    "memory": MEMORY_GUIDE,
+    "sinks": SINK_GUIDE,
+    "heads": HEAD_ENTROPY_GUIDE,
+    "landscape": LANDSCAPE_GUIDE,
+    "cache": CACHE_MAP_GUIDE,
+    "entropy": ENTROPY_GUIDE,
+}

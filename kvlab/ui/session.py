@@ -37,6 +37,8 @@ from kvlab.ui.access import (
 )
 from kvlab.ui.device_queue import Waiting
 from kvlab.ui.live import warm_up
+from kvlab.ui.replay import Replay, unpack
+from kvlab.ui.tables import short_model_name
 from kvlab.ui.text import plain
 
 _LOGGER = logging.getLogger(__name__)
@@ -198,7 +200,11 @@ def model_sidebar() -> LoadedModel | None:
     name = model_name()
     try:
         if not name:
-            raise KvlabError("Type a hub id or a model directory to load a model.")
+            raise KvlabError(
+                "The model box is empty, so no model is loaded and the pages that run one are off: pick a model "
+                f"in the list above, or type a hub id, a directory or a GGUF file (the default is "
+                f"{short_model_name(initial_model(default_model(), allowed))})."
+            )
         with sidebar, st.spinner(f"Loading {plain(name[:80])}…"):
             loaded = allowed_model(name)
     except NotAModel as error:
@@ -282,3 +288,17 @@ def waiting_notice(notice: DeltaGenerator) -> Callable[[Waiting], None]:
         notice.info(plain(waiting.sentence()), icon=":material/hourglass_top:")
 
     return show
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _unpacked(payload: bytes) -> Replay:
+    """A replay unpacked once per server process (scrubbing redraws the page at every step); keyed by its bytes,
+    so a run recorded again is unpacked again."""
+    return unpack(payload)
+
+
+def stored_replay(path: Path, run_id: int, trial_key: str) -> Replay:
+    """The replay of one stored run, from the store at ``path`` opened read-only."""
+    with open_store(path, read_only=True) as store:
+        payload = store.replay_payload(run_id, trial_key)
+    return _unpacked(payload)

@@ -246,3 +246,21 @@ def _record_view(sweep_id: int, title: str, record: SweepRecord) -> SweepView:
     }
     sentence, level = sentences.get(record.status, ("Interrupted; resume to go on.", "warning"))
     return SweepView(sweep_id, title, sentence, level, can_resume=record.status != "finished")
+
+
+def filling_job(jobs: dict[int, SweepJob], request: NeedleGridRequest) -> SweepJob | None:
+    """The most recent sweep of this process, waiting or running, whose trials show on ``request``'s heatmap."""
+    filling = [job for job in jobs.values() if job.active and job.request.fills(request)]
+    return max(filling, key=lambda job: job.sweep_id, default=None)
+
+
+def filling_sentence(job: SweepJob | None, stored: bool) -> str | None:
+    """What the page says about a sweep filling its heatmap: that it waits or measures and the cells fill in as its
+    trials are stored (``stored``: some already are), or, with no sweep and nothing stored, how to start one."""
+    if job is None:
+        return None if stored else "No stored needle trials for these settings yet: press Run grid to measure them."
+    if job.status == "queued":
+        return f"Sweep {job.sweep_id} for these settings waits for the device; the heatmap fills in as it measures."
+    if not stored:
+        return f"Sweep {job.sweep_id} is measuring these settings; the heatmap fills in as its trials are stored."
+    return f"Sweep {job.sweep_id} is measuring: {job.done} of {job.total} trials so far, drawn as they are stored."

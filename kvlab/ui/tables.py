@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from kvlab.claims.stats import wilson_interval
 from kvlab.policies import POLICIES, is_full_cache
+from kvlab.ui.units import format_bytes
 
 FRONTIER_AXES: dict[str, str] = {
     "keep": "kept fraction of the context",
@@ -149,6 +152,35 @@ def frontier_points(frontier: pd.DataFrame, axis: str = "keep", metric: str = "a
     return points.sort_values(["line", "x"])[columns].reset_index(drop=True)
 
 
+def is_byte_axis(axis: str) -> bool:
+    """Whether a frontier axis (a key of :data:`FRONTIER_AXES`) is in bytes: all are but the kept fraction."""
+    return axis != "keep"
+
+
+def memory_text(x: float, in_bytes: bool) -> str:
+    """A point's memory as people read it: ``7.81 KiB`` on a byte axis, ``keep 10%`` on the kept fraction."""
+    return format_bytes(x) if in_bytes else f"keep {100 * x:.4g}%"
+
+
+def quality_text(y: float, metric: Metric) -> str:
+    """A quality as charts and tables show it (``y`` already scaled): ``50 %`` for a share, four significant
+    digits otherwise."""
+    return f"{y:.0f} %" if metric.percent else f"{y:.4g}"
+
+
+def frontier_table(points: pd.DataFrame, axis: str, metric: str) -> pd.DataFrame:
+    """The points of a frontier as the table under its chart reads them: the run, its memory in binary units (or
+    its kept fraction), its quality, and the trials behind it, all as text."""
+    return pd.DataFrame(
+        {
+            "run": points["label"],
+            FRONTIER_AXES[axis]: [memory_text(float(x), is_byte_axis(axis)) for x in points["x"]],
+            METRICS[metric].title: [quality_text(float(y), METRICS[metric]) for y in points["y"]],
+            "trials": points["trials"].astype(int),
+        }
+    )
+
+
 RUN_COLUMNS: dict[str, str] = {
     "run_id": "run",
     "status": "status",
@@ -193,21 +225,21 @@ def layout_label(layout: object, compact_at: object) -> str:
     return str(layout)
 
 
+#: The trial columns averaged per run for a comparison.
+MEAN_COLUMNS = ["kept_tokens", "kv_bytes", "peak_kv_bytes", "peak_kv_reserved_bytes", "prefill_s", "decode_s"]
+
+
+def trial_means(trials: pd.DataFrame) -> pd.DataFrame:
+    """The mean of each of :data:`MEAN_COLUMNS` over each run's trials, indexed by run id."""
+    if trials.empty:
+        return pd.DataFrame(columns=MEAN_COLUMNS)
+    return trials.groupby("run_id")[MEAN_COLUMNS].mean()
+
+
 def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Selected runs side by side, one column per run: configuration, provenance, and the means of their trials
-    (bytes measured from the cache tensors, seconds of the model)."""
-    means = (
-        trials.groupby("run_id").agg(
-            kept_tokens=("kept_tokens", "mean"),
-            kv_bytes=("kv_bytes", "mean"),
-            peak_kv_bytes=("peak_kv_bytes", "mean"),
-            peak_kv_reserved_bytes=("peak_kv_reserved_bytes", "mean"),
-            prefill_s=("prefill_s", "mean"),
-            decode_s=("decode_s", "mean"),
-        )
-        if not trials.empty
-        else pd.DataFrame()
-    )
+    (bytes measured from the cache tensors, in binary units; seconds of the model)."""
+    means = trial_means(trials)
     columns = {}
     for run in runs.itertuples(index=False):
         mean = means.loc[run.run_id] if run.run_id in means.index else None
@@ -230,14 +262,12 @@ def compare_runs(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
             "perplexity of the text": _number(run.perplexity, 3),
             "KL from the full cache (nats per token)": _number(run.kl, 4),
             "mean tokens kept per layer": _number(None if mean is None else mean["kept_tokens"]),
-            "mean KV bytes at end (measured)": _number(None if mean is None else mean["kv_bytes"], 0),
-            "mean peak KV bytes (measured)": _number(None if mean is None else mean["peak_kv_bytes"], 0),
-            "mean peak KV bytes reserved (measured)": _number(
-                None if mean is None else mean["peak_kv_reserved_bytes"], 0
-            ),
+            "mean KV bytes at end (measured)": _bytes(None if mean is None else mean["kv_bytes"]),
+            "mean peak KV bytes (measured)": _bytes(None if mean is None else mean["peak_kv_bytes"]),
+            "mean peak KV bytes reserved (measured)": _bytes(None if mean is None else mean["peak_kv_reserved_bytes"]),
             "mean prefill s": _number(None if mean is None else mean["prefill_s"], 3),
             "mean decode s": _number(None if mean is None else mean["decode_s"], 3),
-            "device · dtype": f"{run.device} · {run.dtype}",
+            "device · dtype": f"{_text(run.device)} · {_text(run.dtype)}",
             "kvlab": _text(run.kvlab_version),
             "commit": _text(run.git_commit),
             "status": run.status,
@@ -254,3 +284,96 @@ def _number(value: object, digits: int = 1) -> str:
     if not present(value):
         return "—"
     return f"{float(value):,.{digits}f}"  # type: ignore[arg-type]
+
+
+def _bytes(value: object) -> str:
+    return format_bytes(float(value)) if present(value) else "—"  # type: ignore[arg-type]
+
+
+def measured_metrics(runs: pd.DataFrame) -> list[str]:
+    """The keys of :data:`METRICS` that at least one of ``runs`` (``Store.list_runs`` rows) has a value for, in
+    :data:`METRICS`' order: needle runs have accuracies, passes over a text a perplexity and a KL."""
+    return [name for name in METRICS if runs[name].notna().any()]
+
+
+def run_tick(run: Any) -> str:
+    """A run (a row of ``Store.list_runs``) as a bar chart's category names it, on three short lines:
+    ``run 4<br>h2o<br>keep 10%``."""
+    policy = policy_name(run.policy, run.policy_params)
+    return f"run {run.run_id}<br>{policy}<br>{budget_label(run.keep, run.budget_tokens)}"
+
+
+def _run_name(run: Any) -> str:
+    """A run's :func:`run_label` from its row of ``Store.list_runs``."""
+    return run_label(run.policy, run.mode, run.keep, run.budget_tokens, run.policy_params)
+
+
+#: The trial column whose share each percent metric is.
+_ANSWER_COLUMNS = {"accuracy": "correct", "exact_accuracy": "exact"}
+
+
+def run_quality(runs: pd.DataFrame, trials: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """One row per run (``Store.list_runs`` rows) with its ``value`` on a quality metric (a key of :data:`METRICS`,
+    shares in percent), and for shares the Wilson 95% interval ``low``..``high`` from its answered trials, so that
+    a bar from two trials is not read like one from two hundred. Runs without the metric are left out."""
+    shown = METRICS[metric]
+    rows = []
+    for run in runs.itertuples(index=False):
+        value = getattr(run, metric)
+        if not present(value):
+            continue
+        low, high = _interval(trials[trials["run_id"] == run.run_id], metric)
+        rows.append(
+            {
+                "run_id": run.run_id,
+                "tick": run_tick(run),
+                "label": _run_name(run),
+                "value": shown.scale * float(value),
+                "low": low,
+                "high": high,
+                "trials": int(run.trials),
+            }
+        )
+    return pd.DataFrame(rows, columns=["run_id", "tick", "label", "value", "low", "high", "trials"])
+
+
+def _interval(trials: pd.DataFrame, metric: str) -> tuple[float, float]:
+    """The Wilson 95% interval (in %) of a share metric over the trials that answered; NaN for other metrics or
+    when none answered."""
+    if metric not in _ANSWER_COLUMNS:
+        return float("nan"), float("nan")
+    answered = trials[_ANSWER_COLUMNS[metric]].dropna()
+    if answered.empty:
+        return float("nan"), float("nan")
+    low, high = wilson_interval(int(answered.astype(bool).sum()), len(answered))
+    return 100 * low, 100 * high
+
+
+def run_memory(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """One row per run with trials: its mean KV bytes at the end and at the peak (measured from the cache tensors),
+    with the run's bar-chart category and label."""
+    means = trial_means(trials)
+    rows = [
+        {
+            "run_id": run.run_id,
+            "tick": run_tick(run),
+            "label": _run_name(run),
+            "kv_bytes": float(means.loc[run.run_id, "kv_bytes"]),
+            "peak_kv_bytes": float(means.loc[run.run_id, "peak_kv_bytes"]),
+        }
+        for run in runs.itertuples(index=False)
+        if run.run_id in means.index
+    ]
+    return pd.DataFrame(rows, columns=["run_id", "tick", "label", "kv_bytes", "peak_kv_bytes"])
+
+
+def claim_table_text(table: pd.DataFrame) -> pd.DataFrame:
+    """The needle claim's table (:func:`kvlab.claims.side_by_side`) as text for display: accuracies in whole
+    percent, trial counts whole, and ``—`` where a row has nothing at that ratio (never ``None`` or ``nan``)."""
+    shown = table.astype(object)
+    for column in table.columns:
+        if column.endswith("pruned"):
+            shown[column] = [f"{float(value):.0f} %" if present(value) else "—" for value in table[column]]
+        elif not column.endswith("interval"):
+            shown[column] = [f"{int(value)}" if present(value) else "—" for value in table[column]]
+    return shown

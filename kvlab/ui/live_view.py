@@ -1,0 +1,78 @@
+"""The Streamlit side of a live run's charts, shared by the live page (running or replaying) and the overview: where
+each chart goes, its "How to read this" beside it, and drawing a trace into those places.
+
+A running page redraws every chart after each event, so the charts live in ``st.empty`` slots made once per page
+run; their guides are drawn once, above the slots, and are not redrawn with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
+
+from kvlab.ui import live_figures as figures
+from kvlab.ui.chart_view import how_to_read, show_chart
+from kvlab.ui.live import LiveTrace
+
+
+@dataclass(frozen=True)
+class ChartSlots:
+    """One place per live chart, and the key prefix that keeps two sets of them on one page apart."""
+
+    memory: DeltaGenerator
+    sinks: DeltaGenerator
+    heads: DeltaGenerator
+    landscape: DeltaGenerator
+    cache: DeltaGenerator
+    entropy: DeltaGenerator
+    name: str
+
+
+def _guided(where: DeltaGenerator, guide_name: str, name: str) -> DeltaGenerator:
+    """A slot under the chart's "How to read this" button."""
+    how_to_read(where, figures.GUIDES[guide_name], key=f"{name}-guide-{guide_name}")
+    return where.empty()
+
+
+def wide_slots(name: str) -> ChartSlots:
+    """The page-wide arrangement: the three small charts in a row first (a browser draws a redraw's charts in page
+    order, and the 3D view is the slowest to draw), then the 3D view beside the cache map and the entropy."""
+    memory, sinks, heads = st.columns(3)
+    landscape, side = st.columns([3, 2])
+    return ChartSlots(
+        memory=_guided(memory, "memory", name),
+        sinks=_guided(sinks, "sinks", name),
+        heads=_guided(heads, "heads", name),
+        landscape=_guided(landscape, "landscape", name),
+        cache=_guided(side, "cache", name),
+        entropy=_guided(side, "entropy", name),
+        name=name,
+    )
+
+
+def stacked_slots(column: DeltaGenerator, name: str) -> ChartSlots:
+    """Every chart one under the other in ``column``, for two runs side by side."""
+    with column:
+        return ChartSlots(
+            memory=_guided(column, "memory", name),
+            cache=_guided(column, "cache", name),
+            sinks=_guided(column, "sinks", name),
+            entropy=_guided(column, "entropy", name),
+            heads=_guided(column, "heads", name),
+            landscape=_guided(column, "landscape", name),
+            name=name,
+        )
+
+
+def draw_charts(slots: ChartSlots, trace: LiveTrace | None, layer: int | None, tag: str) -> None:
+    """Every chart of ``trace`` in its slot (empty charts before a run); ``tag`` keeps each redraw's elements
+    distinct."""
+    prefix = f"{slots.name}-{tag}"
+    show_chart(slots.memory, figures.memory_figure(trace), f"{prefix}-memory", "kvlab-kv-bytes")
+    show_chart(slots.sinks, figures.sink_figure(trace), f"{prefix}-sinks", "kvlab-sinks")
+    show_chart(slots.heads, figures.head_entropy(trace), f"{prefix}-heads", "kvlab-head-entropy")
+    show_chart(slots.landscape, figures.attention_landscape(trace, layer), f"{prefix}-landscape", "kvlab-attention-3d")
+    show_chart(slots.cache, figures.cache_map(trace), f"{prefix}-cache", "kvlab-cache-map")
+    show_chart(slots.entropy, figures.entropy_over_time(trace), f"{prefix}-entropy", "kvlab-entropy")

@@ -1,0 +1,119 @@
+"""Overview: what kvlab found, at first sight and without a model: the needle frontier and the published claim beside
+kvlab's measurement, and a live run replayed with its cache, its memory and its attention sinks, all from the
+example runs shipped in ``data/runs/``, measured on a GPU."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from kvlab.claims import CLAIM_CONTEXT, EVIDENCE_DB, side_by_side
+from kvlab.store import RunFilter, open_store
+from kvlab.ui import live_figures as figures
+from kvlab.ui.chart_view import how_to_read, show_chart
+from kvlab.ui.replay import EXAMPLES_DB, EXAMPLES_LABEL, replay_choices
+from kvlab.ui.session import page_setup, stored_replay
+from kvlab.ui.store_figures import FRONTIER_GUIDE, frontier_figure
+from kvlab.ui.tables import FRONTIER_AXES, METRICS, choices, frontier_points, short_model_name
+from kvlab.ui.text import plain
+
+page_setup()
+st.title("Overview")
+st.markdown(
+    "kvlab runs a causal language model with a **budgeted KV cache** and an eviction policy (H2O, SnapKV, "
+    "PyramidKV, StreamingLLM, TOVA, Knorm, random, or the full cache) and shows what survives, what it costs and "
+    "whether the model still answers. **Live run** runs a model on a needle prompt or your text and draws every "
+    "pass (or replays a stored run, two side by side); **Needle grid** measures the needle heatmap for several "
+    "policies; **Frontier** puts accuracy against memory for every stored run; **Cost calculator** prices a "
+    "deployment from a model's architecture; **Claims** checks the articles' numbers; **Runs** lists, compares and "
+    "exports every stored run. Each chart has a *How to read this* button; the camera in its tool bar saves it."
+)
+if not EVIDENCE_DB.is_file() or not EXAMPLES_DB.is_file():
+    st.info("This installation has no shipped example runs (data/runs/); open Live run to make some.")
+    st.stop()
+
+with open_store(EVIDENCE_DB, read_only=True) as store:
+    runs = store.list_runs(RunFilter(tasks=("needle",)))
+    models = choices(runs, "model")
+    devices = sorted(runs["device"].dropna().unique())
+    st.caption(
+        f"Below: runs shipped with kvlab (`data/runs/claims.duckdb` and `data/runs/examples.duckdb`), measured on "
+        f"{plain(', '.join(devices) or 'an unrecorded device')} with the commands in `bench/claims_evidence.sh` "
+        "and `bench/example_replays.sh`."
+    )
+    model = st.radio("Model", models, horizontal=True, format_func=short_model_name, key="overview-model")
+    filters = RunFilter(models=(model,), tasks=("needle",), context_lengths=(CLAIM_CONTEXT,))
+    points = frontier_points(store.accuracy_frontier(filters), "keep", "accuracy")
+    claim = side_by_side(store.trials_frame(filters), CLAIM_CONTEXT)
+with open_store(EXAMPLES_DB, read_only=True) as examples:
+    shipped_replays = replay_choices(examples.replays())
+
+frontier_column, claim_column = st.columns([1, 1])
+with frontier_column:
+    st.subheader(f"Needle accuracy at {CLAIM_CONTEXT:,} tokens")
+    how_to_read(frontier_column, FRONTIER_GUIDE, key="overview-frontier-guide")
+    show_chart(
+        frontier_column,
+        frontier_figure(points, FRONTIER_AXES["keep"], bytes_axis=False, metric=METRICS["accuracy"]),
+        "overview-frontier",
+        "kvlab-needle-frontier",
+    )
+with claim_column:
+    st.subheader("The published claim, beside kvlab's figure")
+    st.caption(
+        "An article reports H2O at 100 % up to 90 % pruning, StreamingLLM at 14 % and random eviction at 5 % on a "
+        f"{CLAIM_CONTEXT:,}-token needle test. Each article row is followed by kvlab's measurement of the same "
+        "pruning ratios (accuracy in %, with the 95 % Wilson interval and the fewest trials behind a cell)."
+    )
+    pruned = [column for column in claim.columns if column.endswith("pruned")]
+    st.dataframe(
+        claim.style.format("{:.0f} %", subset=pruned, na_rep="—").format(
+            "{:.0f}", subset=["trials per cell"], na_rep="—"
+        ),
+        key="overview-claim",
+    )
+
+st.subheader("A live run, replayed")
+if not shipped_replays:
+    st.info("No replay is shipped; open Live run to record one.")
+    st.stop()
+picked = st.selectbox(
+    "Run",
+    list(shipped_replays),
+    format_func=lambda key: shipped_replays[key],
+    key="overview-replay",
+    label_visibility="collapsed",
+)
+replay = stored_replay(EXAMPLES_DB, *picked)
+position = st.select_slider(
+    "Tokens read and generated",
+    replay.positions,
+    value=replay.positions[-1],
+    key=f"overview-position-{picked}",
+    help="Move it to see the run as it stood after that many tokens: every prefill chunk, compression and "
+    "generated token is a step.",
+)
+trace, text = replay.at(position)
+about = replay.about
+st.caption(
+    plain(
+        f"{about.get('model', '?')} on {about.get('device', '?')} · {about.get('policy', '')} · "
+        f"{about.get('prompt_tokens', '?')} prompt tokens · question: {about.get('question') or '(none)'} · "
+        f"expected {about.get('answer') or '(none)'} · {about.get('verdict', '')}. Output so far:"
+    )
+)
+st.code(text or "…", language=None)
+charts = st.columns(3)
+for column, (name, build, filename) in zip(
+    charts,
+    (
+        ("memory", figures.memory_figure, "kvlab-kv-bytes"),
+        ("cache", figures.cache_map, "kvlab-cache-map"),
+        ("sinks", figures.sink_figure, "kvlab-sinks"),
+    ),
+):
+    how_to_read(column, figures.GUIDES[name], key=f"overview-guide-{name}")
+    show_chart(column, build(trace), f"overview-{name}", filename)
+if st.button("Replay it with every chart, or two runs side by side", icon=":material/replay:"):
+    st.session_state["live_source"] = "Replay stored runs"
+    st.session_state["live_replay_store"] = EXAMPLES_LABEL
+    st.switch_page("pages/live.py")
