@@ -3,19 +3,15 @@ sweeps that fill it, which run on the server rather than in the tab that started
 
 from __future__ import annotations
 
-import functools
-
 import streamlit as st
 
 from kvlab.errors import KvlabError
-from kvlab.estimate import Speed, measure_speed, sweep_estimate
 from kvlab.models import LoadedModel
 from kvlab.policies import POLICIES
 from kvlab.store import RunFilter, Store, SweepRecord, open_store
-from kvlab.sweep import SweepGrid
 from kvlab.ui.chart_view import how_to_read, show_chart
-from kvlab.ui.device_queue import DEVICE_QUEUE, Waiting
 from kvlab.ui.grid import NeedleGridRequest, depth_label, evenly_spaced_depths
+from kvlab.ui.grid_estimate import grid_estimate
 from kvlab.ui.grid_figures import NEEDLE_GUIDE, at_budget, depth_accuracy, needle_grid, needle_heatmaps
 from kvlab.ui.inputs import longest_context
 from kvlab.ui.session import (
@@ -83,38 +79,11 @@ request = (
 )
 
 
-class DeviceBusy(Exception):
-    """Raised from the device queue's wait callback: a timed pass for an estimate never waits for a run."""
-
-
-def give_up(waiting: Waiting) -> None:
-    raise DeviceBusy
-
-
-@st.cache_resource(show_spinner=False, max_entries=32)
-def timed_speed(
-    model: str, policies: tuple[str, ...], mode: str, shortest: int, batch: int, _grid: SweepGrid, _loaded: LoadedModel
-) -> Speed:
-    """One timed pass at the grid's shape, once per server process and shape (the named arguments are the cache
-    key), on the device only when nothing else runs there, so that it neither slows a run nor is slowed by one."""
-    with DEVICE_QUEUE.turn(f"one timed pass of {batch} prompts for an estimate", give_up):
-        return measure_speed(_loaded, _grid)
-
-
-def measured(grid_request: NeedleGridRequest, grid: SweepGrid, model: LoadedModel) -> Speed | None:
-    """The grid's timed speed, or None while the device is busy."""
-    shape = (grid_request.policies, grid_request.mode, min(grid_request.contexts), grid_request.batch_size)
-    try:
-        return timed_speed(model.name, *shape, grid, model)
-    except DeviceBusy:
-        return None
-
-
 if runnable and request is not None and loaded is not None:
     try:
         grid = request.grid()
         grid.check_fits(loaded)
-        estimate.caption(plain(sweep_estimate(loaded, grid, store, functools.partial(measured, request, grid, loaded))))
+        estimate.caption(plain(grid_estimate(request, grid, loaded, store)))
     except KvlabError as error:
         estimate.caption(plain(str(error)))
 

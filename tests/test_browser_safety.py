@@ -63,7 +63,7 @@ def test_markup_in_a_question_and_answer_fetches_nothing(tmp_path, recorder):
         browser = launch(playwright)
         tab = browser.new_page(viewport={"width": 1400, "height": 1000})
         tab.set_default_timeout(90_000)
-        tab.goto(server.url)
+        tab.goto(f"{server.url}/live")
         tab.get_by_text("Running on").wait_for()
         tab.get_by_text("Your text").click()
         idle(tab)

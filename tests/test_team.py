@@ -130,7 +130,7 @@ def test_two_browsers_run_at_once_and_both_runs_are_stored(tmp_path):
         for seed in (1, 2):
             tab = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
             tab.set_default_timeout(90_000)
-            tab.goto(server.url)
+            tab.goto(f"{server.url}/live")
             tab.get_by_text("Running on").wait_for()
             tab.get_by_role("spinbutton", name="Context length (tokens)").fill("512")
             tab.get_by_role("spinbutton", name="Seed (key, value and haystack)").fill(str(seed))

@@ -2,9 +2,13 @@
 
 The pages in ``pages/`` hold layout and widgets only. Everything they show is computed here:
 
-* :mod:`kvlab.ui.live`: a live run as data (the prompt, the settings, the trace of its events) and its storage;
-* :mod:`kvlab.ui.live_figures` and :mod:`kvlab.ui.store_figures`: pure functions from that data, or from stored
-  runs, to plotly figures with bounded point counts;
+* :mod:`kvlab.ui.live`: a live run as data (the prompt, the settings, the trace of its events);
+* :mod:`kvlab.ui.live_store` and :mod:`kvlab.ui.replay`: a finished live run stored with its replay, and replays
+  packed, unpacked and scrubbed without a model;
+* :mod:`kvlab.ui.live_figures`, :mod:`kvlab.ui.store_figures`, :mod:`kvlab.ui.grid_figures` and
+  :mod:`kvlab.ui.cost_view`: pure functions from that data, or from stored runs, to plotly figures with bounded
+  point counts, each with its :class:`~kvlab.ui.guides.ChartGuide`; bytes in binary units (:mod:`kvlab.ui.units`);
+* :mod:`kvlab.ui.report`: a comparison as one self-contained HTML file;
 * :mod:`kvlab.ui.tables`: pure functions from stored runs to the tables the pages show;
 * :mod:`kvlab.ui.inputs`: widget values turned into kvlab objects, with every mistake one sentence;
 * :mod:`kvlab.ui.grid`: the needle grid the page asks for, as a storable request, run into the store;
@@ -13,5 +17,7 @@ The pages in ``pages/`` hold layout and widgets only. Everything they show is co
 * :mod:`kvlab.ui.device_queue`: the process-wide queue that lets one session at a time use the device;
 * :mod:`kvlab.ui.access`: who may use the server (login or localhost) and which models it may load;
 * :mod:`kvlab.ui.session`: the Streamlit side shared by all pages (login, model picker, store, waiting notices);
+* :mod:`kvlab.ui.chart_view` and :mod:`kvlab.ui.live_view`: the Streamlit side of charts (drawn with their guide
+  and image download) and of a live run's charts;
 * :mod:`kvlab.ui.text`: user text shown as plain text inside Streamlit's Markdown.
 """
