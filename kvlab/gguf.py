@@ -79,13 +79,16 @@ def locate(name: str) -> Path:
     if path.is_absolute() or name.startswith(".") or len(parts) < 3:
         raise NotAModel(f"There is no GGUF file at {shown_name(name)}.")
     repo, file_name = "/".join(parts[:2]), "/".join(parts[2:])
+    from kvlab.catalog import hub_reachable, in_hub_cache  # kvlab.catalog imports this module
+
+    reachable = in_hub_cache(repo, file_name) or hub_reachable()
     try:
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(repo, file_name))
+        return Path(hf_hub_download(repo, file_name, local_files_only=not reachable))
     except Exception as error:  # offline, no such repo or file: huggingface_hub raises many kinds
         text = str(error).lower()
-        if "offline" in text or "connect" in text or "resolve" in text or "network" in text:
+        if not reachable or "offline" in text or "connect" in text or "resolve" in text or "network" in text:
             raise NotAModel(
                 f"Could not fetch {shown_name(name)} from the Hugging Face hub: there is no network connection and "
                 "it is not in the local cache."

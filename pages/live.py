@@ -185,7 +185,7 @@ with task_column:
             help="On: the text (and question) are one user turn and the model answers in its own turn, as a chat "
             "model is trained to. Off: the model reads the text as it is."
             + ("" if templated else " This model has no chat template."),
-            key="live_chat",
+            key=f"live_chat-{loaded.name if loaded else None}",  # one per model: its default follows the model
             persist_state="session",
         )
         task = TextTask(pasted, question, answer, chat)

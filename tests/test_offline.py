@@ -77,6 +77,13 @@ def test_an_uncached_model_is_refused_at_once_without_network(hub_cache, closed_
     assert time.monotonic() - started < QUICK_S
 
 
+def test_an_uncached_gguf_file_on_the_hub_is_refused_at_once_without_network(hub_cache, closed_endpoint):
+    started = time.monotonic()
+    with pytest.raises(KvlabError, match="^Could not fetch 'kvlab-nobody/repo/m.Q4_0.gguf' .* no network connection"):
+        load_model("kvlab-nobody/repo/m.Q4_0.gguf")
+    assert time.monotonic() - started < QUICK_S
+
+
 def test_the_command_line_refuses_an_uncached_hub_id_at_once_without_network(tmp_path, closed_endpoint):
     """The whole command, as a user runs it: the endpoint and cache come from the environment."""
     env = {**os.environ, "HF_ENDPOINT": closed_endpoint, "HF_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
