@@ -10,7 +10,7 @@ from kvlab.claims import CLAIM_CONTEXT, EVIDENCE_DB, side_by_side
 from kvlab.store import RunFilter, open_store
 from kvlab.ui import live_figures as figures
 from kvlab.ui.chart_view import how_to_read, show_chart
-from kvlab.ui.replay import EXAMPLES_DB, EXAMPLES_LABEL, replay_choices
+from kvlab.ui.replay import EXAMPLES_DB, EXAMPLES_LABEL, replay_choices, showcase
 from kvlab.ui.session import page_setup, stored_replay
 from kvlab.ui.store_figures import FRONTIER_GUIDE, frontier_figure
 from kvlab.ui.tables import FRONTIER_AXES, METRICS, choices, frontier_points, short_model_name
@@ -45,7 +45,8 @@ with open_store(EVIDENCE_DB, read_only=True) as store:
     points = frontier_points(store.accuracy_frontier(filters), "keep", "accuracy")
     claim = side_by_side(store.trials_frame(filters), CLAIM_CONTEXT)
 with open_store(EXAMPLES_DB, read_only=True) as examples:
-    shipped_replays = replay_choices(examples.replays())
+    listed = examples.replays()
+    shipped_replays = replay_choices(listed)
 
 frontier_column, claim_column = st.columns([1, 1])
 with frontier_column:
@@ -79,6 +80,7 @@ if not shipped_replays:
 picked = st.selectbox(
     "Run",
     list(shipped_replays),
+    index=showcase(listed),
     format_func=lambda key: shipped_replays[key],
     key="overview-replay",
     label_visibility="collapsed",

@@ -191,6 +191,8 @@ def test_every_page_in_a_browser(page, screenshots, record_property):
     at_both_sizes(page, screenshots, "replay")
     page.get_by_text("Run a model").click()
     idle(page)
+    page.locator(".gl-container canvas").wait_for()  # the result's 3D view is drawn: the page has settled
+    page.wait_for_timeout(1000)
 
     switches = {}
     for title in (*PAGES[2:], *PAGES[:2]):

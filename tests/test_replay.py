@@ -4,6 +4,7 @@ at every event, and two runs of one prompt scrubbed to the same position."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvlab.budget import Budget
@@ -12,7 +13,7 @@ from kvlab.store import open_store
 from kvlab.ui import live_figures
 from kvlab.ui.live import LiveRun, LiveSettings, LiveTrace, NeedleTask, build_prompt
 from kvlab.ui.live_store import generated_texts, store_live_run
-from kvlab.ui.replay import Replay, pack, unpack
+from kvlab.ui.replay import Replay, pack, showcase, unpack
 
 
 def finished(shipped, policy: str, chunk: int = 64, keep: float = 0.25) -> LiveRun:
@@ -109,3 +110,9 @@ def test_a_stored_live_run_keeps_its_replay(shipped, h2o_run, tmp_path):
     with pytest.raises(KvlabError, match="no stored replay"):
         store.replay_payload(run_id, "another trial")
     store.close()
+
+
+def test_the_overview_first_shows_a_replay_where_eviction_still_finds_the_answer():
+    replays = pd.DataFrame({"policy": ["streaming", "full", "h2o", "snapkv"], "correct": [False, True, None, True]})
+    assert showcase(replays) == 3  # the full cache evicts nothing; h2o was not scored
+    assert showcase(replays.iloc[:2]) == 0  # none qualifies: the newest

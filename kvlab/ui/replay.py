@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import KvlabError
+from kvlab.policies import EVICTING
 from kvlab.ui.live import EventMark, LiveTrace, MemoryPoint, ObservedStep
 from kvlab.ui.tables import run_label
 
@@ -141,6 +142,15 @@ def replay_choices(replays: pd.DataFrame) -> dict[tuple[int, str], str]:
             f"run {row.run_id}: {label} · {row.model} · {int(row.context_length or 0):,} tokens · {verdict}"
         )
     return choices
+
+
+def showcase(replays: pd.DataFrame) -> int:
+    """Which of ``replays`` (``Store.replays``, in its order) to show first: the first whose policy evicts and whose
+    answer was still found (eviction at work, and working), else the first."""
+    for index, row in enumerate(replays.itertuples(index=False)):
+        if row.policy in EVICTING and not pd.isna(row.correct) and bool(row.correct):
+            return index
+    return 0
 
 
 def replay_stores(server_db: Path, examples_db: Path) -> dict[str, Path]:
