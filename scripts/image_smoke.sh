@@ -153,11 +153,14 @@ say "after the restart the volume still holds the run:"
 sed 's/^/[image-smoke]   /' "$work/runs.log"
 curl -fsS "http://127.0.0.1:$port/" | grep -qi "<html" || fail "the server did not serve the dashboard."
 # The server answers with its page shell; the pages' own code runs only for a browser's session. Streamlit's AppTest
-# runs it in the image as a session would: the Runs page must show the stored run.
+# runs it in the image as a session would: the Overview must show the shipped runs, the Runs page the stored run.
 in_image python -c '
 from streamlit.testing.v1 import AppTest
 app = AppTest.from_file("/app/app.py", default_timeout=120)
 app.run()
+assert not app.exception and app.title[0].value == "Overview", app.exception
+assert len(app.get("plotly_chart")) >= 4, "the Overview has no shipped runs to show"
+print("the Overview shows", len(app.get("plotly_chart")), "charts of the shipped runs")
 app.switch_page("pages/runs.py")
 app.run()
 assert not app.exception, app.exception
@@ -165,6 +168,6 @@ captions = [caption.value for caption in app.caption]
 assert any(caption.startswith("1 of 1 runs") for caption in captions), captions
 print("the Runs page lists", captions[0].split(".")[0])
 ' >"$work/page.log" 2>&1 || { cat "$work/page.log"; fail "the Runs page failed in the image."; }
-say "$(tail -n 1 "$work/page.log")"
+sed 's/^/[image-smoke] /' "$work/page.log" | tail -n 2
 stop_server
 say "PASSED in $(( $(date +%s) - began )) s"

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.testing.v1 import AppTest
+from test_pages import open_page
 from test_ui_tables import add_run
 
 from kvlab.store import open_store
@@ -46,15 +47,6 @@ def downloads(monkeypatch) -> dict[str, Callable[[], bytes]]:
 
     monkeypatch.setattr(MediaFileManager, "add_deferred", recording)
     return recorded
-
-
-def open_page(page: str) -> AppTest:
-    app = AppTest.from_file("../app.py", default_timeout=120)
-    app.run()
-    app.switch_page(page)
-    app.run()
-    assert not app.exception, app.exception
-    return app
 
 
 def rerun(app: AppTest) -> AppTest:

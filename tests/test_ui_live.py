@@ -11,7 +11,7 @@ from kvlab.engine import Generation
 from kvlab.errors import KvlabError
 from kvlab.store import open_store
 from kvlab.tasks.needle import score
-from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, TextTask, build_prompt, warm_up
+from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt, warm_up
 from kvlab.ui.live_store import store_live_run
 
 
@@ -127,3 +127,21 @@ def test_a_budget_below_the_policy_minimum_is_refused_before_running(shipped):
 
 def test_warm_up_runs(shipped):
     warm_up(shipped)
+
+
+def test_a_running_page_redraws_at_most_once_per_interval(shipped):
+    run = LiveRun(
+        shipped,
+        build_prompt(shipped, NeedleTask(context_tokens=256, depth=0.5)),
+        LiveSettings("h2o", {}, Budget(keep=0.25), "streaming", chunk=32, max_new_tokens=8, n_bins=16),
+    )
+    now = [0.0]
+    clock = RedrawClock(interval_s=1.0, every_decoded=4, clock=lambda: now[0])
+    drawn = []
+    for index, _ in enumerate(run.events()):
+        now[0] = 0.4 * index  # each event takes 0.4 s
+        if clock.due(run.trace):
+            drawn.append(index)
+    assert drawn[0] == 0  # the first event is drawn at once
+    assert all(later - earlier >= 3 for earlier, later in zip(drawn, drawn[1:]))  # 1 s apart: every third event
+    assert len(run.trace.history) > 3 * len(drawn) - 3
