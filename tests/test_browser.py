@@ -51,18 +51,23 @@ OBSERVE = """() => {
   }).observe(document.body, {subtree: true, childList: true, characterData: true});
 }"""
 
-# The titles (chart, axes, colour bars) of every 2D chart on the page that reach outside the chart's own box.
+# The titles (chart, axes, colour bars) of every 2D chart on the page that reach outside the chart's own box or lie
+# under its legend.
 CLIPPED = """() => {
   const cut = [];
+  const apart = (a, b) => a.right <= b.left || b.right <= a.left || a.bottom <= b.top || b.bottom <= a.top;
   for (const chart of document.querySelectorAll('.js-plotly-plot')) {
     const svg = chart.querySelector('.main-svg');
     if (!svg) continue;
     const box = svg.getBoundingClientRect();
+    const legend = chart.querySelector('.legend .bg');
+    const under = legend ? legend.getBoundingClientRect() : null;
     for (const title of chart.querySelectorAll('.gtitle, .xtitle, .ytitle, .cbtitle text')) {
       const r = title.getBoundingClientRect();
       if (r.width === 0) continue;
       if (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1 || r.bottom > box.bottom + 1)
         cut.push(title.textContent);
+      if (under && under.width > 0 && !apart(r, under)) cut.push(`${title.textContent} (under the legend)`);
     }
   }
   return cut;

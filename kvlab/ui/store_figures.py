@@ -166,12 +166,12 @@ def frontier_figure(
     )
     x_axis = _log_byte_axis(points["drawn"]) if bytes_axis else _fraction_axis(points["drawn"])
     figure.update_layout(
-        height=440,
-        margin=dict(l=60, r=20, t=20, b=120),
+        height=470,
+        margin=dict(l=60, r=20, t=20, b=150),
         hovermode="closest",
         xaxis=dict(title=x_title, **x_axis),
         yaxis=dict(title=metric.title, range=[-3, 103] if metric.percent else None),
-        legend=dict(orientation="h", yanchor="top", y=-0.2, x=0),
+        legend=dict(orientation="h", yanchor="top", y=-0.3, x=0),  # below the axis title, whatever the width
     )
     return figure
 
