@@ -167,11 +167,13 @@ def frontier_figure(
     x_axis = _log_byte_axis(points["drawn"]) if bytes_axis else _fraction_axis(points["drawn"])
     figure.update_layout(
         height=470,
-        margin=dict(l=60, r=20, t=20, b=150),
+        margin=dict(l=60, r=20, t=20, b=50),
         hovermode="closest",
         xaxis=dict(title=x_title, **x_axis),
         yaxis=dict(title=metric.title, range=[-3, 103] if metric.percent else None),
-        legend=dict(orientation="h", yanchor="top", y=-0.3, x=0),  # below the axis title, whatever the width
+        # Above the plot: a legend below it sits a share of the plot's height lower, and the plot shrinks as a
+        # legend of many lines grows, until the legend covers the axis title.
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
     )
     return figure
 
