@@ -21,6 +21,7 @@ from kvlab.ui.live_view import draw_charts, stacked_slots, wide_slots
 from kvlab.ui.replay import EXAMPLES_DB, replay_choices, replay_stores
 from kvlab.ui.session import current_model, current_user, page_setup, stored_replay, waiting_notice
 from kvlab.ui.text import plain
+from kvlab.ui.units import format_bytes
 
 RESULT_KEY = "live_result"
 BROWSER_INT = (1 << 53) - 1  # the largest whole number a browser's number field holds exactly
@@ -400,19 +401,19 @@ else:
     memory[0].metric("Prompt tokens", f"{prompt.context_tokens:,}")
     memory[1].metric(
         "KV in use (measured)",
-        f"{outcome.result.kv_bytes / 2**20:,.2f} MiB",
+        format_bytes(outcome.result.kv_bytes),
         help="Bytes of the slots holding a token at the end.",
     )
     memory[2].metric(
         "KV reserved (measured)",
-        f"{outcome.result.kv_reserved_bytes / 2**20:,.2f} MiB",
+        format_bytes(outcome.result.kv_reserved_bytes),
         help="Bytes of the heap's tensors at the end: what the cache holds from the allocator.",
     )
-    memory[3].metric("Full cache (computed)", f"{outcome.result.kv_bytes_full / 2**20:,.2f} MiB")
+    memory[3].metric("Full cache (computed)", format_bytes(outcome.result.kv_bytes_full))
     heap = st.columns(4)
     heap[0].metric(
         "Peak KV in use",
-        f"{outcome.result.peak_kv_bytes / 2**20:,.2f} MiB",
+        format_bytes(outcome.result.peak_kv_bytes),
         help="Measured after each forward pass, before eviction.",
     )
     heap[1].metric("Dead share", f"{outcome.result.dead_share:.0%}", help="Free slots among those in use at the end.")

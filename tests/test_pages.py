@@ -104,7 +104,7 @@ def test_a_short_live_run_completes_and_is_stored(db):
     click(app, "Run")
     assert "stored as run 1" in app.main.caption[-1].value
     labels = {metric.label: metric.value for metric in app.metric}
-    assert labels["Prompt tokens"] == "256" and labels["KV in use (measured)"].endswith("MiB")
+    assert labels["Prompt tokens"] == "256" and re.fullmatch(r"[\d.,]+ (KiB|MiB)", labels["KV in use (measured)"])
     titles = set(charts(app))
     assert {
         "KV cache bytes",
