@@ -31,6 +31,10 @@ if not EVIDENCE_DB.is_file() or not EXAMPLES_DB.is_file():
     st.info("This installation has no shipped example runs (data/runs/); open Live run to make some.")
     st.stop()
 
+with open_store(EXAMPLES_DB, read_only=True) as examples:
+    listed = examples.replays()
+    shipped_replays = replay_choices(listed)
+first_replay = showcase(listed)
 with open_store(EVIDENCE_DB, read_only=True) as store:
     runs = store.list_runs(RunFilter(tasks=("needle",)))
     models = choices(runs, "model")
@@ -40,13 +44,18 @@ with open_store(EVIDENCE_DB, read_only=True) as store:
         f"{plain(', '.join(devices) or 'an unrecorded device')} with the commands in `bench/claims_evidence.sh` "
         "and `bench/example_replays.sh`."
     )
-    model = st.radio("Model", models, horizontal=True, format_func=short_model_name, key="overview-model")
+    replayed = listed["model"].iloc[first_replay] if len(listed) else None  # the replay's model, shown first
+    model = st.radio(
+        "Model",
+        models,
+        index=models.index(replayed) if replayed in models else 0,
+        horizontal=True,
+        format_func=short_model_name,
+        key="overview-model",
+    )
     filters = RunFilter(models=(model,), tasks=("needle",), context_lengths=(CLAIM_CONTEXT,))
     points = frontier_points(store.accuracy_frontier(filters), "keep", "accuracy")
     claim = side_by_side(store.trials_frame(filters), CLAIM_CONTEXT)
-with open_store(EXAMPLES_DB, read_only=True) as examples:
-    listed = examples.replays()
-    shipped_replays = replay_choices(listed)
 
 frontier_column, claim_column = st.columns([1, 1])
 with frontier_column:
@@ -80,7 +89,7 @@ if not shipped_replays:
 picked = st.selectbox(
     "Run",
     list(shipped_replays),
-    index=showcase(listed),
+    index=first_replay,
     format_func=lambda key: shipped_replays[key],
     key="overview-replay",
     label_visibility="collapsed",

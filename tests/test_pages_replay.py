@@ -36,6 +36,7 @@ def test_the_overview_shows_the_shipped_results_without_a_model(db):
     app.run()
     assert not app.exception and app.sidebar.error  # no model, and the overview still has all its content
     assert "H100" in shown(app.caption[0].value)
+    assert widget(app.radio, "Model").value == "kvlab-tiny-llama"  # the model of the replay shown below
     figures = figure_data(app)
     frontier = figures[0]
     assert {trace["name"] for trace in frontier["data"]} >= {"h2o · prefill", "streaming · prefill"}
