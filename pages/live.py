@@ -89,14 +89,8 @@ def replay_page() -> None:
     columns = st.columns(len(replays))
     for index, (column, replay) in enumerate(zip(columns, replays)):
         trace, text = replay.at(position)
-        about = replay.about
-        column.markdown(f"**{plain(about.get('policy', ''))}** · {plain(about.get('verdict', ''))}")
-        column.caption(
-            plain(
-                f"{about.get('model', '?')} on {about.get('device', '?')}; {about.get('prompt_tokens', '?')} prompt "
-                f"tokens; question: {about.get('question') or '(none)'}; expected: {about.get('answer') or '(none)'}"
-            )
-        )
+        column.markdown(f"**{plain(replay.headline)}**")
+        column.caption(plain(replay.where_from))
         column.caption(trace.status())
         column.code(text or "…", language=None)
         slots = wide_slots(f"replay{index}") if len(replays) == 1 else stacked_slots(column, f"replay{index}")

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.claims import CLAIM_CONTEXT, EVIDENCE_DB, side_by_side
-from kvlab.store import RunFilter, open_store
+from kvlab.claims import CLAIM_CONTEXT, EVIDENCE_DB
+from kvlab.store import open_store
 from kvlab.ui import live_figures as figures
 from kvlab.ui.chart_view import how_to_read, show_chart
 from kvlab.ui.replay import EXAMPLES_DB, EXAMPLES_LABEL, replay_choices, showcase
-from kvlab.ui.session import page_setup, stored_replay
+from kvlab.ui.session import page_setup, shipped_needle_evidence, stored_replay
 from kvlab.ui.store_figures import FRONTIER_GUIDE, frontier_figure
-from kvlab.ui.tables import FRONTIER_AXES, METRICS, choices, frontier_points, short_model_name
+from kvlab.ui.tables import FRONTIER_AXES, METRICS, short_model_name
 from kvlab.ui.text import plain
 
 page_setup()
@@ -35,27 +35,22 @@ with open_store(EXAMPLES_DB, read_only=True) as examples:
     listed = examples.replays()
     shipped_replays = replay_choices(listed)
 first_replay = showcase(listed)
-with open_store(EVIDENCE_DB, read_only=True) as store:
-    runs = store.list_runs(RunFilter(tasks=("needle",)))
-    models = choices(runs, "model")
-    devices = sorted(runs["device"].dropna().unique())
-    st.caption(
-        f"Below: runs shipped with kvlab (`data/runs/claims.duckdb` and `data/runs/examples.duckdb`), measured on "
-        f"{plain(', '.join(devices) or 'an unrecorded device')} with the commands in `bench/claims_evidence.sh` "
-        "and `bench/example_replays.sh`."
-    )
-    replayed = listed["model"].iloc[first_replay] if len(listed) else None  # the replay's model, shown first
-    model = st.radio(
-        "Model",
-        models,
-        index=models.index(replayed) if replayed in models else 0,
-        horizontal=True,
-        format_func=short_model_name,
-        key="overview-model",
-    )
-    filters = RunFilter(models=(model,), tasks=("needle",), context_lengths=(CLAIM_CONTEXT,))
-    points = frontier_points(store.accuracy_frontier(filters), "keep", "accuracy")
-    claim = side_by_side(store.trials_frame(filters), CLAIM_CONTEXT)
+evidence = shipped_needle_evidence(EVIDENCE_DB)
+st.caption(
+    f"Below: runs shipped with kvlab (`data/runs/claims.duckdb` and `data/runs/examples.duckdb`), measured on "
+    f"{plain(', '.join(evidence.devices) or 'an unrecorded device')} with the commands in "
+    "`bench/claims_evidence.sh` and `bench/example_replays.sh`."
+)
+replayed = listed["model"].iloc[first_replay] if len(listed) else None  # the replay's model, shown first
+model = st.radio(
+    "Model",
+    evidence.models,
+    index=evidence.models.index(replayed) if replayed in evidence.models else 0,
+    horizontal=True,
+    format_func=short_model_name,
+    key="overview-model",
+)
+points, claim = evidence.frontiers[model], evidence.claims[model]
 
 frontier_column, claim_column = st.columns([1, 1])
 with frontier_column:
@@ -104,14 +99,7 @@ position = st.select_slider(
     "generated token is a step.",
 )
 trace, text = replay.at(position)
-about = replay.about
-st.caption(
-    plain(
-        f"{about.get('model', '?')} on {about.get('device', '?')} · {about.get('policy', '')} · "
-        f"{about.get('prompt_tokens', '?')} prompt tokens · question: {about.get('question') or '(none)'} · "
-        f"expected {about.get('answer') or '(none)'} · {about.get('verdict', '')}. Output so far:"
-    )
-)
+st.caption(plain(f"{replay.headline}: {replay.where_from}. Output so far:"))
 st.code(text or "…", language=None)
 charts = st.columns(3)
 for column, (name, build, filename) in zip(

@@ -5,14 +5,16 @@ into the table the page shows, filtered and marked by verdict. Pure functions of
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from kvlab.claims import VERDICTS, Verdict, evaluate_file, verdict_of
+from kvlab.claims import CLAIM_CONTEXT, VERDICTS, Verdict, evaluate_file, side_by_side, verdict_of
 from kvlab.claims.report import records_frame, source_text
 from kvlab.claims.verdicts import CONDITIONAL, FAILS, HOLDS, UNMEASURABLE
-from kvlab.store import open_store
+from kvlab.store import RunFilter, open_store
+from kvlab.ui.tables import choices, frontier_points
 from kvlab.ui.text import plain
 
 #: A mark before each verdict, so that it reads without colour too.
@@ -76,3 +78,32 @@ def verdict_badge(verdict: str) -> str:
     """A verdict as a coloured, marked Markdown badge, its condition shown as the plain text it is."""
     kind = verdict_of(verdict)
     return f":{COLOURS[kind]}-background[{MARKS[kind]} {plain(verdict)}]"
+
+
+@dataclass(frozen=True)
+class NeedleEvidence:
+    """A store's needle evidence at the claim's context length, per model: the accuracy frontier's points against
+    the kept fraction (:func:`~kvlab.ui.tables.frontier_points`) and the published claim beside kvlab's cells
+    (:func:`~kvlab.claims.side_by_side`); and the devices its needle runs were measured on."""
+
+    devices: list[str]
+    frontiers: dict[str, pd.DataFrame]
+    claims: dict[str, pd.DataFrame]
+
+    @property
+    def models(self) -> list[str]:
+        """The models with needle runs, sorted."""
+        return list(self.frontiers)
+
+
+def needle_evidence(path: Path) -> NeedleEvidence:
+    """Read a store's needle evidence once, for every model (the Overview shows one at a time, and scrubbing its
+    replay must not read the store again)."""
+    with open_store(path, read_only=True) as store:
+        runs = store.list_runs(RunFilter(tasks=("needle",)))
+        frontiers, claims = {}, {}
+        for model in choices(runs, "model"):
+            filters = RunFilter(models=(model,), tasks=("needle",), context_lengths=(CLAIM_CONTEXT,))
+            frontiers[model] = frontier_points(store.accuracy_frontier(filters), "keep", "accuracy")
+            claims[model] = side_by_side(store.trials_frame(filters), CLAIM_CONTEXT)
+    return NeedleEvidence(sorted(runs["device"].dropna().unique()), frontiers, claims)

@@ -55,6 +55,20 @@ class Replay:
         reached = [index for index, seen in enumerate(self.positions) if seen <= position]
         return reached[-1] if reached else 0
 
+    @property
+    def where_from(self) -> str:
+        """Where the run was made and what it read: ``model on device · N prompt tokens · question · expected``."""
+        about = self.about
+        return (
+            f"{about.get('model', '?')} on {about.get('device', '?')} · {about.get('prompt_tokens', '?')} prompt "
+            f"tokens · question: {about.get('question') or '(none)'} · expected: {about.get('answer') or '(none)'}"
+        )
+
+    @property
+    def headline(self) -> str:
+        """The policy and how the answer scored: ``h2o · prefill · keep 10% · found``."""
+        return " · ".join(part for part in (self.about.get("policy", ""), self.about.get("verdict", "")) if part)
+
     def at(self, position: int) -> tuple[LiveTrace, str]:
         """The trace and the generated text as they stood at ``position``."""
         trace = self.trace.at(self.event_at(position))

@@ -35,6 +35,7 @@ from kvlab.ui.access import (
     same_model,
     user_label,
 )
+from kvlab.ui.claims import NeedleEvidence, needle_evidence
 from kvlab.ui.device_queue import Waiting
 from kvlab.ui.live import warm_up
 from kvlab.ui.replay import Replay, unpack
@@ -302,3 +303,14 @@ def stored_replay(path: Path, run_id: int, trial_key: str) -> Replay:
     with open_store(path, read_only=True) as store:
         payload = store.replay_payload(run_id, trial_key)
     return _unpacked(payload)
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def _needle_evidence(path: str, modified_ns: int) -> NeedleEvidence:
+    """:func:`~kvlab.ui.claims.needle_evidence`, read again only when the file changes."""
+    return needle_evidence(Path(path))
+
+
+def shipped_needle_evidence(path: Path) -> NeedleEvidence:
+    """A store's needle evidence, read once per server process and version of the file."""
+    return _needle_evidence(str(path), path.stat().st_mtime_ns)
