@@ -23,3 +23,12 @@ class NotAModel(KvlabError):
     """A model name that leads to no loadable causal language model: no such directory or hub model, no readable
     config, or a config of another kind of model. The dashboard answers all of these with one sentence, so that
     its model box cannot be used to learn which paths exist on the server."""
+
+
+def not_fetched(shown: str) -> NotAModel:
+    """The refusal of a hub model (or hub GGUF file) that the local cache does not hold while the hub cannot be
+    reached; ``shown`` names it as :func:`shown_name` does."""
+    return NotAModel(
+        f"Could not fetch {shown} from the Hugging Face hub: there is no network connection and it is not in the "
+        "local cache."
+    )

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvlab.errors import KvlabError, NotAModel, shown_name
+from kvlab.errors import KvlabError, NotAModel, not_fetched, shown_name
 from kvlab.paths import user_file
 from kvlab.provenance import file_sha256
 
@@ -81,18 +81,17 @@ def locate(name: str) -> Path:
     repo, file_name = "/".join(parts[:2]), "/".join(parts[2:])
     from kvlab.catalog import hub_reachable, in_hub_cache  # kvlab.catalog imports this module
 
-    reachable = in_hub_cache(repo, file_name) or hub_reachable()
+    cached = in_hub_cache(repo, file_name)  # a cached file is read without asking the hub
+    if not cached and not hub_reachable():
+        raise not_fetched(shown_name(name))
     try:
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(repo, file_name, local_files_only=not reachable))
+        return Path(hf_hub_download(repo, file_name, local_files_only=cached))
     except Exception as error:  # offline, no such repo or file: huggingface_hub raises many kinds
         text = str(error).lower()
-        if not reachable or "offline" in text or "connect" in text or "resolve" in text or "network" in text:
-            raise NotAModel(
-                f"Could not fetch {shown_name(name)} from the Hugging Face hub: there is no network connection and "
-                "it is not in the local cache."
-            ) from None
+        if "offline" in text or "connect" in text or "resolve" in text or "network" in text:
+            raise not_fetched(shown_name(name)) from None
         raise NotAModel(f"There is no GGUF file {shown_name(file_name)} in the hub repository {repo}.") from None
 
 

@@ -27,7 +27,7 @@ from kvlab import gguf
 from kvlab.arch import ArchFacts, arch_from_config, dtype_name
 from kvlab.attention import ATTN_IMPLEMENTATION, register_attention
 from kvlab.catalog import SHIPPED_MODELS_DIR, hub_reachable, in_hub_cache, installed_name, package_of, readme_licence
-from kvlab.errors import KvlabError, NotAModel, shown_name
+from kvlab.errors import KvlabError, NotAModel, not_fetched, shown_name
 from kvlab.limits import Limits, limits_for
 from kvlab.provenance import weights_identity
 
@@ -211,14 +211,6 @@ def local_model_path(name: str) -> Path | None:
         return None
 
 
-def _offline(shown: str) -> NotAModel:
-    """The refusal of a hub model that is not in the local cache while the hub cannot be reached."""
-    return NotAModel(
-        f"Could not fetch {shown} from the Hugging Face hub: there is no network connection and it is not in the "
-        "local cache."
-    )
-
-
 def _cache_only(name: str, shown: str) -> bool:
     """Whether the model ``name`` must be read from the local Hugging Face cache alone: it is a hub id and the hub
     does not answer (no network, ``HF_HUB_OFFLINE``), where asking the hub for each file would cost
@@ -231,7 +223,7 @@ def _cache_only(name: str, shown: str) -> bool:
     if hub_reachable():
         return False
     if not in_hub_cache(name):
-        raise _offline(shown)
+        raise not_fetched(shown)
     return True
 
 
@@ -252,7 +244,7 @@ def _load_config(name: str, trust_remote_code: bool, shown: str, cache_only: boo
         if path is not None:
             raise NotAModel(f"{shown} is a directory without a readable config.json, so it is not a model.") from None
         if "offline" in text.lower() or "connect" in text.lower() or "resolve" in text.lower():
-            raise _offline(shown) from None
+            raise not_fetched(shown) from None
         raise NotAModel(f"There is no model called {shown} on the Hugging Face hub or on this machine.") from None
     except ValueError as error:
         if "trust_remote_code" in str(error):

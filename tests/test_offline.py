@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
+from tiny_models import write_tiny_llama_gguf
 
 from kvlab.catalog import hub_cache_dir, hub_reachable, in_hub_cache
 from kvlab.errors import KvlabError
@@ -75,6 +76,17 @@ def test_an_uncached_model_is_refused_at_once_without_network(hub_cache, closed_
     with pytest.raises(KvlabError, match="^Could not fetch 'kvlab-nobody/not-cached' .* no network connection"):
         load_model("kvlab-nobody/not-cached")
     assert time.monotonic() - started < QUICK_S
+
+
+def test_a_cached_gguf_file_on_the_hub_loads_at_once_without_network(hub_cache, closed_endpoint, tmp_path):
+    folder = tmp_path / "written"
+    folder.mkdir()
+    write_tiny_llama_gguf(folder / "m.Q8_0.gguf")
+    cache_model(hub_cache, "kvlab-test/tiny-gguf", str(folder))
+    assert in_hub_cache("kvlab-test/tiny-gguf", "m.Q8_0.gguf")
+    started = time.monotonic()
+    loaded = load_model("kvlab-test/tiny-gguf/m.Q8_0.gguf", device="cpu")
+    assert time.monotonic() - started < QUICK_S and loaded.source.label == "kvlab-test/tiny-gguf/m.Q8_0.gguf"
 
 
 def test_an_uncached_gguf_file_on_the_hub_is_refused_at_once_without_network(hub_cache, closed_endpoint):
