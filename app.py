@@ -26,6 +26,7 @@ page = st.navigation(
         st.Page("pages/frontier.py", title="Frontier", icon=":material/show_chart:"),
         st.Page("pages/costs.py", title="Cost calculator", icon=":material/payments:"),
         st.Page("pages/claims.py", title="Claims", icon=":material/fact_check:"),
+        st.Page("pages/side_channel.py", title="Side channels", icon=":material/visibility_off:"),
         st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:"),
     ],
     position="sidebar" if admitted else "hidden",

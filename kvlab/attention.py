@@ -199,14 +199,19 @@ def _logits(grouped: torch.Tensor, keys_t: torch.Tensor, layer: HeapLayer) -> to
 
 
 def _decode_attention(
-    query: torch.Tensor, layer: HeapLayer, span: int, mask: torch.Tensor, context: ForwardContext, layer_idx: int
+    query: torch.Tensor,
+    layer: HeapLayer,
+    attended: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    mask: torch.Tensor,
+    context: ForwardContext,
+    layer_idx: int,
 ) -> torch.Tensor:
     """One query's attention over the heap, written out per KV head with its query heads as rows: reads K and V
-    in place, adds the probabilities to the accumulated scores and statistics when asked. ``mask`` is
-    ``(batch, kv_heads, 1, span)``."""
+    (``attended``: keys, values, positions) in place, adds the probabilities to the accumulated scores and
+    statistics when asked. ``mask`` is ``(batch, kv_heads, 1, keys)``."""
     batch, q_heads, _, head_dim = query.shape
-    keys, values, positions = layer.slots(span)
-    kv_heads = keys.shape[1]
+    keys, values, positions = attended
+    kv_heads, span = keys.shape[1], keys.shape[2]
     grouped = query.reshape(batch, kv_heads, q_heads // kv_heads, head_dim)
     logits = _logits(grouped, keys.transpose(-1, -2), layer).masked_fill_(~mask, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
@@ -222,7 +227,7 @@ def _blocked_attention(
     query: torch.Tensor,
     layer: HeapLayer,
     layer_idx: int,
-    span: int,
+    attended: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     mask: torch.Tensor | None,
     context: ForwardContext,
     ordered: bool,
@@ -237,7 +242,8 @@ def _blocked_attention(
     statistics. With ``output=False`` only the observation is made (the output comes from SDPA): the probabilities
     are never multiplied by the values, which halves the work of observing.
     """
-    keys, values, positions = layer.slots(span)
+    keys, values, positions = attended
+    span = keys.shape[2]
     batch, q_heads, n_queries, head_dim = query.shape
     kv_heads = keys.shape[1]
     groups = q_heads // kv_heads
@@ -322,12 +328,13 @@ def kvlab_attention(
     if cache.query_window:
         _remember_queries(layer, query, query_positions, cache.query_window, cache.static)
     span = layer.span(cache.static)
-    ordered = layer.ordered and layer.dead == 0 and not cache.static
+    ordered = layer.ordered and layer.dead == 0 and not cache.static and layer.frozen is None
     observed = layer.scores is not None or context.stats is not None or layer.softcap is not None
-    keys, values, positions = layer.slots(span)
+    attended = layer.attended(span)
+    keys, values, positions = attended
     if query.shape[2] == 1 and (observed or not ordered):  # one pass, reading the heap in place
         live = allowed_keys(positions, query_positions, layer.sliding_window)
-        decoded = _decode_attention(query, layer, span, live, context, layer_idx)
+        decoded = _decode_attention(query, layer, attended, live, context, layer_idx)
         return decoded.transpose(1, 2).contiguous(), None
     mask: torch.Tensor | None
     if ordered:
@@ -338,19 +345,19 @@ def kvlab_attention(
     # for a sliding window's per-head mask over ordered slots (which SDPA would need copied per query head)
     output: torch.Tensor | None
     if context.stats is not None or layer.softcap is not None or (ordered and mask is not None and mask.dim() == 4):
-        output = _blocked_attention(query, layer, layer_idx, span, mask, context, ordered)
+        output = _blocked_attention(query, layer, layer_idx, attended, mask, context, ordered)
     else:
         output = _sdpa(query, keys, values, mask, layer.scaling)
         if layer.scores is not None:  # H2O: the scores from a pass that never multiplies by the values
-            _blocked_attention(query, layer, layer_idx, span, mask, context, ordered, output=False)
+            _blocked_attention(query, layer, layer_idx, attended, mask, context, ordered, output=False)
     assert output is not None
     return output.transpose(1, 2).contiguous(), None
 
 
-def window_attention(layer: HeapLayer, span: int) -> torch.Tensor:
-    """Attention of the remembered query window over the first ``span`` slots, summed over the window and over the
-    query heads of each KV head: ``(batch, kv_heads, span)`` (zero on free slots). Logits are taken as the model's
-    own attention takes them (products in its dtype, softmax in float32). Used by SnapKV, PyramidKV and TOVA."""
+def window_probabilities(layer: HeapLayer, span: int) -> torch.Tensor:
+    """Attention of each remembered query of the window over the first ``span`` slots, ``(batch, kv_heads, groups,
+    window, span)`` (zero on free slots and on slots a query may not see). Logits are taken as the model's own
+    attention takes them (products in its dtype, softmax in float32)."""
     assert layer.recent_queries is not None and layer.recent_query_positions is not None
     queries = layer.recent_queries
     batch, q_heads, window, head_dim = queries.shape
@@ -360,7 +367,14 @@ def window_attention(layer: HeapLayer, span: int) -> torch.Tensor:
     logits = _logits(grouped, keys.transpose(-1, -2).unsqueeze(2), layer)
     allowed = allowed_keys(positions, layer.recent_query_positions, layer.sliding_window)
     logits = logits.masked_fill(~allowed.unsqueeze(2), float("-inf"))
-    return torch.softmax(logits, dim=-1).nan_to_num(0.0).sum(dim=(2, 3))
+    return torch.softmax(logits, dim=-1).nan_to_num(0.0)
+
+
+def window_attention(layer: HeapLayer, span: int) -> torch.Tensor:
+    """Attention of the remembered query window over the first ``span`` slots, summed over the window and over the
+    query heads of each KV head: ``(batch, kv_heads, span)`` (zero on free slots). Used by SnapKV, PyramidKV and
+    TOVA."""
+    return window_probabilities(layer, span).sum(dim=(2, 3))
 
 
 def register_attention() -> None:

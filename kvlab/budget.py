@@ -8,6 +8,7 @@ like only because every policy obeys the same meaning.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -66,7 +67,7 @@ def check_budget(policy: Policy, budget: Budget | None, context_tokens: int) -> 
     """
     if not policy.evicts:
         if budget is not None:
-            kept = "every token but its first" if policy.removes_first else "every token"
+            kept = f"every token but the {policy.removes()} it removes" if policy.removes() else "every token"
             raise KvlabError(f"Policy {policy.name!r} keeps {kept}, so it takes no budget; drop --keep/--budget.")
         return None
     if budget is None:
@@ -95,3 +96,36 @@ def pyramid_shares(spare: float, beta: float, num_layers: int) -> list[float]:
     top = spare / beta
     bottom = 2 * spare - top
     return [bottom - (bottom - top) * layer / (num_layers - 1) for layer in range(num_layers)]
+
+
+def split_budget(shares: Sequence[float], base: int, total: int, capacity: int | None = None) -> list[int]:
+    """Whole per-layer budgets: ``base`` tokens for every layer plus its share of the rest of ``total``. The one rule
+    that PyramidKV and the layer allocations (:mod:`kvlab.allocation`) share, so that they differ only in their
+    shares: a share is capped at what a context of ``capacity`` tokens lets the layer hold and the surplus handed on
+    (:func:`fill_up_to`); shares are rounded down and the tokens left over go to the largest fractional parts (the
+    lower layer first on ties), so the budgets sum to ``total``, or less only when every layer holds the context.
+    """
+    if capacity is not None:
+        shares = fill_up_to(shares, capacity - base)
+    floors = [int(share) for share in shares]
+    remainder = min(round(sum(shares)), total - base * len(shares)) - sum(floors)
+    by_fraction = sorted(range(len(shares)), key=lambda layer: floors[layer] - shares[layer])
+    for layer in by_fraction[:remainder]:
+        floors[layer] += 1
+    return [base + share for share in floors]
+
+
+def fill_up_to(shares: Sequence[float], limit: float) -> list[float]:
+    """Cap shares at ``limit`` and hand what the capped layers cannot hold to the others in proportion to their
+    shares (evenly when theirs are all zero), until none is over (water filling), so the total stays the same while
+    any layer has room."""
+    shares = list(shares)
+    while True:
+        excess = sum(max(0.0, share - limit) for share in shares)
+        room = [i for i, share in enumerate(shares) if share < limit]
+        if excess <= 1e-9 or not room:
+            return [min(share, limit) for share in shares]
+        weight = sum(shares[i] for i in room)
+        shares = [min(share, limit) for share in shares]
+        for i in room:  # in proportion to their shares, or evenly where all of them are nothing
+            shares[i] += excess * (shares[i] / weight if weight > 0 else 1 / len(room))

@@ -33,14 +33,26 @@ from typing import Any, Literal
 
 import torch
 
-from kvlab.attention import ForwardContext, StatsAccumulator, StatsRequest, forward_context, sdpa_backends
+from kvlab.allocation import CAKE_WINDOW, cake_preference
+from kvlab.attention import (
+    ForwardContext,
+    StatsAccumulator,
+    StatsRequest,
+    forward_context,
+    sdpa_backends,
+    window_probabilities,
+)
 from kvlab.budget import Budget, check_budget
 from kvlab.errors import KvlabError, shown_name
-from kvlab.heap import KVHeap, survivors
+from kvlab.heap import DeviceClock, KVHeap, survivors
 from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
 from kvlab.models import LoadedModel
 from kvlab.policies import LayerView, Policy, evict_layer, eviction_count
+from kvlab.policies.base import kept_slots
 from kvlab.policies.full import Full
+from kvlab.policies.scoring import ScoringPolicy
+from kvlab.profile import require_profile
+from kvlab.tiers import hot_and_cold
 
 Mode = Literal["prefill", "streaming"]
 MODES: tuple[str, ...] = ("prefill", "streaming")
@@ -84,6 +96,7 @@ class RunSpec:
             raise KvlabError(f"max_new_tokens must be zero or more, not {self.max_new_tokens}.")
         if self.compression_interval < 1:
             raise KvlabError(f"The compression interval must be at least one token, not {self.compression_interval}.")
+        self.policy.check_mode(self.mode)
         if self.mode == "streaming" and self.compression_interval > self.chunk_size(self.compression_interval):
             raise KvlabError(
                 f"A compression interval of {self.compression_interval} tokens is larger than the chunk of "
@@ -134,8 +147,10 @@ class Event:
 
     def survivors(self) -> list[torch.Tensor]:
         """Original positions of the tokens held after this step, per layer, ``(batch, kv_heads, kept)`` in
-        increasing order on CPU."""
-        return [survivors(positions, kept).cpu() for positions, kept in zip(self.positions, self.kept_per_layer)]
+        increasing order on CPU; where KV heads hold different numbers of tokens (Ada-KV), ``kept`` is the most any
+        holds and the others end in free (negative) entries."""
+        held = [positions.cpu() for positions in self.positions]
+        return [survivors(positions, int((positions >= 0).sum(-1).max())) for positions in held]
 
 
 @dataclass
@@ -146,7 +161,9 @@ class GenerationResult:
     forward pass and before eviction); ``kv_reserved_bytes`` and ``peak_kv_reserved_bytes`` those of the heap's
     tensors. ``compactions`` counts the heap's compactions and ``compaction_seconds`` times those outside static
     decode steps (inside one, a compaction is part of the step's time); ``decode_graphs`` is the number of CUDA
-    graphs the decode steps were captured in (0: eager). ``prefill_seconds`` and ``decode_seconds`` are the engine's
+    graphs the decode steps were captured in (0: eager). ``ranked_slots`` counts the slots the evictions ranked
+    (over sequences, KV heads and layers) and ``ranking_seconds`` times their scoring and selection outside static
+    steps. ``prefill_seconds`` and ``decode_seconds`` are the engine's
     own time reading (and compressing) the prompt and decoding, summed over its events; a generation continuing a
     context read once for several policies counts that read's seconds and peak GPU allocation too, as a separate run
     would. ``token_seconds`` is the time of each decode step (so the first steps carry a graph's warm-up and
@@ -175,6 +192,8 @@ class GenerationResult:
     dtype: str
     layout: str
     decode_graphs: int
+    ranked_slots: int = 0
+    ranking_seconds: float = 0.0
     token_seconds: list[float] = field(default_factory=list)
 
     @property
@@ -211,6 +230,8 @@ class GenerationResult:
                     "dtype",
                     "layout",
                     "decode_graphs",
+                    "ranked_slots",
+                    "ranking_seconds",
                     "token_seconds",
                 )
             },
@@ -223,6 +244,12 @@ def eos_token_ids(loaded: LoadedModel) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def observed_window(policy: Policy) -> int:
+    """How many recent queries a run must remember for ``policy``: its own observation window, and CAKE's when its
+    layer budgets follow the prompt's attention."""
+    return max(policy.query_window(), CAKE_WINDOW if policy.measures_layers() == "prompt" else 0)
 
 
 def _supports(model: Any, argument: str) -> bool:
@@ -314,19 +341,28 @@ class Generation:
         loaded.limits.check(self.context_tokens + suffix_tokens, spec.max_new_tokens, shown_name(loaded.name))
         self.budget_tokens = check_budget(spec.policy, spec.budget, self.context_tokens)
         self.evicting = self.budget_tokens is not None
+        #: Whether the compression moves the kept tokens into frozen layers (:mod:`kvlab.tiers`).
+        self.freezes = spec.policy.freezes()
         #: Whether evictions can free anything: a budget, sliding-window layers, or tokens the policy never keeps.
-        self.prunes = self.evicting or bool(loaded.arch.sliding_layers) or spec.policy.removes_first > 0
+        self.prunes = self.evicting or bool(loaded.arch.sliding_layers) or spec.policy.removes() > 0
         arch = loaded.arch
+        #: The stored attention profile the layer budgets follow (the ``entropy`` allocation), else ``None``.
+        self.profile = require_profile(loaded) if spec.policy.measures_layers() == "profile" else None
         self.layer_budgets = (
-            spec.policy.layer_budgets(self.budget_tokens, arch.num_layers, capacity=self.context_tokens)
+            spec.policy.layer_budgets(
+                self.budget_tokens,
+                arch.num_layers,
+                capacity=self.context_tokens,
+                measured=None if self.profile is None else self.profile.entropy,
+            )
             if self.budget_tokens is not None
             else [NO_BUDGET] * arch.num_layers
         )
         self._span = self.context_tokens + suffix_tokens + spec.max_new_tokens
         capacities, room = self._plan()
-        observed = [*([spec.policy] if self.evicting else []), *observe_for]
+        observed = [*([spec.policy] if self.evicting or self.freezes or spec.policy.removes() else []), *observe_for]
         track_scores = any(policy.needs_scores for policy in observed)
-        query_window = max((policy.query_window() for policy in observed), default=0)
+        query_window = max((observed_window(policy) for policy in observed), default=0)
         keep_planned = spec.mode == "streaming"
         if prefilled is not None:
             self.cache = prefilled.cache.fork(
@@ -450,9 +486,9 @@ class Generation:
 
     def budgets(self) -> list[tuple[int, int]]:
         """Each layer's budget and the uniform budget for an eviction now: the run's, at most the tokens seen after
-        those the policy never keeps (:attr:`~kvlab.policies.Policy.removes_first`)."""
+        those an ablation removes (:meth:`~kvlab.policies.Policy.removes`)."""
         uniform = self.budget_tokens or NO_BUDGET
-        removed = self.spec.policy.removes_first
+        removed = self.spec.policy.removes()
         most = max(self.cache.seen_tokens - removed, 0) if removed else NO_BUDGET
         return [(min(budget, most), min(uniform, most)) for budget in self.layer_budgets]
 
@@ -460,10 +496,14 @@ class Generation:
         """Cut every layer back to its budget."""
         if not self.prunes:
             return
+        for layer_idx, view in enumerate(self.layer_views(next_position)):
+            evict_layer(self.cache, layer_idx, self.spec.policy, view)
+
+    def layer_views(self, next_position: int | torch.Tensor | None = None) -> list[LayerView]:
+        """What the policy sees of each layer for an eviction now, with the layer's budget."""
         position = self.cache.seen_tokens if next_position is None else next_position
-        for layer_idx, (budget, uniform) in enumerate(self.budgets()):
-            layer = self.cache.layers[layer_idx]
-            view = LayerView(
+        return [
+            LayerView(
                 layer_idx,
                 len(self.layer_budgets),
                 layer,
@@ -473,7 +513,8 @@ class Generation:
                 self.generator,
                 layer.span(self.cache.static),
             )
-            evict_layer(self.cache, layer_idx, self.spec.policy, view)
+            for layer_idx, (layer, (budget, uniform)) in enumerate(zip(self.cache.layers, self.budgets()))
+        ]
 
     def make_event(self, kind: Literal["prefill", "compress", "decode"], step: int, **extra: Any) -> Event:
         """An event describing the heap as it is now."""
@@ -487,7 +528,7 @@ class Generation:
             kv_reserved_bytes=self.cache.reserved_bytes(),
             dead_share=self.cache.dead_share(),
             compactions=self.cache.compactions,
-            positions=[layer.positions for layer in self.cache.layers if layer.positions is not None],
+            positions=[layer.held_positions() for layer in self.cache.layers if layer.positions is not None],
             **extra,
         )
 
@@ -503,10 +544,43 @@ class Generation:
 
     def compress(self, step: int) -> Event:
         """Prefill mode's one eviction: cut every layer to its budget (the heap's room, planned for prefill mode,
-        leaves space for the question and the tokens to generate)."""
-        self.evict()
+        leaves space for the question and the tokens to generate), or freeze what every layer keeps."""
+        if self.evicting and self.spec.policy.measures_layers() == "prompt":
+            self.allocate_by_prompt()
+        if self.freezes:
+            self.freeze()
+        else:
+            self.evict()
         self.cache.stop_observing()
         return self.make_event("compress", step)
+
+    def allocate_by_prompt(self) -> None:
+        """CAKE's layer budgets for this prompt: each layer's preference from its observation window's attention over
+        the tokens before the window, measured once the whole context is read (the whole batch shares them)."""
+        assert self.budget_tokens is not None
+        preferences = []
+        for layer in self.cache.layers:
+            span = layer.span(self.cache.static)
+            assert layer.recent_query_positions is not None
+            first_query = int(layer.recent_query_positions[0])
+            positions = layer.slots(span)[2]
+            before_window = (positions >= 0) & (positions < first_query)
+            preferences.append(cake_preference(window_probabilities(layer, span), keys=before_window))
+        self.layer_budgets = self.spec.policy.layer_budgets(
+            self.budget_tokens, len(self.cache.layers), capacity=self.context_tokens, measured=preferences
+        )
+
+    def freeze(self) -> None:
+        """Move what each layer keeps into its frozen part (:mod:`kvlab.tiers`): the hot share at 16 bits, the rest at
+        the policy's bits, each KV head its own number of tokens under Ada-KV; everything else is evicted."""
+        policy = self.spec.policy
+        assert isinstance(policy, ScoringPolicy)
+        for layer_idx, view in enumerate(self.layer_views()):
+            clock = DeviceClock.start(view.cache.device)
+            kept, ranking = kept_slots(policy, view, policy.head_safeguard())
+            self.cache.account_ranking(view.cache, view.span, clock.stop())
+            hot, cold = hot_and_cold(ranking, kept, policy.hot)
+            self.cache.freeze(layer_idx, hot, cold, policy.tier())
 
     def decode(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
         """Greedy decoding (or the forced tokens) from the prompt's last ``logits``: in static steps where they
@@ -556,7 +630,7 @@ class Generation:
             for event in self.read(self.input_ids, step):
                 step, logits = step + 1, event.logits
                 yield event
-        if self.spec.mode == "prefill" and (self.evicting or self.spec.policy.removes_first):
+        if self.spec.mode == "prefill" and (self.evicting or self.freezes or self.spec.policy.removes()):
             yield self.compress(step)
             step += 1
         if self.suffix_ids is not None:
@@ -609,6 +683,8 @@ class Generation:
             dtype=self.loaded.dtype_name,
             layout=self.spec.layout,
             decode_graphs=self.decode_graphs,
+            ranked_slots=heap.ranked_slots,
+            ranking_seconds=heap.ranking_seconds(),
             token_seconds=self._step_seconds[:-1],  # the last decode event runs no step
         )
 

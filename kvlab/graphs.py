@@ -49,20 +49,24 @@ class StaticDecoder:
     def for_generation(cls, generation: Generation) -> StaticDecoder | None:
         """The static decoder for a generation, or ``None`` where it decodes eagerly: when asked to
         (``static=False``), when statistics are observed (they are read per step), on a CPU or for a policy whose
-        steps cannot be captured unless asked (``static=True``), and when an observation window is not full yet
-        (its shape would still change)."""
+        evictions while streaming cannot be captured unless asked (``static=True``), when an observation window is
+        not full yet (its shape would still change), and after a compression into frozen layers."""
         spec = generation.spec
         cuda = generation.loaded.device.type == "cuda"
         if spec.static is False or spec.stats is not None or (spec.static is None and not cuda):
             return None
-        if spec.static is None and not spec.policy.capturable:
+        if any(layer.frozen is not None for layer in generation.cache.layers):
+            return None  # a frozen layer is materialised per step, with shapes of its own
+        # only streaming mode evicts while decoding, so only there can a policy's eviction stop a capture
+        capturable = spec.mode != "streaming" or spec.policy.can_capture()
+        if spec.static is None and not capturable:
             return None  # uncaptured static steps would only be slower than eager ones
         heap = generation.cache
         if heap.query_window and any(
             layer.recent_queries is None or layer.recent_queries.shape[2] < heap.query_window for layer in heap.layers
         ):
             return None
-        return cls(generation, capture=cuda and spec.policy.capturable)
+        return cls(generation, capture=cuda and capturable)
 
     def decode(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
         """Greedy decoding in static steps: the same tokens and events as eager decoding (only the first event
@@ -162,4 +166,5 @@ class StaticDecoder:
         if evicting:
             for layer, count in zip(heap.layers, counts):
                 if count:
+                    heap.account_ranking(layer, layer.span(static=True))
                     heap.account_evict(layer, count)

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kvlab.layouts import HeapLayout
+
+if TYPE_CHECKING:  # the frozen part of a layer is built from this module's slots
+    from kvlab.tiers import FrozenLayer, TierSpec
 
 #: The position stored in a slot that holds no token.
 FREE = -1
@@ -68,12 +71,45 @@ class HeapLayer:
     sliding_window: int | None = None
     scaling: float = 1.0
     softcap: float | None = None
+    frozen: FrozenLayer | None = None
     shared: set[str] = field(default_factory=set, repr=False)
 
     def slots(self, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Keys, values and positions of the first ``span`` slots of an allocated layer."""
         assert self.keys is not None and self.values is not None and self.positions is not None
         return self.keys[:, :, :span], self.values[:, :, :span], self.positions[:, :, :span]
+
+    def attended(self, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys, values and positions attention reads: the first ``span`` slots, after the frozen tokens
+        materialised at the heap's dtype when the layer has some (:mod:`kvlab.tiers`)."""
+        keys, values, positions = self.slots(span)
+        if self.frozen is None:
+            return keys, values, positions
+        frozen_keys, frozen_values = self.frozen.materialise(keys.dtype)
+        return (
+            torch.cat([frozen_keys, keys], dim=2),
+            torch.cat([frozen_values, values], dim=2),
+            torch.cat([self.frozen.positions, positions], dim=2),
+        )
+
+    def held_positions(self) -> torch.Tensor:
+        """Positions of every slot that can hold a token, frozen ones first (free ones negative)."""
+        assert self.positions is not None
+        if self.frozen is None:
+            return self.positions
+        return torch.cat([self.frozen.positions, self.positions], dim=2)
+
+    def held_per_head(self) -> int:
+        """Tokens held per (sequence, KV head), the mean where heads hold different numbers (frozen Ada-KV)."""
+        if self.frozen is None or self.keys is None:
+            return self.live
+        batch, kv_heads = self.keys.shape[:2]
+        return self.live + round(self.frozen.tokens() / (batch * kv_heads))
+
+    @property
+    def device(self) -> torch.device:
+        """Where the layer's tensors live (the CPU before any is allocated)."""
+        return torch.device("cpu") if self.keys is None else self.keys.device
 
     @property
     def capacity(self) -> int:
@@ -97,19 +133,25 @@ class HeapLayer:
         return 2 * batch * kv_heads * head_dim * self.keys.element_size()
 
     def reserved_bytes(self) -> int:
-        """Bytes of the K and V tensors allocated, read from the tensors themselves."""
+        """Bytes of the K and V tensors allocated (the frozen ones included), read from the tensors themselves."""
         if self.keys is None or self.values is None:
             return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        dense = self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        return dense + self.frozen_bytes()
 
     def live_bytes(self) -> int:
-        """Bytes of K and V in the slots that hold a token."""
-        return self.live * self.slot_bytes()
+        """Bytes of K and V in the slots that hold a token, and of the frozen tokens (as held: packed and scaled)."""
+        return self.live * self.slot_bytes() + self.frozen_bytes()
+
+    def frozen_bytes(self) -> int:
+        """Bytes of the frozen tokens' K and V tensors (none without a frozen part)."""
+        return 0 if self.frozen is None else self.frozen.kv_bytes()
 
     def aux_bytes(self) -> int:
-        """Bytes of kvlab's bookkeeping for this layer (positions, scores, remembered queries)."""
+        """Bytes of kvlab's bookkeeping for this layer (positions, scores, remembered queries, frozen indices)."""
         tensors = (self.positions, self.scores, self.recent_queries)
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        frozen = 0 if self.frozen is None else self.frozen.aux_bytes()
+        return frozen + sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 def first_free(positions: torch.Tensor, count: int) -> torch.Tensor:
@@ -148,7 +190,9 @@ class KVHeap:
         self.static = False
         self.seen_tokens = 0
         self.compactions = 0
-        self._compaction_clocks: list[_Clock] = []
+        self.ranked_slots = 0
+        self._compaction_clocks: list[DeviceClock] = []
+        self._ranking_clocks: list[DeviceClock] = []
         self._pending_positions: torch.Tensor | None = None
 
     # --- the forward pass --------------------------------------------------------------------------------------
@@ -237,14 +281,24 @@ class KVHeap:
         self.compactions += 1
         return True
 
-    def host_state(self) -> tuple[int, int, list[tuple[int, int, bool]]]:
-        """The host's counts (tokens seen, compactions, and per layer slots in use, live and whether ordered)."""
-        return self.seen_tokens, self.compactions, [(layer.used, layer.live, layer.ordered) for layer in self.layers]
+    def account_ranking(self, layer: HeapLayer, slots: int, clock: DeviceClock | None = None) -> None:
+        """Count an eviction's ranking of ``slots`` slots per sequence and KV head, and keep its clock (none inside
+        a static step, whose time is the step's)."""
+        assert layer.keys is not None
+        self.ranked_slots += slots * layer.keys.shape[0] * layer.keys.shape[1]
+        if clock is not None:
+            self._ranking_clocks.append(clock)
 
-    def restore(self, state: tuple[int, int, list[tuple[int, int, bool]]]) -> None:
+    def host_state(self) -> tuple[int, int, int, list[tuple[int, int, bool]]]:
+        """The host's counts (tokens seen, compactions, slots ranked, and per layer slots in use, live and whether
+        ordered)."""
+        layers = [(layer.used, layer.live, layer.ordered) for layer in self.layers]
+        return self.seen_tokens, self.compactions, self.ranked_slots, layers
+
+    def restore(self, state: tuple[int, int, int, list[tuple[int, int, bool]]]) -> None:
         """Put back counts taken by :meth:`host_state` (a captured step ran its host logic without its device
         work)."""
-        self.seen_tokens, self.compactions, layers = state
+        self.seen_tokens, self.compactions, self.ranked_slots, layers = state
         for layer, (used, live, ordered) in zip(self.layers, layers):
             layer.used, layer.live, layer.ordered = used, live, ordered
 
@@ -253,7 +307,7 @@ class KVHeap:
         compacted ones). Outside static mode the layer is resized to its survivors plus :attr:`room` (returning
         memory); in static mode it is rewritten in place."""
         positions = layer.slots(layer.capacity)[2]
-        clock = _Clock.start(positions.device) if not self.static else None
+        clock = DeviceClock.start(positions.device) if not self.static else None
         order = position_order(positions)[..., : layer.live]
         if self.static:
             capacity = layer.capacity
@@ -389,6 +443,11 @@ class KVHeap:
         so no compaction waits for the GPU; inside a static step a compaction is part of the step's time)."""
         return sum(clock.seconds() for clock in self._compaction_clocks)
 
+    def ranking_seconds(self) -> float:
+        """Time the evictions outside static steps took to score and choose their victims (read like
+        :meth:`compaction_seconds`)."""
+        return sum(clock.seconds() for clock in self._ranking_clocks)
+
     def kv_bytes(self) -> int:
         """Bytes of K and V in the slots that hold a token (live), over all layers."""
         return sum(layer.live_bytes() for layer in self.layers)
@@ -407,8 +466,22 @@ class KVHeap:
         return sum(layer.dead for layer in self.layers) / used if used else 0.0
 
     def kept_per_layer(self) -> list[int]:
-        """Tokens held per (sequence, KV head) in each layer."""
-        return [layer.live for layer in self.layers]
+        """Tokens held per (sequence, KV head) in each layer (the mean over heads where they differ)."""
+        return [layer.held_per_head() for layer in self.layers]
+
+    def freeze(self, layer_idx: int, hot: torch.Tensor, cold: torch.Tensor, tier: TierSpec) -> None:
+        """Move a layer's ``hot`` and ``cold`` slots (``(batch, kv_heads, span)`` masks of held slots) into its
+        frozen part at the ``tier``'s precision (:func:`kvlab.tiers.freeze`) and free every slot of
+        the dense heap, which then holds only the tokens read afterwards. Done once, at prefill mode's
+        compression."""
+        from kvlab.tiers import freeze
+
+        layer = self.layers[layer_idx]
+        span = hot.shape[-1]
+        keys, values, positions = layer.slots(span)
+        layer.frozen = freeze(keys, values, positions, hot, cold, tier)
+        if layer.live:
+            self.evict(layer_idx, position_order(positions)[..., : layer.live])
 
 
 def position_order(positions: torch.Tensor) -> torch.Tensor:
@@ -430,7 +503,7 @@ def _gather_slots(tensor: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class _Clock:
+class DeviceClock:
     """The time of a piece of device work: CUDA events on a GPU (read later, without waiting now), the host clock
     on a CPU (where work is synchronous)."""
 
@@ -438,14 +511,14 @@ class _Clock:
     end: Any = None
 
     @classmethod
-    def start(cls, device: torch.device) -> _Clock:
+    def start(cls, device: torch.device) -> DeviceClock:
         if device.type == "cuda":
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return cls(event)
         return cls(time.perf_counter())
 
-    def stop(self) -> _Clock:
+    def stop(self) -> DeviceClock:
         if isinstance(self.begin, float):
             self.end = time.perf_counter()
         else:

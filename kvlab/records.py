@@ -4,10 +4,10 @@ The command line, ``eval``, sweeps and the dashboard all file runs through this 
 the same prompts are the same run wherever they ran, and a run is found again only when nothing that can change
 its results differs: model weights, tokenizer, policy and parameters, budget, mode, chunk, compression interval,
 whether the question is read before compression, generation length and stop rule, the KV heap's layout and its
-threshold, the task's content, seed, dtype, device kind and kvlab's version (:func:`kvlab.store.run_key`). Batch
-size is left out on purpose: sequences of one batch have the same length and are computed independently, so it
-changes no token beyond floating-point rounding; it does change the seconds and the peak GPU memory a trial
-records, which are its batch's (:func:`batch_trials`).
+threshold, the attention profile a layer allocation follows, the task's content, seed, dtype, device kind and
+kvlab's version (:func:`kvlab.store.run_key`). Batch size is left out on purpose: sequences of one batch have the
+same length and are computed independently, so it changes no token beyond floating-point rounding; it does change
+the seconds and the peak GPU memory a trial records, which are its batch's (:func:`batch_trials`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kvlab.engine import GenerationResult, RunSpec, eos_token_ids
 from kvlab.models import LoadedModel
+from kvlab.profile import require_profile
 from kvlab.store import RunConfig, Trial
 from kvlab.tasks.items import TaskItem, has_chat_template, stop_token_ids
 from kvlab.tasks.needle import HAYSTACK_DIR, score
@@ -112,6 +113,7 @@ def run_config(
         seed=spec.seed,
         device=loaded.device_kind,
         dtype=loaded.dtype_name,
+        profile_hash=require_profile(loaded).digest() if spec.policy.measures_layers() == "profile" else None,
     )
 
 
@@ -152,6 +154,8 @@ def held_and_timed(result: GenerationResult, size: int = 1) -> dict[str, Any]:
         "kv_reserved_bytes": result.kv_reserved_bytes // size,
         "peak_kv_reserved_bytes": result.peak_kv_reserved_bytes // size,
         "compactions": result.compactions,
+        "ranked_slots": result.ranked_slots // size,
+        "ranking_s": result.ranking_seconds / size,
         "prefill_s": result.prefill_seconds / size,
         "decode_s": result.decode_seconds / size,
     }

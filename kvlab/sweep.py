@@ -29,6 +29,7 @@ from kvlab.models import LoadedModel
 from kvlab.policies import Policy, make_policy
 from kvlab.records import batch_trials, needle_sources_hash, run_config, stops_for
 from kvlab.store import RunConfig, Store
+from kvlab.store.rows import canonical_json
 from kvlab.tasks.facts import TRAIN_TEMPLATES, Fact, make_fact
 from kvlab.tasks.items import TaskItem, from_needle
 from kvlab.tasks.needle import Kind, build_needle, load_haystacks
@@ -362,14 +363,54 @@ def _check_same_prompts(run_id: int, stored: dict[str, str | None], items: Seque
 
 
 def parse_policies(names: str, params: Sequence[str] = ()) -> tuple[Policy, ...]:
-    """Policies from a comma list, with ``policy.key=value`` parameters addressed to one policy by name."""
+    """Policies from a comma list, each optionally with its own parameters in brackets, so that one policy can take
+    part several times (``h2o,h2o[layer_allocation=preset],h2o[hot=0.25,key_bits=4,value_bits=4]``), and with
+    ``policy.key=value`` parameters addressed to every listed variant of one policy by name."""
     from kvlab.policies import parse_params
 
-    chosen = [name.strip().lower() for name in names.split(",") if name.strip()]
-    per_policy: dict[str, list[str]] = {name: [] for name in chosen}
+    variants = [_variant(text) for text in _split_outside_brackets(names)]
+    per_policy: dict[str, list[str]] = {name: [] for name, _ in variants}
     for pair in params:
         target, dot, rest = pair.partition(".")
         if not dot or target not in per_policy:
             raise KvlabError(f"Sweep parameters are written policy.key=value for a listed policy, not {pair!r}.")
         per_policy[target].append(rest)
-    return tuple(make_policy(name, **parse_params(name, per_policy[name])) for name in chosen)
+    policies = tuple(make_policy(name, **parse_params(name, own + per_policy[name])) for name, own in variants)
+    seen: set[str] = set()
+    for policy in policies:
+        identity = canonical_json([policy.name, policy.params()])
+        if identity in seen:
+            raise KvlabError(f"Policy {policy.name!r} is listed twice with the same parameters.")
+        seen.add(identity)
+    return policies
+
+
+def format_variant(name: str, params: Sequence[tuple[str, object]]) -> str:
+    """A policy with its own parameters as :func:`parse_policies` reads it: ``h2o``, or
+    ``h2o[hot=0.25,key_bits=4,value_bits=4]``."""
+    pairs = ",".join(f"{key}={value}" for key, value in params)
+    return f"{name}[{pairs}]" if pairs else name
+
+
+def _split_outside_brackets(text: str) -> list[str]:
+    """The comma-separated parts of ``text``, commas inside ``[...]`` kept with their part."""
+    parts, depth, current = [], 0, ""
+    for character in text:
+        depth += {"[": 1, "]": -1}.get(character, 0)
+        if character == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += character
+    parts.append(current)
+    return [part.strip() for part in parts if part.strip()]
+
+
+def _variant(text: str) -> tuple[str, list[str]]:
+    """A policy's name and its own ``key=value`` parameters from ``name`` or ``name[key=value,...]``."""
+    name, bracket, rest = text.partition("[")
+    if not bracket:
+        return name.strip().lower(), []
+    if not rest.endswith("]") or "[" in rest[:-1] or "]" in rest[:-1]:
+        raise KvlabError(f"A policy with parameters is written name[key=value,...], not {text!r}.")
+    return name.strip().lower(), [pair.strip() for pair in rest[:-1].split(",") if pair.strip()]

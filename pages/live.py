@@ -8,22 +8,33 @@ import streamlit as st
 from kvlab.budget import Budget
 from kvlab.errors import KvlabError
 from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
-from kvlab.policies import POLICIES
+from kvlab.models import LoadedModel
+from kvlab.policies import POLICIES, Policy
+from kvlab.profile import load_profile
 from kvlab.store import default_db_path, open_store
 from kvlab.tasks.facts import TEMPLATES
 from kvlab.tasks.items import has_chat_template
 from kvlab.ui import live_figures as figures
+from kvlab.ui.allocation_figures import ALLOCATION_GUIDE, allocation_figure
+from kvlab.ui.chart_view import how_to_read, show_chart
 from kvlab.ui.device_queue import DEVICE_QUEUE
-from kvlab.ui.inputs import longest_context, policy_fields, policy_summary, read_upload
-from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt
+from kvlab.ui.inputs import cache_option_fields, longest_context, policy_fields, policy_summary, read_upload
+from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt, prompt_tokens
 from kvlab.ui.live_store import LiveResult, file_live_run
-from kvlab.ui.live_view import draw_charts, stacked_slots, wide_slots
+from kvlab.ui.live_view import draw_charts, param_widget, stacked_slots, wide_slots
 from kvlab.ui.replay import EXAMPLES_DB, replay_choices, replay_stores
 from kvlab.ui.session import current_model, current_user, page_setup, stored_replay, waiting_notice
 from kvlab.ui.text import plain
 from kvlab.ui.units import format_bytes
 
 RESULT_KEY = "live_result"
+OPTIONS_TITLE = "Cache options: layer and head budgets, precision tiers, noise"
+OPTIONS_NOTE = (
+    "`layer_allocation` spreads the same total budget over layers (preset, entropy, cake) and shows each layer's "
+    "share here; `head_allocation` adakv lets a layer's heads share it. `hot` below 1 holds the rest of the kept "
+    "tokens at `key_bits` and `value_bits`. `noise` adds seeded noise to the scores before ranking. Prefill mode "
+    "only: `hot` below 1, adakv and cake."
+)
 BROWSER_INT = (1 << 53) - 1  # the largest whole number a browser's number field holds exactly
 REDRAW_EVERY_DECODED = 4
 REDRAW_INTERVAL_S = 1.0
@@ -95,6 +106,35 @@ def replay_page() -> None:
         column.code(text or "…", language=None)
         slots = wide_slots(f"replay{index}") if len(replays) == 1 else stacked_slots(column, f"replay{index}")
         draw_charts(slots, trace, layer if layer is None or layer < trace.num_layers else None, "replay")
+
+
+def layer_budgets(
+    policy: Policy, allocation: str, budget: Budget | None, task: NeedleTask | TextTask | None, loaded: LoadedModel
+) -> None:
+    """The budget each layer keeps under the chosen layer allocation: drawn against the others over the model's
+    attention profile where it has one, else listed."""
+    length = None if task is None else prompt_tokens(loaded, task)
+    if budget is None or length is None:
+        st.caption("Each layer's budget is shown once there is a budget and a prompt to read.")
+        return
+    tokens = budget.resolve(length)
+    try:
+        profile = load_profile(loaded.weights_hash) if loaded.weights_hash is not None else None
+    except KvlabError as error:
+        st.caption(plain(str(error)))
+        profile = None
+    if profile is not None and profile.num_layers == loaded.arch.num_layers:
+        how_to_read(st.container(), ALLOCATION_GUIDE, key="live-allocation-guide")
+        figure = allocation_figure(profile, tokens, policy.min_budget(), length, chosen=allocation)
+        show_chart(st.container(), figure, key="live-allocation", filename="kvlab-layer-budgets")
+    elif allocation == "cake":
+        st.caption(
+            "CAKE sets each layer's budget from the prompt's own attention at the compression; the finished run "
+            "lists what each layer kept."
+        )
+    else:
+        shares = policy.layer_budgets(tokens, loaded.arch.num_layers, length)
+        st.caption(f"Tokens per layer under {allocation} at {tokens:,} per layer: {', '.join(map(str, shares))}.")
 
 
 if source == "Replay stored runs":
@@ -196,48 +236,10 @@ with policy_column:
         "Policy", list(POLICIES), index=list(POLICIES).index("h2o"), key="live_policy", persist_state="session"
     )
     st.caption(policy_summary(policy))
-    params: dict[str, object] = {}
-    for field in policy_fields(policy):
-        key = f"live_{policy}_{field.name}"
-        spec = field.spec
-        if field.choices:
-            params[field.name] = st.selectbox(
-                field.name, field.choices, key=key, help=spec.help, persist_state="session"
-            )
-        elif field.kind is bool:
-            params[field.name] = st.checkbox(
-                field.name, value=bool(field.default), key=key, help=spec.help, persist_state="session"
-            )
-        elif field.kind is int:
-            low = None if spec.minimum is None else int(spec.minimum)
-            high = None if spec.maximum is None else int(spec.maximum)
-            params[field.name] = int(
-                st.number_input(
-                    field.name,
-                    min_value=low,
-                    max_value=high,
-                    value=int(field.default),
-                    step=1,
-                    key=key,
-                    help=spec.help,
-                    persist_state="session",
-                )
-            )
-        elif field.kind is float:
-            params[field.name] = float(
-                st.number_input(
-                    field.name,
-                    value=float(field.default),
-                    step=0.05,
-                    key=key,
-                    help=f"{spec.help} ({spec.describe()})",
-                    persist_state="session",
-                )
-            )
-        else:
-            params[field.name] = st.text_input(
-                field.name, value=str(field.default), key=key, help=spec.help, persist_state="session"
-            )
+    params: dict[str, object] = {
+        field.name: param_widget(st.container(), field, f"live_{policy}_{field.name}")
+        for field in policy_fields(policy)
+    }
     evicts = POLICIES[policy].evicts
     budget_kind = st.radio(
         "Budget",
@@ -330,15 +332,39 @@ with run_column:
     layer = st.selectbox(
         "3D view", [None, *range(layers)], format_func=figures.layer_name, key="live_3d", persist_state="session"
     )
-    run = st.button("Run", type="primary", disabled=loaded is None or task is None, icon=":material/play_arrow:")
+    run_slot = st.empty()
+
+options = cache_option_fields(policy)
+if options:
+    with st.expander(OPTIONS_TITLE):
+        option_widgets, allocation_view = st.columns([1, 1], gap="large")
+        with option_widgets:
+            for pair in range(0, len(options), 2):
+                for column, field in zip(st.columns(2), options[pair : pair + 2]):
+                    params[field.name] = param_widget(column, field, f"live_{policy}_{field.name}")
+settings = LiveSettings(
+    policy, params, budget if evicts else None, mode, chunk, max_new, query_aware, heap_layout, compact_at
+)
+checked: Policy | None = None
+try:
+    checked = settings.checked_policy(loaded)
+except KvlabError as error:
+    st.error(plain(str(error)))
+if options:
+    allocation = str(params["layer_allocation"])
+    with allocation_view:
+        if allocation == "uniform":
+            st.caption(OPTIONS_NOTE)
+        elif checked is not None and loaded is not None:
+            layer_budgets(checked, allocation, budget if evicts else None, task, loaded)
+run = run_slot.button(
+    "Run", type="primary", disabled=loaded is None or task is None or checked is None, icon=":material/play_arrow:"
+)
 
 notice = st.empty()
 status = st.empty()
 output = st.empty()
 slots = wide_slots("live")
-settings = LiveSettings(
-    policy, params, budget if evicts else None, mode, chunk, max_new, query_aware, heap_layout, compact_at
-)
 asked = (task, settings, loaded.name if loaded else None)
 
 if run and loaded is not None and task is not None:

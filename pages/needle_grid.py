@@ -10,10 +10,11 @@ from kvlab.models import LoadedModel
 from kvlab.policies import POLICIES
 from kvlab.store import RunFilter, Store, SweepRecord, open_store
 from kvlab.ui.chart_view import how_to_read, show_chart
-from kvlab.ui.grid import NeedleGridRequest, depth_label, evenly_spaced_depths
+from kvlab.ui.grid import NeedleGridRequest, depth_label, evenly_spaced_depths, grid_policies
 from kvlab.ui.grid_estimate import grid_estimate
 from kvlab.ui.grid_figures import NEEDLE_GUIDE, at_budget, depth_accuracy, needle_grid, needle_heatmaps
-from kvlab.ui.inputs import longest_context
+from kvlab.ui.inputs import cache_option_fields, longest_context
+from kvlab.ui.live_view import param_widget
 from kvlab.ui.session import (
     allowed_model,
     current_model,
@@ -25,8 +26,10 @@ from kvlab.ui.session import (
 from kvlab.ui.sweep_jobs import SWEEP_JOBS, SweepJob, SweepView, filling_job, filling_sentence, sweep_views
 from kvlab.ui.text import plain
 
+OPTIONS_TITLE = "Cache options: layer and head budgets, precision tiers, noise"
 CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 REFRESH_S = 1.0
+PANELS = 6  # heatmap panels side by side that stay readable at 1,280 pixels
 NOTICES = {"info": st.info, "success": st.success, "warning": st.warning, "error": st.error}
 
 page_setup()
@@ -68,24 +71,53 @@ with actions:
             help="Prompts of one length read together in one forward pass.",
         )
     )
-    runnable = loaded is not None and bool(policies) and bool(contexts)
-    run = st.button("Run grid", type="primary", disabled=not runnable, icon=":material/play_arrow:")
+    run_slot = st.empty()
     estimate = st.empty()
+
+with st.expander(OPTIONS_TITLE):
+    st.caption(
+        "Applied to every chosen policy that ranks tokens (not the full cache). Prefill mode only: `hot` below 1, "
+        "adakv and cake; the entropy allocation needs the model's attention profile (`kvlab profile`)."
+    )
+    fields = cache_option_fields()
+    options: dict[str, object] = {}
+    for row in range(0, len(fields), 4):
+        for column, field in zip(st.columns(4), fields[row : row + 4]):
+            options[field.name] = param_widget(column, field, f"grid_{field.name}")
+    also_without = st.checkbox(
+        "Also run each policy without these options",
+        value=True,
+        help="One grid then compares, say, h2o with h2o holding three quarters of its kept tokens at int4.",
+        key="grid_also_without",
+        persist_state="session",
+    )
 
 request = (
     None
     if loaded is None
-    else NeedleGridRequest(loaded.name, tuple(policies), keep, mode, tuple(contexts), depths, trials, batch)
+    else NeedleGridRequest(
+        loaded.name,
+        grid_policies(policies, options, also_without),
+        keep,
+        mode,
+        tuple(contexts),
+        depths,
+        trials,
+        batch,
+    )
 )
 
-
-if runnable and request is not None and loaded is not None:
+problem: str | None = None
+if loaded is not None and request is not None and policies and contexts:
     try:
-        grid = request.grid()
-        grid.check_fits(loaded)
-        estimate.caption(plain(grid_estimate(request, grid, loaded, store)))
+        grid = request.check_runs_on(loaded)
     except KvlabError as error:
-        estimate.caption(plain(str(error)))
+        problem = str(error)
+        st.error(plain(problem))
+    else:
+        estimate.caption(plain(grid_estimate(request, grid, loaded, store)))
+runnable = loaded is not None and bool(policies) and bool(contexts) and problem is None
+run = run_slot.button("Run grid", type="primary", disabled=not runnable, icon=":material/play_arrow:")
 
 notice = st.empty()
 if run and loaded is not None and request is not None:
@@ -183,14 +215,14 @@ def draw_heatmap(
         else heatmap_store.list_runs(
             RunFilter(
                 models=(model.source.label,),
-                policies=grid_request.policies,
+                policies=grid_request.policy_names(),
                 modes=(grid_request.mode,),
                 tasks=("needle",),
                 context_lengths=grid_request.contexts,
             )
         )
     )
-    chosen = None if runs is None else at_budget(runs, grid_request.keep)
+    chosen = None if runs is None else at_budget(grid_request.own_runs(runs), grid_request.keep)
     held = heatmap_store is not None and chosen is not None and int(chosen["trials"].sum()) > 0
     sentence = filling_sentence(filling if filling is not None and filling.active else None, held)
     if sentence is not None:
@@ -201,7 +233,13 @@ def draw_heatmap(
     trials = heatmap_store.trials_frame(RunFilter(run_ids=tuple(int(run_id) for run_id in chosen["run_id"])))
     cells = needle_grid(depth_accuracy(trials), chosen, depths=depths)
     how_to_read(st.container(), NEEDLE_GUIDE, key="needle-heatmaps-guide")
-    show_chart(st.container(), needle_heatmaps(cells), key="needle-heatmaps", filename="needle-grid")
+    show_chart(st.container(), needle_heatmaps(cells, PANELS), key="needle-heatmaps", filename="needle-grid")
+    labels = cells["label"].nunique()
+    if labels > PANELS:
+        st.caption(
+            f"The heatmap shows {PANELS} of its {labels} panels (the first in alphabetical order); choose fewer "
+            "policies, or clear Also run each policy without these options, to see the others."
+        )
     st.caption(
         f"{len(trials)} stored trials of {int((chosen['trials'] > 0).sum())} runs on {plain(model.source.label)}. "
         "Each column is one of the depths asked for: a trial counts at the depth it asked for (its needle sits at a "
@@ -214,5 +252,5 @@ if not policies or not contexts:
     st.info("Choose at least one policy and one context length.")
 elif loaded is None or request is None:
     st.info("Load a model in the sidebar to see its stored needle trials.")
-else:
+elif problem is None:
     heatmap_panel(store, loaded, request)

@@ -238,6 +238,10 @@ def test_every_page_in_a_browser(page, screenshots, record_property):
     runs = pd.read_csv(download.value.path())
     assert len(runs) == shown and set(runs["policy"]) == {"h2o"}  # what the filter shows, not the compared runs
 
+    go_to(page, "Side channels")  # the shipped side-channel results, drawn without a model
+    page.get_by_text("Attacker accuracy by channel").first.wait_for()
+    at_both_sizes(page, screenshots, "side-channels")
+
     go_to(page, "Live run")
     page.get_by_text("Your text").click()
     idle(page)

@@ -116,7 +116,7 @@ def test_the_article_rows_never_stand_without_kvlab_rows_of_their_policy():
 
 def test_the_full_cache_and_the_ablation_are_named_as_the_policy_registry_says():
     assert {name for name in POLICIES if is_full_cache(name)} == {FULL_CACHE}
-    assert POLICIES[FIRST_TOKEN_ABLATION].removes_first == 1 and not is_full_cache(FIRST_TOKEN_ABLATION)
+    assert POLICIES[FIRST_TOKEN_ABLATION]().removes() == 1 and not is_full_cache(FIRST_TOKEN_ABLATION)
 
 
 # --- statistics and verdict rules ---------------------------------------------------------------------------------

@@ -159,7 +159,9 @@ def test_panel_titles_fit_their_panels_at_1280_pixels():
     label = "snapkv (window=32, kernel=7, pooling=max) · streaming · keep 12.5%"
     title = panel_title(label, 18)
     assert all(len(line) <= 18 for line in title.split("<br>"))
-    assert title.split("<br>")[1:] == ["streaming", "keep 12.5%"] and title.endswith("keep 12.5%")
+    assert title.split("<br>")[-2:] == ["streaming", "keep 12.5%"] and "…" not in title
+    variants = [f"h2o (hot=0.25, key_bits={bits}, value_bits=4) · prefill · keep 10%" for bits in (4, 8)]
+    assert panel_title(variants[0], 18) != panel_title(variants[1], 18)
     assert panel_title("h2o · prefill · keep 10%", 36) == "h2o · prefill · keep 10%"
     labels = [f"{name} (window=32, kernel=7) · streaming · keep 10%" for name in "abcdef"]
     cells = pd.DataFrame({"label": labels, "context_length": 256, "depth": 0.5, "accuracy": 100.0, "trials": 1})

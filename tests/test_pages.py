@@ -28,6 +28,7 @@ PAGES = {
     "pages/frontier.py": "Frontier",
     "pages/costs.py": "Cost calculator",
     "pages/runs.py": "Runs",
+    "pages/side_channel.py": "Side channels",
 }
 
 

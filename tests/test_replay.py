@@ -116,3 +116,21 @@ def test_the_overview_first_shows_a_replay_where_eviction_still_finds_the_answer
     replays = pd.DataFrame({"policy": ["streaming", "full", "h2o", "snapkv"], "correct": [False, True, None, True]})
     assert showcase(replays) == 3  # the full cache evicts nothing; h2o was not scored
     assert showcase(replays.iloc[:2]) == 0  # none qualifies: the newest
+
+
+def test_a_run_whose_heads_hold_different_counts_replays_and_draws(shipped):
+    run = LiveRun(
+        shipped,
+        build_prompt(shipped, NeedleTask(context_tokens=200, depth=0.3)),
+        LiveSettings("snapkv", {"head_allocation": "adakv"}, Budget(tokens=48), "prefill", None, 4, n_bins=16),
+    )
+    for _ in run.events():
+        pass
+    heads = [layer for layer in run.trace.survivors if (layer < 0).any()]
+    assert heads, "Ada-KV leaves some head of some layer with fewer tokens than another"
+    assert all(((layer >= 0).sum(axis=-1) <= layer.shape[-1]).all() for layer in run.trace.survivors)
+    replay = unpack(pack(run.trace, generated_texts(run), {"policy": "snapkv"}))
+    assert_same(replay.trace, run.trace)
+    assert replay.trace.kept_per_layer() == run.trace.kept_per_layer()
+    matrix, _ = live_figures.survival(run.trace)
+    assert np.nanmax(matrix) <= 1.0 and not np.isnan(matrix[:, 0]).all()

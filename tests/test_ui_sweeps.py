@@ -14,7 +14,8 @@ from kvlab.engine import Generation
 from kvlab.errors import KvlabError
 from kvlab.store import SweepRecord
 from kvlab.ui.device_queue import DeviceQueue
-from kvlab.ui.grid import NeedleGridRequest
+from kvlab.ui.grid import NeedleGridRequest, grid_policies, variant
+from kvlab.ui.inputs import cache_option_fields
 from kvlab.ui.sweep_jobs import SweepJobs, filling_job, filling_sentence, sweep_views
 
 
@@ -46,6 +47,39 @@ def test_a_request_round_trips_through_its_stored_spec(shipped):
     ):
         with pytest.raises(KvlabError, match="not a needle grid this version of kvlab can read"):
             NeedleGridRequest.from_spec(spec)
+
+
+def test_a_request_holds_policies_with_cache_options_and_reads_specs_of_plain_names():
+    defaults = {field.name: field.default for field in cache_option_fields()}
+    tiered = {**defaults, "hot": 0.25, "key_bits": 4, "value_bits": 4}
+    assert variant("h2o", {"value_bits": 4, "hot": 0.25}) == "h2o[hot=0.25,value_bits=4]"  # declaration order
+    assert grid_policies(["full", "h2o"], defaults, also_without=True) == ("full", "h2o")
+    with_and_without = grid_policies(["full", "h2o", "streaming"], tiered, also_without=True)
+    assert with_and_without == (
+        "full",
+        "h2o",
+        "h2o[hot=0.25,key_bits=4,value_bits=4]",
+        "streaming",
+        "streaming[hot=0.25,key_bits=4,value_bits=4]",
+    )
+    assert grid_policies(["h2o"], tiered, also_without=False) == ("h2o[hot=0.25,key_bits=4,value_bits=4]",)
+
+    request = NeedleGridRequest("m", with_and_without, 0.1, "prefill", (256,), depths=2, trials=1)
+    stored = json.loads(json.dumps(request.spec()))
+    assert stored["policies"] == list(with_and_without) and NeedleGridRequest.from_spec(stored) == request
+    policies = request.grid().policies
+    assert [policy.name for policy in policies] == ["full", "h2o", "h2o", "streaming", "streaming"]
+    assert policies[2].params() == {**policies[1].params(), "hot": 0.25, "key_bits": 4, "value_bits": 4}
+    assert request.policy_names() == ("full", "h2o", "streaming")
+    assert request.describe().startswith("full, h2o, h2o[hot=0.25,key_bits=4,value_bits=4], streaming, ")
+    assert request.runs() == 5
+
+    older = {**stored, "policies": ["full", "h2o"]}  # a sweep stored before policies took options
+    assert NeedleGridRequest.from_spec(older).grid().policies[1].params() == policies[1].params()
+    with pytest.raises(KvlabError, match="run it in prefill mode"):
+        dataclasses.replace(request, mode="streaming").grid()
+    with pytest.raises(KvlabError, match="while hot is 1"):
+        NeedleGridRequest("m", ("h2o[key_bits=4]",), 0.1, "prefill", (256,), 2, 1).grid()
 
 
 def test_a_sweep_runs_in_the_background_and_is_recorded_with_who_started_it(shipped, store, jobs):

@@ -1,8 +1,10 @@
 """The quantitative claims of the articles kvlab grew from, each beside kvlab's own figure and a verdict.
 
 A claim's figure is computed from published configs with :mod:`kvlab.costs`, measured from the runs of a kvlab
-store (needle accuracy, perplexity with and without sinks, decode time) or from the benchmark results the
-repository keeps (attention profiles, short-context timings), or the claim cannot be measured here and says why.
+store (needle accuracy, perplexity and KL divergence, KV bytes of evicted, quantised and reallocated caches, decode
+time, the slots evictions rank) or from the benchmark results the repository keeps (attention profiles, short-context
+timings, attention entropy with the heavy hitters removed, the side-channel experiment), or the claim cannot be
+measured here and says why.
 Verdicts follow from the figures by one small rule per claim.
 :func:`refresh` writes them to a store's claims table, for ``kvlab claims`` and the dashboard's Claims page.
 

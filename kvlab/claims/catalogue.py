@@ -12,7 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from kvlab.claims import attention, computed, needle_claims, sinks, timing
+from kvlab.claims import (
+    attention,
+    budgets,
+    computed,
+    generational,
+    needle_claims,
+    pillars,
+    precision,
+    side_channel,
+    sinks,
+    timing,
+)
 from kvlab.claims.evidence import Evidence
 from kvlab.claims.verdicts import Evaluation, per_model, unmeasurable
 from kvlab.layouts import DEFAULT_COMPACT_AT
@@ -104,19 +115,17 @@ CATALOGUE: tuple[Claim, ...] = (
     _measured(
         "11", "002", "Early layers have high attention entropy, deep layers low", attention.entropy_falls_with_depth
     ),
-    Claim(
+    _measured(
         "12",
         "002",
         "Layer-wise budgets (40% of the budget to the first 10 layers, 10% to the last 10) cut memory by another 15%",
-        "not measurable",
-        computed.layer_budget_shares,
+        _per_model(budgets.preset_saves_memory),
     ),
-    _not_measurable(
+    _measured(
         "13",
         "002",
         "Removing heavy-hitter pillars raises attention entropy and lowers retrieval accuracy",
-        "kvlab marks heavy-hitter pillars in a live run but has no ablation that evicts exactly them while measuring "
-        "entropy and retrieval",
+        pillars.pillars_removed,
     ),
     _not_measurable(
         "14",
@@ -134,12 +143,12 @@ CATALOGUE: tuple[Claim, ...] = (
         "the article's Triton kernel is not published, and kvlab attends through SDPA and exact blocked attention, "
         "not an indirection-table kernel",
     ),
-    _computed(
+    _measured(
         "16",
         "002",
         "FP16 for the top 5% of tokens, 4-bit for the rest, with 80% eviction: total KV memory -92%, LongBench "
         "within 1%",
-        computed.precision_hybrid,
+        _per_model(precision.hybrid_precision),
     ),
     _not_measurable(
         "17",
@@ -148,11 +157,11 @@ CATALOGUE: tuple[Claim, ...] = (
         "coherence past 70%",
         "needs Llama-3-70B and Mistral-7B weights and a coherence measure; kvlab measures the models it has here",
     ),
-    _not_measurable(
+    _measured(
         "18",
         "002",
         "Adding noise to H2O's ranking prevents identifying cached tokens by timing, at a small accuracy cost",
-        "timing side channels of a shared server are outside what kvlab measures, and its H2O ranks without noise",
+        side_channel.noise_hides_timing,
     ),
     _measured(
         "19",
@@ -166,11 +175,11 @@ CATALOGUE: tuple[Claim, ...] = (
         "Removing only the first token raises perplexity by 400% after 1,000 generated tokens",
         _per_model(sinks.first_token_removed),
     ),
-    _not_measurable(
+    _measured(
         "21",
         "002",
         "A three-tier generational cache cuts sorting overhead by 80%",
-        "kvlab has no generational cache to time against a single tier",
+        _per_model(generational.sorting_overhead),
     ),
     _computed(
         "22",
@@ -197,12 +206,7 @@ CATALOGUE: tuple[Claim, ...] = (
         "a statement about vLLM's releases; vLLM is not installed here and kvlab does not use it",
     ),
     _computed("26", "003", "The KV cache can take up to 90% of a GPU's HBM at long contexts", computed.kv_share_of_hbm),
-    _not_measurable(
-        "27",
-        "003",
-        "Keys need 4 bits; values survive 2 bits",
-        "kvlab does not quantise its cache, so the precision keys and values need cannot be measured",
-    ),
+    _measured("27", "003", "Keys need 4 bits; values survive 2 bits", _per_model(precision.keys_and_values_bits)),
     _measured(
         "28",
         "004",
@@ -240,11 +244,11 @@ CATALOGUE: tuple[Claim, ...] = (
         computed.pyramid_budgets,
     ),
     _measured("34", "004", "Under 4K tokens, eviction overhead often exceeds its benefit", timing.eviction_overhead),
-    _computed(
+    _measured(
         "35",
         "004",
         "4-bit KV quantisation plus 90% eviction cuts memory 40x with under 2% accuracy loss",
-        computed.quantised_and_evicted,
+        _per_model(precision.quantised_and_evicted),
     ),
     _measured(
         "36",

@@ -2,16 +2,21 @@
 repository root).
 
 Measured figures come from ``kvlab sweep`` (needles), ``bench/sink_ablation.py`` (perplexity and KL divergence with
-and without attention sinks, each pass a ``kvlab quality`` run), ``bench/short_context_overhead.py`` (time with and
-without eviction below 4K tokens; without its results, ``kvlab quality`` passes, which decode every step) and
-``bench/attention_profile.py`` (attention per layer); computed figures and unmeasurable claims are shown again by
-``kvlab claims --only <id>``.
+and without attention sinks, each pass a ``kvlab quality`` run), ``bench/heap_quality.py`` (``kvlab quality`` passes
+of several cache configurations in one process), ``bench/short_context_overhead.py`` (time with and without eviction
+below 4K tokens; without its results, ``kvlab quality`` passes, which decode every step),
+``bench/attention_profile.py`` (attention per layer), ``bench/pillar_entropy.py`` (attention entropy with the heavy
+hitters removed) and ``kvlab sidechannel`` (the side-channel experiment, ``bench/side_channel.sh``); computed figures
+and unmeasurable claims are shown again by ``kvlab claims --only <id>``. ``bench/heap_claims.sh`` runs the heap
+claims' commands on a GPU.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 
+from kvlab.budget import kept_tokens
 from kvlab.claims.needle import CLAIM_CONTEXT, PRUNING
 
 #: The policy that reads a text with only its first token evicted: the ablation of article 002's claim 20.
@@ -110,3 +115,141 @@ def overhead_benchmark(model: str = SHIPPED_MODEL) -> str:
 def attention_profile(model: str = SHIPPED_MODEL) -> str:
     """The attention share of the first token and the entropy, per layer, of one model."""
     return f"python bench/attention_profile.py{model_option(model)}"
+
+
+# --- the cache as a managed heap: allocations, precision tiers, a generational cache, pillars, a noise floor -------
+
+#: The layer and head allocations compared on one policy (SnapKV: uniform as published, the articles' preset, the
+#: model's entropy profile, CAKE, Ada-KV), at the kept fractions :data:`ALLOCATION_KEEPS`.
+ALLOCATION_BASE = "snapkv"
+ALLOCATIONS = (
+    ALLOCATION_BASE,
+    f"{ALLOCATION_BASE}[layer_allocation=preset]",
+    f"{ALLOCATION_BASE}[layer_allocation=entropy]",
+    f"{ALLOCATION_BASE}[layer_allocation=cake]",
+    f"{ALLOCATION_BASE}[head_allocation=adakv]",
+)
+ALLOCATION_KEEPS = (0.1, 0.2, 0.3)
+#: Article 002's claim 12: the preset "cuts memory by another 15%", so it runs at 85% of the uniform kept fractions.
+PRESET_SAVING = 0.15
+PRESET_KEEPS = tuple(round((1 - PRESET_SAVING) * keep, 4) for keep in ALLOCATION_KEEPS)
+#: Key and value bits of claim 27, every token kept and quantised (hot 0): keys alone, values alone, and KIVI's K4/V2.
+BIT_WIDTHS = ((8, 16), (4, 16), (2, 16), (16, 8), (16, 4), (16, 2), (4, 2))
+#: Claim 16's hybrid: 80% evicted, of the kept 20% a quarter (5% of all tokens) at 16 bits, the rest at 4 bits.
+HYBRID_KEEP = 0.2
+HYBRID = "hot=0.25,key_bits=4,value_bits=4"
+#: Claim 35: 90% evicted and every kept token at 4 bits.
+QUANTISED_KEEP = 0.1
+QUANTISED = "hot=0,key_bits=4,value_bits=4"
+#: The policies the precision claims evict with: H2O's heavy hitters (article 002) and SnapKV (query-aware).
+PRECISION_BASES = ("h2o", "snapkv")
+#: Claim 21: the generational cache (its default tiers, and a middle tier of 10% of the budget) against H2O's
+#: ranking of the whole cache, in streaming mode at :data:`GENERATIONAL_KEEP`, decoded eagerly so that every
+#: ranking is timed, in the compact layout: the generational cache passes only its tiers' slots to the selection
+#: where a layer's slots are in position order with none free, which the compact layout keeps after every eviction.
+GENERATIONAL = ("generational", "generational[middle=0.1]", "h2o")
+GENERATIONAL_KEEP = 0.2
+GENERATIONAL_LAYOUT = "compact"
+#: Claim 13: heavy hitters removed per layer and KV head at 4,096 tokens (32, and 205: the 5% article 002 calls
+#: heavy hitters), the question read after the compression so that it does not make the needle a heavy hitter.
+PILLAR_COUNTS = (32, 205)
+PILLAR_PROMPTS = 20
+#: Quality passes of the heap claims: a 3,072-token prefix and 1,024 scored tokens, 4,096 tokens in all.
+QUALITY_PREFIX = 3072
+QUALITY_TOKENS = 1024
+
+
+def with_options(policy: str, options: str) -> str:
+    """A policy with cache options as ``kvlab sweep --policies`` takes it: ``h2o[hot=0.25,key_bits=4]``."""
+    return f"{policy}[{options}]"
+
+
+def bits_variant(key_bits: int, value_bits: int, policy: str = ALLOCATION_BASE) -> str:
+    """The policy holding every kept token at ``key_bits``/``value_bits`` (16 bits are the default, left out)."""
+    widths = [f"{name}={bits}" for name, bits in (("key_bits", key_bits), ("value_bits", value_bits)) if bits != 16]
+    return with_options(policy, ",".join(["hot=0", *widths]))
+
+
+def quality_budget(keep: float) -> int:
+    """The token budget of a quality pass that keeps ``keep`` of its prefix."""
+    return kept_tokens(QUALITY_PREFIX, keep)
+
+
+def heap_sweep(
+    db: str,
+    policies: Sequence[str],
+    keeps: Sequence[float] = (),
+    model: str | None = None,
+    *,
+    mode: str = "prefill",
+    eager: bool = False,
+    query_agnostic: bool = False,
+    layout: str | None = None,
+) -> str:
+    """The needle grid of the heap claims: 4,096 tokens, 100 random-depth trials per cell, as :func:`needle_sweep`
+    reads its contexts (so that runs both make are one run), in one mode and (unless named) the default layout."""
+    keep = f" --keep {','.join(f'{value:g}' for value in keeps)}" if keeps else ""
+    flags = (" --eager" if eager else "") + (" --query-agnostic" if query_agnostic else "")
+    flags += f" --layout {layout}" if layout else ""
+    return (
+        f"python -m kvlab sweep{model_option(model)} --policies {shlex.quote(','.join(policies))}{keep} --mode {mode} "
+        f"--contexts {CLAIM_CONTEXT} --depths random --trials 100 --batch-size 50 --chunk 256{flags} "
+        f"--db {shlex.quote(db)}"
+    )
+
+
+def heap_quality(
+    db: str,
+    passes: Sequence[tuple[str, int | None, Sequence[str]]],
+    model: str | None = None,
+    layout: str | None = None,
+) -> str:
+    """``kvlab quality`` passes over the default held-out text, several in one process: each ``(mode, budget in
+    tokens or None, policies)`` (a policy that takes no budget runs without one), in the default layout unless
+    one is named."""
+    shown = " ".join(
+        "--pass " + shlex.quote(f"{mode}:{budget if budget is not None else 'none'}:{','.join(policies)}")
+        for mode, budget, policies in passes
+    )
+    return (
+        f"python bench/heap_quality.py{model_option(model)} --prefix {QUALITY_PREFIX} --tokens {QUALITY_TOKENS} "
+        f"{shown}{f' --layout {layout}' if layout else ''} --db {shlex.quote(db)}"
+    )
+
+
+def pillar_entropy(model: str | None = None) -> str:
+    """The question's attention entropy with the full cache and with the heaviest hitters removed."""
+    name = model_file_name(model or SHIPPED_MODEL)
+    return (
+        f"python bench/pillar_entropy.py{model_option(model)} --counts {','.join(str(c) for c in PILLAR_COUNTS)} "
+        f"--trials {PILLAR_PROMPTS} --out {shlex.quote(f'bench/results/pillars/{name}.json')}"
+    )
+
+
+#: The side-channel experiments kvlab ships, every model and policy of them.
+SIDE_CHANNEL_SCRIPT = "bash bench/side_channel.sh"
+
+
+def side_channel(
+    out: str,
+    *,
+    model: str,
+    policy: str,
+    params: Sequence[tuple[str, object]],
+    budget: str,
+    noise: Sequence[tuple[str, float]],
+    extra: str,
+) -> str:
+    """One side-channel experiment, written to ``out``: ``budget`` is ``--keep F`` or ``--budget N``, ``noise`` the
+    noisy levels (a run without noise is always part of it; the command crosses the kinds with the scales), ``extra``
+    any further options."""
+    kinds = dict.fromkeys(kind for kind, _ in noise)
+    scales = dict.fromkeys(scale for _, scale in noise)
+    options = "".join(f" --param {shlex.quote(f'{key}={value}')}" for key, value in params)
+    return (
+        f"python -m kvlab sidechannel{model_option(model)} --policy {policy}{options} {budget}"
+        + "".join(f" --noise {kind}" for kind in kinds)
+        + "".join(f" --noise-scale {scale:g}" for scale in scales)
+        + extra
+        + f" --out {shlex.quote(out)}"
+    )

@@ -1,5 +1,6 @@
 """What measured claims are evaluated against: the runs of one kvlab store, and the benchmark results the repository
-keeps (attention profiles, short-context timings).
+keeps (attention profiles, short-context timings, attention entropy with the heavy hitters removed, side-channel
+experiments).
 
 Only reads: the frames a claim needs are fetched once per evaluation, and nothing here imports torch, so the
 command line and the dashboard evaluate every claim in a fraction of a second.
@@ -23,9 +24,13 @@ from kvlab.store import RunFilter, Store, default_db_path
 REPO = Path(__file__).resolve().parents[2]
 #: The store of GPU-measured evidence shipped with kvlab; ``kvlab claims`` reads it when it exists.
 EVIDENCE_DB = REPO / "data" / "runs" / "claims.duckdb"
-#: Where the benchmarks write their JSON results: ``attention/`` (``bench/attention_profile.py``) and ``overhead/``
-#: (``bench/short_context_overhead.py``), one file per model.
+#: Where the benchmarks write their JSON results: ``attention/`` (``bench/attention_profile.py``), ``overhead/``
+#: (``bench/short_context_overhead.py``) and ``pillars/`` (``bench/pillar_entropy.py``), one file per model, and
+#: ``side_channel/`` (``kvlab sidechannel --out``), one file per experiment.
 RESULTS_DIR = REPO / "bench" / "results"
+#: What a side-channel result says it is (:data:`kvlab.sidechannel.RESULT_FORMAT`, named here so that reading one
+#: needs no torch; the tests check that the two agree).
+SIDE_CHANNEL_FORMAT = "kvlab-side-channel/1"
 QUALITY_PREFIX = "quality:"
 #: The context lengths (tokens) of the short-context overhead claim: "under 4K tokens".
 SHORT_CONTEXTS = (1024, 4096)
@@ -133,6 +138,156 @@ def parse_overhead(data: Any) -> Overhead:
     if not timings:
         raise ValueError("it times no evicting policy")
     return Overhead(str(data["model"]), str(data["device"]), str(data["command"]).strip(), str(data["mode"]), timings)
+
+
+@dataclass(frozen=True)
+class EntropyConfiguration:
+    """One cache read under ``policy`` with ``params``: the mean attention entropy (nats) of the question's queries
+    per layer, over heads and prompts."""
+
+    policy: str
+    params: dict[str, Any]
+    entropy: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        """The mean over layers."""
+        return sum(self.entropy) / len(self.entropy)
+
+
+@dataclass(frozen=True)
+class PillarEntropy:
+    """A model's heavy-hitter ablation as ``bench/pillar_entropy.py`` writes it: the question's attention entropy
+    per layer with the full cache and with the heaviest hitters removed, on the same needle prompts."""
+
+    model: str
+    device: str
+    command: str
+    prompts: int
+    configurations: tuple[EntropyConfiguration, ...]
+
+
+def parse_pillars(data: Any) -> PillarEntropy:
+    """A :class:`PillarEntropy` from the benchmark's JSON object; ``ValueError`` saying what is wrong."""
+    data = _object(data, ("model", "device", "command", "trials", "configurations"))
+    try:
+        configurations = tuple(
+            EntropyConfiguration(
+                str(row["policy"]), dict(row["params"]), tuple(float(value) for value in row["entropy"])
+            )
+            for row in data["configurations"]
+        )
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("its configurations are not {policy, params, entropy} objects") from None
+    if not configurations or any(not row.entropy for row in configurations):
+        raise ValueError("it has no entropy per layer")
+    return PillarEntropy(
+        str(data["model"]), str(data["device"]), str(data["command"]).strip(), int(data["trials"]), configurations
+    )
+
+
+@dataclass(frozen=True)
+class ChannelFigure:
+    """How well the attacker told a cached canary from an evicted one by one observable: ``accuracy`` on the test
+    half with its 95% interval ``low``..``high`` (fractions; None when a class had too few trials) and the
+    observable's ``spread`` over the trials (0: it never changed)."""
+
+    accuracy: float | None
+    low: float | None
+    high: float | None
+    spread: float
+
+
+@dataclass(frozen=True)
+class NoiseFigures:
+    """One noise level of a side-channel experiment: its label (``no noise``, ``gaussian 0.5``), kind and scale, the
+    retrieval accuracy it left with its 95% interval (fractions), the median decode seconds per token (None in a
+    result that did not record them), and each channel's figure by name."""
+
+    noise: str
+    kind: str
+    scale: float
+    trials: int
+    retrieval: float
+    retrieval_low: float
+    retrieval_high: float
+    decode_seconds: float | None
+    channels: dict[str, ChannelFigure]
+
+
+@dataclass(frozen=True)
+class SideChannel:
+    """What a side-channel experiment (``kvlab sidechannel --out``) measured, as the claims read it."""
+
+    model: str
+    device: str
+    policy: str
+    params: dict[str, Any]
+    mode: str
+    keep: float | None
+    budget_tokens: int
+    context_tokens: int
+    new_tokens: int
+    trials: int
+    seed: int
+    depths: tuple[float, float]
+    levels: tuple[NoiseFigures, ...]
+
+
+def _optional(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def parse_side_channel(data: Any) -> SideChannel:
+    """A :class:`SideChannel` from the experiment's JSON object; ``ValueError`` saying what is wrong."""
+    keys = ("model", "device", "policy", "params", "mode", "keep", "budget_tokens", "context_tokens", "new_tokens")
+    data = _object(data, ("format", *keys, "trials", "seed", "depths", "levels"))
+    if data["format"] != SIDE_CHANNEL_FORMAT:
+        raise ValueError(f"its format is not {SIDE_CHANNEL_FORMAT}")
+    try:
+        levels = tuple(
+            NoiseFigures(
+                str(level["noise"]),
+                str(level["kind"]),
+                float(level["scale"]),
+                int(level["trials"]),
+                float(level["retrieval"]),
+                float(level["retrieval_low"]),
+                float(level["retrieval_high"]),
+                _optional(level.get("decode_seconds")),
+                {
+                    str(score["channel"]): ChannelFigure(
+                        _optional(score["accuracy"]),
+                        _optional(score["low"]),
+                        _optional(score["high"]),
+                        float(score["spread"]),
+                    )
+                    for score in level["channels"]
+                },
+            )
+            for level in data["levels"]
+        )
+        low, high = (float(depth) for depth in data["depths"])
+        result = SideChannel(
+            str(data["model"]),
+            str(data["device"]),
+            str(data["policy"]),
+            dict(data["params"]),
+            str(data["mode"]),
+            _optional(data["keep"]),
+            int(data["budget_tokens"]),
+            int(data["context_tokens"]),
+            int(data["new_tokens"]),
+            int(data["trials"]),
+            int(data["seed"]),
+            (low, high),
+            levels,
+        )
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("its levels are not noise levels with retrieval and channel scores") from None
+    if not levels:
+        raise ValueError("it has no noise levels")
+    return result
 
 
 T = TypeVar("T")
@@ -253,3 +408,13 @@ class Evidence:
     def overheads(self) -> tuple[list[Overhead], list[str]]:
         """The short-context timings in ``results/overhead``, and one sentence per file that is not one."""
         return read_results(self.results / "overhead", parse_overhead, "a short-context timing")
+
+    @cached_property
+    def pillar_entropies(self) -> tuple[list[PillarEntropy], list[str]]:
+        """The heavy-hitter ablations in ``results/pillars``, and one sentence per file that is not one."""
+        return read_results(self.results / "pillars", parse_pillars, "an attention-entropy ablation")
+
+    @cached_property
+    def side_channels(self) -> tuple[list[SideChannel], list[str]]:
+        """The side-channel experiments in ``results/side_channel``, and one sentence per file that is not one."""
+        return read_results(self.results / "side_channel", parse_side_channel, "a side-channel result")

@@ -12,6 +12,7 @@ import math
 
 import pandas as pd
 
+from kvlab.claims.options import variant
 from kvlab.claims.stats import wilson_interval
 
 PRUNING = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -25,7 +26,7 @@ PUBLISHED_NEEDLE_CLAIM: dict[str, tuple[float, ...]] = {
 }
 
 TRIALS_COLUMN = "trials per cell"
-CELL_COLUMNS = ["policy", "mode", "pruning", "correct", "trials", "accuracy", "low", "high"]
+CELL_COLUMNS = ["policy", "variant", "mode", "pruning", "correct", "trials", "accuracy", "low", "high", "kv_bytes"]
 
 
 def pruning_column(pruning: float) -> str:
@@ -68,27 +69,53 @@ def scored(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def needle_cells(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataFrame:
-    """kvlab's cells at ``context`` tokens, one row per (policy, mode, pruning ratio) of runs with a kept
-    fraction: ``correct`` of ``trials``, ``accuracy`` and its Wilson 95% interval ``low``..``high``, all in %."""
+    """kvlab's cells at ``context`` tokens, one row per (policy variant, mode, pruning ratio) of runs with a kept
+    fraction: ``correct`` of ``trials``, ``accuracy`` and its Wilson 95% interval ``low``..``high``, all in %, and
+    the mean ``kv_bytes`` a trial held (NaN where the frame has none). A policy with cache options of its own
+    (precision tiers, another allocation, noise) is a cell apart, named by its ``variant``
+    (:func:`~kvlab.claims.options.variant`); the policy as published has its name as its variant."""
     rows = scored(trials[(trials["context_length"] == context) & trials["keep"].notna()])
     if rows.empty:
         return pd.DataFrame(columns=CELL_COLUMNS)
-    rows = rows.assign(
-        pruning=(1.0 - rows["keep"].astype(float)).round(4), correct=rows["correct"].astype(bool).astype(int)
+    rows = _countable(with_variants(rows)).assign(pruning=(1.0 - rows["keep"].astype(float)).round(4))
+    cells = rows.groupby(["policy", "variant", "mode", "pruning"], as_index=False).agg(
+        correct=("correct", "sum"), trials=("correct", "count"), kv_bytes=("kv_bytes", "mean")
     )
-    cells = rows.groupby(["policy", "mode", "pruning"], as_index=False)["correct"].agg(["sum", "count"])
-    cells = cells.rename(columns={"sum": "correct", "count": "trials"})
     return _with_intervals(cells)[CELL_COLUMNS]
+
+
+def with_variants(rows: pd.DataFrame) -> pd.DataFrame:
+    """Trials with their policy ``variant`` (a frame without parameters holds policies as published)."""
+    params = rows["policy_params"] if "policy_params" in rows else pd.Series(None, index=rows.index, dtype=object)
+    return rows.assign(variant=[variant(policy, text) for policy, text in zip(rows["policy"], params)])
+
+
+def plain(cells: pd.DataFrame) -> pd.DataFrame:
+    """The cells of policies as published (no cache options of their own)."""
+    return cells[cells["variant"] == cells["policy"]]
+
+
+def cell_of(rows: pd.DataFrame) -> pd.Series:
+    """Scored trials as one cell: ``correct`` of ``trials``, ``accuracy`` with its Wilson 95% interval
+    ``low``..``high`` (in %) and the mean ``kv_bytes`` held (NaN without them)."""
+    rows = _countable(rows)
+    cell = pd.DataFrame(
+        {"correct": [int(rows["correct"].sum())], "trials": [len(rows)], "kv_bytes": [rows["kv_bytes"].mean()]}
+    )
+    return _with_intervals(cell).iloc[0]
+
+
+def _countable(rows: pd.DataFrame) -> pd.DataFrame:
+    """Scored trials with ``correct`` as 0 or 1 and ``kv_bytes`` as a float (NaN where the frame has none)."""
+    kv_bytes = rows["kv_bytes"].astype(float) if "kv_bytes" in rows else math.nan
+    return rows.assign(correct=rows["correct"].astype(bool).astype(int), kv_bytes=kv_bytes)
 
 
 def full_cache_cell(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.Series | None:
     """The full cache at ``context`` tokens as one cell (every mode pooled: nothing is evicted in either), or None
     when the frame has no full-cache trial there."""
     rows = scored(trials[(trials["context_length"] == context) & full_cache(trials)])
-    if rows.empty:
-        return None
-    cell = pd.DataFrame({"correct": [int(rows["correct"].astype(bool).sum())], "trials": [len(rows)]})
-    return _with_intervals(cell).iloc[0]
+    return None if rows.empty else cell_of(rows)
 
 
 def _with_intervals(cells: pd.DataFrame) -> pd.DataFrame:
@@ -116,8 +143,9 @@ def published_table() -> pd.DataFrame:
 def measured_table(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataFrame:
     """kvlab's accuracy (%) by pruning ratio, one row per policy and mode, each cell followed by its Wilson 95%
     interval, with the fewest trials behind any cell of the row, from a trials frame (``Store.trials_frame()``) of
-    runs at ``context`` tokens. Trials without a ``correct`` answer (texts scored by likelihood) are left out."""
-    cells = needle_cells(trials, context)
+    runs at ``context`` tokens. Trials without a ``correct`` answer (texts scored by likelihood) are left out, and so
+    are policies with cache options of their own: the published table is about the methods as published."""
+    cells = plain(needle_cells(trials, context)).copy()
     if cells.empty:
         return pd.DataFrame(columns=_measured_columns())
     cells["row"] = cells["policy"] + " " + cells["mode"] + " (kvlab)"

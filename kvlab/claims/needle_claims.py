@@ -13,7 +13,15 @@ import pandas as pd
 
 from kvlab.claims.commands import needle_sweep
 from kvlab.claims.evidence import Evidence, Group, largest_group
-from kvlab.claims.needle import PRUNING, PUBLISHED_NEEDLE_CLAIM, full_cache_cell, interval_text, needle_cells, scored
+from kvlab.claims.needle import (
+    PRUNING,
+    PUBLISHED_NEEDLE_CLAIM,
+    full_cache_cell,
+    interval_text,
+    needle_cells,
+    plain,
+    scored,
+)
 from kvlab.claims.verdicts import FAILS, HOLDS, Evaluation, judged, missing, unmeasurable
 
 #: How article 004 divides policies: eviction by attention scores, and "simpler heuristics".
@@ -25,7 +33,7 @@ NEGLIGIBLE_LOSS = 5.0
 NEEDLE_TASK = "the needle task at 4,096 tokens"
 
 
-def _group(evidence: Evidence) -> Group | None:
+def needle_group(evidence: Evidence) -> Group | None:
     """The needle trials of the model with the most of them, or None when the store has none."""
     trials = evidence.needle_trials
     if trials.empty or scored(trials).empty:
@@ -33,9 +41,14 @@ def _group(evidence: Evidence) -> Group | None:
     return largest_group(scored(trials), ["model"])
 
 
-def _model(group: Group | None) -> str | None:
+def model_of(group: Group | None) -> str | None:
     """The model a reproducing command names: the one the figure came from, or the default when there is none."""
     return group.model if group is not None else None
+
+
+def _cells(group: Group) -> pd.DataFrame:
+    """The needle cells of policies as published: these claims are about the methods, not their variants."""
+    return plain(needle_cells(group.trials))
 
 
 def cell_text(cell: pd.Series) -> str:
@@ -64,9 +77,9 @@ def _perfect_recall_claim(pruning: float, what: str) -> Callable[[Evidence], Eva
     """A claim that H2O finds every needle at ``pruning`` (claims 8 and 10)."""
 
     def evaluate(evidence: Evidence) -> Evaluation:
-        group = _group(evidence)
-        command = needle_sweep(evidence.db, ("full", "h2o"), (pruning,), model=_model(group))
-        cells = needle_cells(group.trials) if group is not None else pd.DataFrame()
+        group = needle_group(evidence)
+        command = needle_sweep(evidence.db, ("full", "h2o"), (pruning,), model=model_of(group))
+        cells = _cells(group) if group is not None else pd.DataFrame()
         h2o = cells[cells["policy"] == "h2o"] if not cells.empty else cells
         if group is None or h2o.empty:
             return missing(f"H2O on {NEEDLE_TASK}", evidence.db, command)
@@ -95,9 +108,9 @@ heavy_hitters_5pct = _perfect_recall_claim(0.95, "(heavy hitters and a recent wi
 
 def published_table_claim(evidence: Evidence) -> Evaluation:
     """Claim 9: the article's table, cell by cell: does each published accuracy lie in kvlab's 95% interval?"""
-    group = _group(evidence)
-    command = needle_sweep(evidence.db, ("full", *PUBLISHED_NEEDLE_CLAIM), model=_model(group))
-    cells = needle_cells(group.trials) if group is not None else pd.DataFrame()
+    group = needle_group(evidence)
+    command = needle_sweep(evidence.db, ("full", *PUBLISHED_NEEDLE_CLAIM), model=model_of(group))
+    cells = _cells(group) if group is not None else pd.DataFrame()
     rows = cells[cells["policy"].isin(list(PUBLISHED_NEEDLE_CLAIM))] if not cells.empty else cells
     if group is None or rows.empty:
         return missing(f"H2O, StreamingLLM or random eviction on {NEEDLE_TASK}", evidence.db, command)
@@ -127,10 +140,10 @@ def published_table_claim(evidence: Evidence) -> Evaluation:
 
 def pruned_beats_full(evidence: Evidence) -> Evaluation:
     """Claim 24: a pruned cache can be more accurate than the full cache (less distracting history)."""
-    group = _group(evidence)
-    command = needle_sweep(evidence.db, model=_model(group))
+    group = needle_group(evidence)
+    command = needle_sweep(evidence.db, model=model_of(group))
     full = full_cache_cell(group.trials) if group is not None else None
-    cells = needle_cells(group.trials) if group is not None else pd.DataFrame()
+    cells = _cells(group) if group is not None else pd.DataFrame()
     if group is None or full is None or cells.empty:
         return missing(f"the full cache and evicting policies on {NEEDLE_TASK}", evidence.db, command)
     if full["correct"] == full["trials"]:
@@ -163,10 +176,10 @@ def _best(cells: pd.DataFrame, policies: tuple[str, ...]) -> pd.Series | None:
 def negligible_loss_at_90(evidence: Evidence) -> Evaluation:
     """Claim 28: evicting 90% of the cache intelligently (by attention) often loses a negligible accuracy."""
     pruning = 0.9
-    group = _group(evidence)
-    command = needle_sweep(evidence.db, ("full", *ATTENTION_BASED), (pruning,), model=_model(group))
+    group = needle_group(evidence)
+    command = needle_sweep(evidence.db, ("full", *ATTENTION_BASED), (pruning,), model=model_of(group))
     full = full_cache_cell(group.trials) if group is not None else None
-    cells = needle_cells(group.trials) if group is not None else pd.DataFrame()
+    cells = _cells(group) if group is not None else pd.DataFrame()
     at_90 = cells[(cells["pruning"] - pruning).abs() < 1e-9] if not cells.empty else cells
     if group is None or full is None or _best(at_90, ATTENTION_BASED) is None:
         return missing(
@@ -189,9 +202,9 @@ def negligible_loss_at_90(evidence: Evidence) -> Evaluation:
 def attention_beats_heuristics(evidence: Evidence) -> Evaluation:
     """Claim 36: with at least 30% of the cache, prefer attention-based eviction to heuristics."""
     pruning = 0.7
-    group = _group(evidence)
-    command = needle_sweep(evidence.db, ("full", *ATTENTION_BASED, *HEURISTIC), (pruning,), model=_model(group))
-    cells = needle_cells(group.trials) if group is not None else pd.DataFrame()
+    group = needle_group(evidence)
+    command = needle_sweep(evidence.db, ("full", *ATTENTION_BASED, *HEURISTIC), (pruning,), model=model_of(group))
+    cells = _cells(group) if group is not None else pd.DataFrame()
     at_30 = cells[(cells["pruning"] - pruning).abs() < 1e-9] if not cells.empty else cells
     parts, facts = [], []
     for mode, rows in at_30.groupby("mode") if not at_30.empty else []:

@@ -110,9 +110,10 @@ def about_count(value: int, claimed: int) -> bool:
     return abs(value - claimed) <= max(1.0, ABOUT * abs(claimed))
 
 
-def missing(what: str, db: str, command: str) -> Evaluation:
-    """A measured claim whose runs are not in the store: which runs, where, and the command that makes them."""
-    return unmeasurable(f"no runs of {what} in {db}; run: {command}", command=command)
+def missing(what: str, db: str, command: str, figure: str | None = None) -> Evaluation:
+    """A measured claim whose runs are not in the store: which runs, where, and the command that makes them (with
+    what can be said without them, a figure computed from the claim's own numbers, say)."""
+    return unmeasurable(f"no runs of {what} in {db}; run: {command}", figure=figure, command=command)
 
 
 def per_model(results: Sequence[tuple[str, Evaluation]]) -> Evaluation:

@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Callable, NoReturn, Sequence
 
-from kvlab.cli import claims, evaluation, generate, live, quality, store
+from kvlab.cli import claims, evaluation, generate, live, profile, quality, sidechannel, store
 from kvlab.errors import KvlabError
 from kvlab.guard import log_to_file
 
@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.register(commands)
     store.register(commands)
     quality.register(commands)
+    sidechannel.register(commands)
+    profile.register(commands)
     claims.register(commands)
     live.register(commands)
     return parser

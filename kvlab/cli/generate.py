@@ -125,14 +125,23 @@ def kept_tokens(result: GenerationResult) -> str:
 
 
 def run_policies(args: argparse.Namespace) -> int:
-    """List the policies with their parameters and defaults."""
+    """List the policies with their parameters and defaults, then the cache options every scoring policy takes."""
     from kvlab.policies import POLICIES
+    from kvlab.policies.base import param_spec
+    from kvlab.policies.scoring import ScoringPolicy
 
+    width = max(map(len, POLICIES)) + 1
     for name, cls in POLICIES.items():
         params = ", ".join(f"{key}={value!r}" for key, value in cls().params().items()) or "no parameters"
         summary = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
-        print(f"{name:10s} {params}")
-        print(textwrap.fill(summary, width=110, initial_indent=" " * 11, subsequent_indent=" " * 11))
+        print(f"{name:{width}s} {params}")
+        print(textwrap.fill(summary, width=110, initial_indent=" " * (width + 1), subsequent_indent=" " * (width + 1)))
+    scoring = ", ".join(name for name, cls in POLICIES.items() if issubclass(cls, ScoringPolicy))
+    print(f"\nCache options of every scoring policy ({scoring}), set with --param like its own:")
+    defaults = ScoringPolicy()
+    for option in ScoringPolicy.cache_option_names():
+        spec = param_spec(ScoringPolicy, option)
+        print(f"  {option}={getattr(defaults, option)!r}: {spec.help} ({spec.describe()})")
     return 0
 
 

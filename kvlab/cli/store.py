@@ -13,7 +13,8 @@ from typing import Any, Callable
 from kvlab.cli.options import add_db_argument
 from kvlab.store import RunFilter, export_runs, export_trials, open_store
 
-#: The columns ``runs`` prints (``export --table runs`` writes every run column).
+#: The columns ``runs`` prints (``export --table runs`` writes every run column); the policy with the parameters
+#: it set away from their defaults.
 LIST_COLUMNS: tuple[str, ...] = (
     "run_id",
     "status",
@@ -107,7 +108,10 @@ def list_runs_command(args: argparse.Namespace) -> int:
     if frame.empty:
         print(f"No matching runs in {store.path}.")
     else:
-        shown = frame[list(LIST_COLUMNS)].round({"accuracy": 3, "perplexity": 3, "kl": 4})
+        from kvlab.ui.tables import policy_name
+
+        labels = [policy_name(policy, params) for policy, params in zip(frame["policy"], frame["policy_params"])]
+        shown = frame.assign(policy=labels)[list(LIST_COLUMNS)].round({"accuracy": 3, "perplexity": 3, "kl": 4})
         print(shown.assign(started_at=shown["started_at"].dt.floor("s")).to_string(index=False))
     return 0
 

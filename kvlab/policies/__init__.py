@@ -8,7 +8,9 @@ import typing
 from kvlab.errors import KvlabError
 from kvlab.policies.base import LayerView, Policy, check_fields, evict_layer, eviction_count
 from kvlab.policies.drop_first import DropFirst
+from kvlab.policies.drop_pillars import DropPillars
 from kvlab.policies.full import Full
+from kvlab.policies.generational import Generational
 from kvlab.policies.h2o import H2O
 from kvlab.policies.knorm import Knorm
 from kvlab.policies.random import RandomPolicy
@@ -17,7 +19,20 @@ from kvlab.policies.streaming import Streaming
 from kvlab.policies.tova import TOVA
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (Full, Streaming, H2O, SnapKV, PyramidKV, TOVA, Knorm, RandomPolicy, DropFirst)
+    cls.name: cls
+    for cls in (
+        Full,
+        Streaming,
+        H2O,
+        Generational,
+        SnapKV,
+        PyramidKV,
+        TOVA,
+        Knorm,
+        RandomPolicy,
+        DropFirst,
+        DropPillars,
+    )
 }
 
 #: The policies that evict to a budget, in registry order: every method; not the full cache, nor the first-token
@@ -41,7 +56,7 @@ def is_full_cache(name: str) -> bool:
     """Whether runs of the policy called ``name`` keep every token (a name no longer registered, from an older
     store, counts as evicting)."""
     cls = POLICIES.get(name)
-    return cls is not None and not cls.evicts and not cls.removes_first
+    return cls is Full
 
 
 def make_policy(name: str, **params: object) -> Policy:

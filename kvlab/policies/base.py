@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -17,7 +18,8 @@ import torch
 
 from kvlab.attention import window_attention
 from kvlab.errors import KvlabError
-from kvlab.heap import FREE, HeapLayer, KVHeap, position_order
+from kvlab.heap import FREE, DeviceClock, HeapLayer, KVHeap, position_order
+from kvlab.tiers import adakv_kept
 
 KEEP = float("inf")
 
@@ -76,14 +78,14 @@ class LayerView:
 @dataclass(frozen=True)
 class ParamSpec:
     """What values one policy parameter takes: bounds (inclusive unless ``open_minimum``/``open_maximum``), a list
-    of ``choices`` for text parameters, and one line of ``help``. The policy checks its values against it, and the
-    dashboard draws its widgets from it."""
+    of ``choices`` for text (or whole-number) parameters, and one line of ``help``. The policy checks its values
+    against it, and the dashboard draws its widgets from it."""
 
     minimum: float | None = None
     maximum: float | None = None
     open_minimum: bool = False
     open_maximum: bool = False
-    choices: tuple[str, ...] = ()
+    choices: tuple[str | int, ...] = ()
     help: str = ""
 
     def describe(self) -> str:
@@ -100,7 +102,7 @@ class ParamSpec:
     def allows(self, value: object) -> bool:
         """Whether ``value`` lies within the bounds or among the choices."""
         if self.choices:
-            return value in self.choices
+            return not isinstance(value, bool) and value in self.choices
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return True
         if not math.isfinite(value):
@@ -129,12 +131,9 @@ class Policy:
     with :func:`param` so that every value is checked the same way when the policy is made."""
 
     name: ClassVar[str] = ""
-    #: Whether the policy evicts to a budget, and so takes one. ``full`` does not, nor does the first-token ablation
-    #: (``drop_first``), which removes one fixed token whatever the budget.
+    #: Whether the policy evicts to a budget, and so takes one. ``full`` does not, nor do the ablations
+    #: (``drop_first``, ``drop_pillars``), which remove a fixed number of tokens whatever the budget.
     evicts: ClassVar[bool] = True
-    #: How many of the first tokens the policy never keeps, whatever its budget: none for every method; an ablation
-    #: removes them at every eviction once read (:class:`~kvlab.policies.drop_first.DropFirst`).
-    removes_first: ClassVar[int] = 0
     #: Whether :meth:`score` reads the attention each cached token received (H2O), which the attention function
     #: then accumulates.
     needs_scores: ClassVar[bool] = False
@@ -175,14 +174,61 @@ class Policy:
         """Why the budget cannot be smaller than :meth:`min_budget`, for error messages."""
         return "one token"
 
-    def layer_budgets(self, budget: int, num_layers: int, capacity: int | None = None) -> list[int]:
+    def layer_budgets(
+        self, budget: int, num_layers: int, capacity: int | None = None, measured: Sequence[float] | None = None
+    ) -> list[int]:
         """Tokens each layer keeps per KV head, for contexts of at most ``capacity`` tokens. Uniform unless the
-        policy spreads the total differently."""
+        policy spreads the total differently; ``measured`` are per-layer weights measured for the run where its
+        allocation follows them (:meth:`measures_layers`)."""
         return [budget] * num_layers
+
+    def measures_layers(self) -> str | None:
+        """What the layer allocation follows that only the run can measure: ``profile`` (the model's stored
+        attention entropy), ``prompt`` (CAKE's preferences from the prompt's own attention, at the compression), or
+        ``None``."""
+        return None
 
     def score(self, view: LayerView) -> torch.Tensor:
         """One score per cached token and KV head, ``(batch, kv_heads, slots)``; the highest ``budget`` survive."""
         raise NotImplementedError
+
+    def candidates(self, view: LayerView, count: int) -> tuple[int, int] | None:
+        """The slots ``[start, stop)`` the ``count`` victims are chosen from, or ``None`` for every slot in view. A
+        policy that ranks only part of the cache (the generational cache) names that part; the range must hold at
+        least ``count`` evictable slots."""
+        return None
+
+    def removes(self) -> int:
+        """How many tokens an ablation removes whatever its budget (it takes none): none for every method; the
+        first token for :class:`~kvlab.policies.drop_first.DropFirst`, the heaviest hitters for
+        :class:`~kvlab.policies.drop_pillars.DropPillars`."""
+        return 0
+
+    def removed(self, view: LayerView) -> torch.Tensor | None:
+        """Which slots of a layer the ablation removes at an eviction (``(batch, kv_heads, span)``), or ``None``."""
+        return None
+
+    def freezes(self) -> bool:
+        """Whether prefill mode's compression moves the kept tokens into frozen layers (precision tiers or
+        head-adaptive budgets, :mod:`kvlab.tiers`) instead of evicting in place."""
+        return False
+
+    def check_mode(self, mode: str) -> None:
+        """Refuse, in one sentence, a mode the policy's options cannot run in."""
+
+    def heads_share_ranking(self) -> bool:
+        """Whether every KV head of a layer is ranked by one shared score (TOVA's layer mean), so that whatever is
+        added to the scores must be the same for all of them."""
+        return False
+
+    def can_capture(self) -> bool:
+        """Whether its eviction can be captured in a CUDA graph."""
+        return self.capturable
+
+    def perturb(self, view: LayerView, scores: torch.Tensor) -> torch.Tensor:
+        """The scores as ranked: unchanged, unless the policy adds a noise floor
+        (:class:`~kvlab.policies.scoring.ScoringPolicy`)."""
+        return scores
 
     def params(self) -> dict[str, object]:
         """The policy's parameters by name, for storage and display."""
@@ -191,30 +237,56 @@ class Policy:
 
 def evict_layer(heap: KVHeap, layer_idx: int, policy: Policy, view: LayerView) -> None:
     """Cut one layer back to its budget: free the tokens no query can see any more (outside a sliding window) and
-    those the policy never keeps (:attr:`Policy.removes_first`) first, then the lowest-scoring ones. The layer's
+    those an ablation removes (:meth:`Policy.removed`) first, then the lowest-scoring ones. The layer's
     layout decides what becomes of the freed slots.
 
     A layer that holds no more than the uniform budget keeps everything even if its own (PyramidKV) share is
     smaller: as in PyramidKV's reference code, compression starts only once the context exceeds the budget.
+
+    The victims are chosen among the slots :meth:`Policy.candidates` names (all by default); the heap counts the
+    slots ranked and, outside static steps, times the scoring and selection (not the freeing).
     """
     layer = heap.layers[layer_idx]
     count = eviction_count(layer, view.budget, view.uniform_budget)
     if count == 0:
         return
-    window = layer.sliding_window
-    positions = view.positions
-    scores = policy.score(view) if policy.evicts else positions.float()
-    if window is not None:
-        scores = scores.masked_fill(positions <= view.next_position - window, float("-inf"))
-    if policy.removes_first:
-        scores = scores.masked_fill(positions < policy.removes_first, float("-inf"))
-    scores = scores.masked_fill(positions == FREE, float("inf"))  # free slots are not victims
-    order = by_score_then_position(scores, positions)
+    clock = None if heap.static else DeviceClock.start(layer.device)
+    start, stop = policy.candidates(view, count) or (0, view.span)
+    scores = eviction_scores(policy, view).masked_fill(view.positions == FREE, float("inf"))  # free: no victims
+    order = by_score_then_position(scores[..., start:stop], view.positions[..., start:stop])
     if count == 1:  # the steady decoding step: one reduction instead of a selection
         victims = order.argmin(dim=-1, keepdim=True)
     else:
         victims = order.topk(count, dim=-1, largest=False, sorted=False).indices
-    heap.evict(layer_idx, victims)
+    heap.account_ranking(layer, stop - start, clock.stop() if clock is not None else None)
+    heap.evict(layer_idx, victims + start if start else victims)
+
+
+def eviction_scores(policy: Policy, view: LayerView) -> torch.Tensor:
+    """The scores a layer's slots are ranked by (higher kept): the policy's own with its noise floor, the tokens no
+    query can see any more (outside a sliding window) and those an ablation removes at ``-inf``."""
+    positions = view.positions
+    scores = policy.perturb(view, policy.score(view)) if policy.evicts else positions.float()
+    if view.cache.sliding_window is not None:
+        scores = scores.masked_fill(positions <= view.next_position - view.cache.sliding_window, float("-inf"))
+    removed = policy.removed(view)
+    if removed is not None:
+        scores = scores.masked_fill(removed, float("-inf"))
+    return scores
+
+
+def kept_slots(policy: Policy, view: LayerView, safeguard: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which held slots a compression keeps, ``(batch, kv_heads, span)``, and the ranking key they were chosen by
+    (:func:`by_score_then_position`, higher kept): the same scores and tie-break as :func:`evict_layer`, each KV head
+    keeping its budget, or with ``safeguard`` set the layer's heads sharing theirs (Ada-KV,
+    :func:`kvlab.tiers.adakv_kept`)."""
+    held = view.positions >= 0
+    ranking = by_score_then_position(eviction_scores(policy, view), view.positions)
+    keep = view.cache.live - eviction_count(view.cache, view.budget, view.uniform_budget)
+    if safeguard is not None:
+        return adakv_kept(ranking, held, keep, safeguard), ranking
+    top = ranking.masked_fill(~held, torch.iinfo(torch.int64).min).topk(keep, dim=-1).indices
+    return torch.zeros_like(held).scatter_(-1, top, True) & held, ranking
 
 
 def by_score_then_position(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvlab.policies.base import Policy
+import torch
+
+from kvlab.policies.base import LayerView, Policy
 
 
 @dataclass
@@ -21,4 +23,9 @@ class DropFirst(Policy):
 
     name: ClassVar[str] = "drop_first"
     evicts: ClassVar[bool] = False
-    removes_first: ClassVar[int] = 1
+
+    def removes(self) -> int:
+        return 1
+
+    def removed(self, view: LayerView) -> torch.Tensor:
+        return view.positions == 0

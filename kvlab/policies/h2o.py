@@ -7,11 +7,12 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.policies.base import KEEP, LayerView, Policy, param
+from kvlab.policies.base import KEEP, LayerView, param
+from kvlab.policies.scoring import ScoringPolicy
 
 
 @dataclass
-class H2O(Policy):
+class H2O(ScoringPolicy):
     """H2O (Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language Models",
     NeurIPS 2023, arXiv:2306.14048): keep the ``recent_ratio`` share of the budget as the most recent tokens and
     fill the rest with the tokens that have accumulated the most attention from all queries so far.

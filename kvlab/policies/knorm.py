@@ -7,11 +7,12 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.policies.base import LayerView, Policy
+from kvlab.policies.base import LayerView
+from kvlab.policies.scoring import ScoringPolicy
 
 
 @dataclass
-class Knorm(Policy):
+class Knorm(ScoringPolicy):
     """Key-norm eviction (Devoto et al., "A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression",
     EMNLP 2024, arXiv:2406.11430): tokens whose keys have a low L2 norm tend to receive high attention, so the
     tokens with the smallest key norms are kept. It needs no attention scores at all.

@@ -7,11 +7,12 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.policies.base import LayerView, Policy
+from kvlab.policies.base import LayerView
+from kvlab.policies.scoring import ScoringPolicy
 
 
 @dataclass
-class RandomPolicy(Policy):
+class RandomPolicy(ScoringPolicy):
     """Keep a uniformly random subset of the cache at every eviction, reproducible from the run's seed (``--seed``).
     Not from a paper: the baseline that shows how much of a policy's accuracy comes from choosing at all."""
 

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from kvlab.budget import PYRAMID_BETA, pyramid_shares
+from kvlab.budget import PYRAMID_BETA, pyramid_shares, split_budget
 from kvlab.errors import KvlabError
-from kvlab.policies.base import KEEP, LayerView, Policy, param
+from kvlab.policies.base import KEEP, LayerView, param
+from kvlab.policies.scoring import ScoringPolicy
 
 
 @dataclass
-class SnapKV(Policy):
+class SnapKV(ScoringPolicy):
     """SnapKV (Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation", NeurIPS 2024,
     arXiv:2404.14469): the last ``window`` queries vote for the tokens they attend to; votes are summed over the
     window, pooled along the sequence with a ``kernel``-wide pooling (max by default) so that neighbours of an
@@ -69,35 +71,15 @@ class PyramidKV(SnapKV):
     """
 
     name: ClassVar[str] = "pyramidkv"
+    own_layer_budgets: ClassVar[bool] = True
     beta: int = param(
         PYRAMID_BETA, minimum=1, help="how steeply the budget falls with depth (top layer: 1/beta of the mean)"
     )
 
-    def layer_budgets(self, budget: int, num_layers: int, capacity: int | None = None) -> list[int]:
+    def layer_budgets(
+        self, budget: int, num_layers: int, capacity: int | None = None, measured: Sequence[float] | None = None
+    ) -> list[int]:
         if num_layers == 1:
             return [budget]
-        spare = budget - self.window
-        shares = pyramid_shares(spare, self.beta, num_layers)
-        if capacity is not None:
-            shares = _fill_up_to(shares, capacity - self.window)
-        floors = [int(share) for share in shares]
-        remainder = min(round(sum(shares)), spare * num_layers) - sum(floors)
-        by_fraction = sorted(range(num_layers), key=lambda layer: floors[layer] - shares[layer])
-        for layer in by_fraction[:remainder]:
-            floors[layer] += 1
-        return [self.window + share for share in floors]
-
-
-def _fill_up_to(shares: list[float], limit: float) -> list[float]:
-    """Cap shares at ``limit`` and hand what the capped layers cannot hold to the others in proportion to their
-    shares, until none is over (water filling), so the total stays the same while any layer has room."""
-    shares = list(shares)
-    while True:
-        excess = sum(max(0.0, share - limit) for share in shares)
-        room = [i for i, share in enumerate(shares) if share < limit]
-        if excess <= 1e-9 or not room:
-            return [min(share, limit) for share in shares]
-        weight = sum(shares[i] for i in room)
-        shares = [min(share, limit) for share in shares]
-        for i in room:
-            shares[i] += excess * shares[i] / weight
+        shares = pyramid_shares(budget - self.window, self.beta, num_layers)
+        return split_budget(shares, self.window, budget * num_layers, capacity)

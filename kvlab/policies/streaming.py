@@ -7,11 +7,12 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.policies.base import KEEP, LayerView, Policy, param
+from kvlab.policies.base import KEEP, LayerView, param
+from kvlab.policies.scoring import ScoringPolicy
 
 
 @dataclass
-class Streaming(Policy):
+class Streaming(ScoringPolicy):
     """StreamingLLM (Xiao et al., "Efficient Streaming Language Models with Attention Sinks", ICLR 2024,
     arXiv:2309.17453): keep the first ``sinks`` tokens and the most recent ``budget - sinks``.
 

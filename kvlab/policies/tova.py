@@ -7,11 +7,12 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.policies.base import LayerView, Policy, param
+from kvlab.policies.base import LayerView, param
+from kvlab.policies.scoring import ScoringPolicy
 
 
 @dataclass
-class TOVA(Policy):
+class TOVA(ScoringPolicy):
     """TOVA (Oren et al., "Transformers are Multi-State RNNs", arXiv:2401.06104): when the cache is over budget,
     drop the tokens the last query attends to least. As in the paper, the attention is averaged over all heads of
     the layer, so every head of a layer keeps the same tokens (``per_head=True`` scores each KV head on its own).
@@ -25,6 +26,9 @@ class TOVA(Policy):
 
     def query_window(self) -> int:
         return 1
+
+    def heads_share_ranking(self) -> bool:
+        return not self.per_head
 
     def score(self, view: LayerView) -> torch.Tensor:
         votes = view.window_attention()

@@ -37,9 +37,10 @@ class RunConfig:
     the prompts for people (``needle``, ``jsonl:<file>``, ``text``); ``task_hash`` identifies their content (the items
     themselves, or for generated needles everything they are generated from), so a changed file or haystack is a
     different run. ``context_length`` is the target length when the run has one. ``stop_rule`` says which tokens end an
-    answer (``eos``, or ``eos+line`` for one-line answers). ``layout`` is the KV heap's layout and ``compact_at`` the
-    threshold layout's dead share (``None`` otherwise). Build them with :mod:`kvlab.records`, which fills every field
-    from the loaded model and the engine's settings.
+    answer (``eos``, or ``eos+line`` for one-line answers). ``layout`` is the KV heap's layout and ``compact_at``
+    the threshold layout's dead share (``None`` otherwise). ``profile_hash`` identifies the stored attention profile
+    the layer budgets followed (the ``entropy`` allocation; ``None`` otherwise). Build them with
+    :mod:`kvlab.records`, which fills every field from the loaded model and the engine's settings.
     """
 
     model: str
@@ -63,6 +64,7 @@ class RunConfig:
     seed: int | None = None
     device: str | None = None
     dtype: str | None = None
+    profile_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class Trial:
     the trial's batch, where there is a GPU. A trial that reads a text instead of answering a question
     (:mod:`kvlab.tasks.quality`) has no ``correct`` answer; it records the ``scored_tokens`` it predicted, their
     mean negative log-likelihood ``nll`` and mean KL divergence ``kl`` from the full cache's predictions.
+    ``ranked_slots`` counts the slots its evictions ranked and ``ranking_s`` the seconds they took outside static
+    decode steps, per sequence.
     """
 
     trial_key: str
@@ -99,6 +103,8 @@ class Trial:
     scored_tokens: int | None = None
     nll: float | None = None
     kl: float | None = None
+    ranked_slots: int | None = None
+    ranking_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -251,6 +251,20 @@ def v8_replays(cursor: Cursor) -> None:
     )
 
 
+def v9_heap_management(cursor: Cursor) -> None:
+    """The cache as a managed heap: a run whose layer budgets follow a model's measured attention profile records
+    that profile's hash (``profile_hash``, part of its identity), and each trial the slots its evictions ranked
+    (``ranked_slots``, over sequences, KV heads and layers) and the seconds that ranking took outside static decode
+    steps (``ranking_s``). Older trials (NULL) did not count them."""
+    cursor.execute(
+        """
+        ALTER TABLE runs ADD COLUMN profile_hash VARCHAR;
+        ALTER TABLE trials ADD COLUMN ranked_slots BIGINT;
+        ALTER TABLE trials ADD COLUMN ranking_s DOUBLE;
+        """
+    )
+
+
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
 MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v1_initial,
@@ -261,6 +275,7 @@ MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v6_heap_layouts,
     v7_quality_and_claims,
     v8_replays,
+    v9_heap_management,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The first version with the marker; older kvlab databases are recognised by their tables and columns.

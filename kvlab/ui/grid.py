@@ -2,23 +2,31 @@
 evenly spaced depths, run by :class:`kvlab.sweep.SweepRunner` into the store (resumable, trial by trial).
 
 A request is plain values so that it can be stored as a sweep's JSON spec (:meth:`kvlab.store.Store.begin_sweep`)
-and rebuilt after a server restart to resume the sweep; the grid it describes is built from it each time.
+and rebuilt after a server restart to resume the sweep; the grid it describes is built from it each time. Its
+policies are written as :func:`kvlab.sweep.parse_policies` reads them, so that one grid can hold a policy with and
+without cache options (``h2o`` and ``h2o[hot=0.25,key_bits=4,value_bits=4]``); a spec stored before policies took
+options lists plain names, which read the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel
-from kvlab.policies import make_policy
+from kvlab.policies import POLICIES, Policy
+from kvlab.policies.scoring import ScoringPolicy
+from kvlab.profile import require_profile
 from kvlab.store import Store
-from kvlab.sweep import Progress, SweepGrid, SweepRunner, SweepSummary
+from kvlab.sweep import Progress, SweepGrid, SweepRunner, SweepSummary, format_variant, parse_policies
+from kvlab.ui.inputs import cache_option_fields
 
 #: What a stored spec says it is: a spec without it (or with another) is not read as a needle grid.
 SPEC_KIND = "needle-grid"
@@ -37,6 +45,29 @@ def depth_label(depth: float) -> str:
     return f"{round(100 * depth, 1):g}%"
 
 
+def variant(name: str, options: Mapping[str, object]) -> str:
+    """A policy with cache options as :func:`kvlab.sweep.parse_policies` reads it: ``h2o`` without any,
+    ``h2o[hot=0.25,key_bits=4,value_bits=4]`` with some, the options in their declaration order (so that the same
+    settings always give the same text, and so the same stored sweep)."""
+    order = [field.name for field in cache_option_fields()]
+    return format_variant(name, [(key, options[key]) for key in order if key in options])
+
+
+def grid_policies(names: Sequence[str], options: Mapping[str, object], also_without: bool) -> tuple[str, ...]:
+    """The grid's policies: each of ``names`` with the cache options that differ from their defaults (a policy
+    that ranks no tokens, such as the full cache, as it is), and with ``also_without`` each such policy without
+    them first, so that one grid compares the two."""
+    defaults = {field.name: field.default for field in cache_option_fields()}
+    changed = {key: value for key, value in options.items() if defaults.get(key) != value}
+    chosen: list[str] = []
+    for name in names:
+        takes = bool(changed) and issubclass(POLICIES[name], ScoringPolicy)
+        chosen.extend(
+            [name, variant(name, changed)] if takes and also_without else [variant(name, changed if takes else {})]
+        )
+    return tuple(chosen)
+
+
 @dataclass(frozen=True)
 class NeedleGridRequest:
     """A needle grid on one model: every policy at ``keep`` (the full cache once) in ``mode``, at each context
@@ -52,10 +83,18 @@ class NeedleGridRequest:
     trials: int
     batch_size: int = 8
 
+    def policy_objects(self) -> tuple[Policy, ...]:
+        """The policies with their options; one the mode cannot run (precision tiers in streaming mode) or a bad
+        combination of options is one sentence."""
+        policies = parse_policies(",".join(self.policies))
+        for policy in policies:
+            policy.check_mode(self.mode)
+        return policies
+
     def grid(self) -> SweepGrid:
         """The sweep grid; a policy, budget or mode it cannot run is one sentence."""
         return SweepGrid(
-            tuple(make_policy(name) for name in self.policies),
+            self.policy_objects(),
             keeps=(self.keep,),
             contexts=self.contexts,
             depths=evenly_spaced_depths(self.depths),
@@ -63,6 +102,30 @@ class NeedleGridRequest:
             modes=(self.mode,),
             batch_size=self.batch_size,
         )
+
+    def check_runs_on(self, loaded: LoadedModel) -> SweepGrid:
+        """The grid, once it is known to run on ``loaded``: its contexts fit the model, and a policy whose layer
+        budgets follow the model's attention profile finds one (else the sentence names the command that measures
+        it)."""
+        grid = self.grid()
+        grid.check_fits(loaded)
+        if any(policy.measures_layers() == "profile" for policy in grid.policies):
+            require_profile(loaded)
+        return grid
+
+    def own_runs(self, runs: pd.DataFrame) -> pd.DataFrame:
+        """The stored runs (``Store.list_runs``) of exactly this grid's policies with their parameters, so that a
+        heatmap of ``h2o`` does not pool runs of ``h2o`` with other options or parameters."""
+        wanted = {(policy.name, json.dumps(policy.params(), sort_keys=True)) for policy in self.policy_objects()}
+        stored = [
+            (name, json.dumps(json.loads(params) if isinstance(params, str) else {}, sort_keys=True))
+            for name, params in zip(runs["policy"], runs["policy_params"])
+        ]
+        return runs[np.array([pair in wanted for pair in stored], dtype=bool)]
+
+    def policy_names(self) -> tuple[str, ...]:
+        """The distinct policy names of the grid, as a store filter takes them."""
+        return tuple(dict.fromkeys(policy.name for policy in self.policy_objects()))
 
     def fills(self, other: NeedleGridRequest) -> bool:
         """Whether this grid's trials show on ``other``'s heatmap: the same model, kept fraction and mode, and a

@@ -101,16 +101,25 @@ def at_budget(runs: pd.DataFrame, keep: float) -> pd.DataFrame:
 
 
 def panel_title(label: str, characters: int) -> str:
-    """A run label as a panel title of lines of at most ``characters``: wrapped at its `` · `` separators, a part
-    longer than a line shortened with an ellipsis (the hover names the run in full)."""
-    parts = [part if len(part) <= characters else part[: characters - 1] + "…" for part in label.split(" · ")]
-    lines = [parts[0]]
-    for part in parts[1:]:
-        if len(lines[-1]) + 3 + len(part) <= characters:
-            lines[-1] += " · " + part
+    """A run label as a panel title of lines of at most ``characters``: wrapped at its `` · `` separators and, inside
+    a policy's parameters, after their commas; a word longer than a line shortened with an ellipsis (the hover names
+    the run in full), so that two variants of one policy stay apart."""
+    words = [word for part in label.split(" · ") for word in _after_commas(part)]
+    words = [word if len(word) <= characters else word[: characters - 1] + "…" for word in words]
+    lines = [words[0]]
+    for previous, word in zip(words, words[1:]):
+        joint = " " if previous.endswith(",") else " · "
+        if len(lines[-1]) + len(joint) + len(word) <= characters:
+            lines[-1] += joint + word
         else:
-            lines.append(part)
+            lines.append(word)
     return "<br>".join(lines)
+
+
+def _after_commas(part: str) -> list[str]:
+    """A label part split after each ``", "`` (the separator of a policy's parameters), commas kept."""
+    pieces = part.split(", ")
+    return [piece + "," for piece in pieces[:-1]] + [pieces[-1]]
 
 
 def needle_heatmaps(cells: pd.DataFrame, max_panels: int = 6) -> go.Figure:

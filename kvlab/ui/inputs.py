@@ -16,7 +16,8 @@ from kvlab.costs.models import require_decoder
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel
 from kvlab.policies import POLICIES
-from kvlab.policies.base import ParamSpec, param_spec
+from kvlab.policies.base import ParamSpec, Policy, param_spec
+from kvlab.policies.scoring import ScoringPolicy
 
 #: Cache precisions the calculator offers, by display name.
 KV_PRECISIONS: dict[str, str] = {"fp16 / bf16": "bf16", "fp8 / int8": "fp8", "int4": "int4", "2-bit": "int2"}
@@ -35,7 +36,8 @@ class ParamField:
     spec: ParamSpec
 
     @property
-    def choices(self) -> tuple[str, ...]:
+    def choices(self) -> tuple[Any, ...]:
+        """The values a widget offers for the parameter: its declared choices, or none for a free value."""
         return self.spec.choices
 
 
@@ -50,11 +52,28 @@ def longest_context(loaded: LoadedModel | None) -> int:
     return most if most is not None else FALLBACK_LONGEST_CONTEXT
 
 
-def policy_fields(policy: str) -> list[ParamField]:
-    """The parameters of a policy as the page draws them, from the policy's own declaration."""
-    cls = POLICIES[policy]
+def _fields(cls: type[Policy], cache_options: bool) -> list[ParamField]:
+    """The class's parameters that are (or are not) cache options, in declaration order."""
     hints = typing.get_type_hints(cls)
-    return [ParamField(f.name, hints[f.name], f.default, param_spec(cls, f.name)) for f in dataclasses.fields(cls)]
+    options = set(ScoringPolicy.cache_option_names())
+    return [
+        ParamField(f.name, hints[f.name], f.default, param_spec(cls, f.name))
+        for f in dataclasses.fields(cls)
+        if (f.name in options) == cache_options
+    ]
+
+
+def policy_fields(policy: str) -> list[ParamField]:
+    """A policy's own parameters as the page draws them, from its declaration: not the cache options every scoring
+    policy takes (:func:`cache_option_fields`), which pages draw apart."""
+    return _fields(POLICIES[policy], cache_options=False)
+
+
+def cache_option_fields(policy: str | None = None) -> list[ParamField]:
+    """The cache options (:class:`~kvlab.policies.scoring.ScoringPolicy`) as the page draws them: those ``policy``
+    takes (none for a policy that ranks no tokens), or with no policy named, those every scoring policy takes."""
+    cls = ScoringPolicy if policy is None else POLICIES[policy]
+    return _fields(cls, cache_options=True) if issubclass(cls, ScoringPolicy) else []
 
 
 def policy_summary(policy: str) -> str:

@@ -31,7 +31,8 @@ from kvlab.errors import KvlabError
 from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.limits import check_seed
 from kvlab.models import LoadedModel
-from kvlab.policies import make_policy
+from kvlab.policies import Policy, make_policy
+from kvlab.profile import require_profile
 from kvlab.records import needle_sources_hash, stops_for
 from kvlab.tasks.facts import TEMPLATES, make_fact
 from kvlab.tasks.items import TaskItem, item_hash, prompt_ids, stop_token_ids, text_ids
@@ -184,6 +185,28 @@ class LiveSettings:
     n_bins: int = 128
     n_sink: int = 4
 
+    def checked_policy(self, loaded: LoadedModel | None = None) -> Policy:
+        """The policy with its parameters, refused in one sentence where it cannot run as set: a bad combination of
+        its options (key bits below 16 while every kept token stays at 16 bits), a mode its options cannot run in
+        (precision tiers in streaming mode), or, on ``loaded``, layer budgets that follow an attention profile the
+        model does not have yet (the sentence names the command that measures it)."""
+        policy = make_policy(self.policy, **self.params)
+        policy.check_mode(self.mode)
+        if loaded is not None and policy.measures_layers() == "profile":
+            require_profile(loaded)
+        return policy
+
+
+def prompt_tokens(loaded: LoadedModel, task: NeedleTask | TextTask) -> int | None:
+    """How many tokens the task's prompt will have, before a run: a needle prompt's asked length, a text's once
+    tokenised; ``None`` for a text that cannot be read (the run says why)."""
+    if isinstance(task, NeedleTask):
+        return task.context_tokens
+    try:
+        return build_prompt(loaded, task).context_tokens
+    except KvlabError:
+        return None
+
 
 @dataclass
 class ObservedStep:
@@ -286,7 +309,7 @@ class LiveTrace:
         how many of the first ``n_sink`` positions each layer holds. Linear in the span, whatever the heads."""
         held = np.zeros((self.num_layers, self.span), dtype=bool)
         for layer, positions in enumerate(survivors):
-            held[layer, positions.ravel()] = True
+            held[layer, positions[positions >= 0]] = True
         held[:, new] = True
         running = np.concatenate([np.zeros((self.num_layers, 1), dtype=np.int64), held.cumsum(axis=1)], axis=1)
         edges = self.bin_edges()
@@ -333,7 +356,8 @@ class LiveTrace:
         mask = np.zeros((self.num_layers, heads, self.span), dtype=bool)
         for layer, positions in enumerate(survivors):
             rows = positions.reshape(-1, positions.shape[-1]) if positions.size else positions.reshape(heads, 0)
-            mask[layer, np.arange(rows.shape[0])[:, None], rows] = True
+            head, column = np.nonzero(rows >= 0)  # a head holding fewer tokens (Ada-KV) ends in free entries
+            mask[layer, head, rows[head, column]] = True
         return np.packbits(mask, axis=-1)
 
     def at(self, event: int) -> LiveTrace:
@@ -351,15 +375,16 @@ class LiveTrace:
             needle=self.needle,
             observed=self.observed[: mark.observed],
             memory=self.memory[: index + 1],
-            survivors=[np.stack([np.flatnonzero(head) for head in layer]) for layer in mask],
+            survivors=[held_positions(layer) for layer in mask],
             seen_tokens=self.memory[index].seen_tokens,
             token_ids=self.token_ids[: mark.tokens],
             history=self.history[: index + 1],
         )
 
     def kept_per_layer(self) -> list[int]:
-        """Tokens each layer holds now (per KV head)."""
-        return [int(positions.shape[-1]) for positions in self.survivors]
+        """Tokens each layer holds now per KV head (the mean over heads where they hold different numbers)."""
+        heads = [positions.shape[0] if positions.ndim > 1 else 1 for positions in self.survivors]
+        return [round(int((positions >= 0).sum()) / count) for positions, count in zip(self.survivors, heads)]
 
     def needle_held(self) -> float | None:
         """The share of the needle's tokens the cache still holds (any KV head), averaged over layers; None
@@ -409,7 +434,7 @@ class LiveRun:
     """One live generation: the engine's events, each recorded in :attr:`trace` before it is handed on."""
 
     def __init__(self, loaded: LoadedModel, prompt: LivePrompt, settings: LiveSettings) -> None:
-        policy = make_policy(settings.policy, **settings.params)
+        policy = settings.checked_policy(loaded)
         budget = settings.budget if policy.evicts else None
         self.stops = stops_for(
             loaded, one_line_answers=prompt.answer is not None or bool(prompt.question_ids), chat=prompt.chat
@@ -490,3 +515,16 @@ def warm_up(loaded: LoadedModel) -> None:
     )
     for _ in Generation(loaded, spec, ids).events():
         pass
+
+
+def held_positions(heads: np.ndarray) -> np.ndarray:
+    """The positions each KV head holds, from a ``[kv_heads, span]`` mask, as ``[kv_heads, most held]`` in
+    increasing order, a head that holds fewer (Ada-KV) padded with -1, as :meth:`kvlab.engine.Event.survivors`
+    gives them."""
+    rows = [np.flatnonzero(head) for head in heads]
+    most = max((len(row) for row in rows), default=0)
+    return (
+        np.stack([np.pad(row, (0, most - len(row)), constant_values=-1) for row in rows])
+        if rows
+        else np.zeros((0, 0), dtype=np.int64)
+    )

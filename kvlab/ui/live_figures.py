@@ -479,9 +479,8 @@ def survival(trace: LiveTrace, max_columns: int = MAX_COLUMNS) -> tuple[np.ndarr
     matrix = np.full((len(trace.survivors), columns), np.nan)
     for layer, positions in enumerate(trace.survivors):
         heads = positions.shape[0] if positions.ndim > 1 else 1
-        counts = np.bincount(
-            np.clip(positions.ravel().astype(np.int64) * columns // trace.span, 0, columns - 1), minlength=columns
-        )
+        held = positions[positions >= 0]  # a head holding fewer tokens than another (Ada-KV) ends in free entries
+        counts = np.bincount(np.clip(held.astype(np.int64) * columns // trace.span, 0, columns - 1), minlength=columns)
         matrix[layer] = np.where(seen > 0, counts / np.maximum(seen * heads, 1), np.nan)
     return matrix, edges
 

@@ -1,5 +1,6 @@
 """The Streamlit side of a live run's charts, shared by the live page (running or replaying) and the overview: where
-each chart goes, its "How to read this" beside it, and drawing a trace into those places.
+each chart goes, its "How to read this" beside it, and drawing a trace into those places; and the widget of a policy
+parameter, drawn from its declaration, which the needle grid's cache options share.
 
 A running page redraws every chart after each event, so the charts live in ``st.empty`` slots made once per page
 run; their guides are drawn once, above the slots, and are not redrawn with them.
@@ -14,6 +15,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 from kvlab.ui import live_figures as figures
 from kvlab.ui.chart_view import how_to_read, show_chart
+from kvlab.ui.inputs import ParamField
 from kvlab.ui.live import LiveTrace
 
 
@@ -76,3 +78,41 @@ def draw_charts(slots: ChartSlots, trace: LiveTrace | None, layer: int | None, t
     show_chart(slots.landscape, figures.attention_landscape(trace, layer), f"{prefix}-landscape", "kvlab-attention-3d")
     show_chart(slots.cache, figures.cache_map(trace), f"{prefix}-cache", "kvlab-cache-map")
     show_chart(slots.entropy, figures.entropy_over_time(trace), f"{prefix}-entropy", "kvlab-entropy")
+
+
+def param_widget(where: DeltaGenerator, field: ParamField, key: str) -> object:
+    """The widget of one policy parameter in ``where``, kept for the session under ``key``, and its value: a choice
+    for a parameter with choices (or bit widths), a box for a number (within its declared bounds where they are
+    closed), a checkbox for a switch, a text box otherwise. Bounds a widget cannot hold (open ones) are named in its
+    help and checked when the policy is made."""
+    spec = field.spec
+    if field.choices:
+        index = field.choices.index(field.default) if field.default in field.choices else 0
+        return where.selectbox(field.name, field.choices, index=index, key=key, help=spec.help, persist_state="session")
+    if field.kind is bool:
+        return where.checkbox(field.name, value=bool(field.default), key=key, help=spec.help, persist_state="session")
+    if field.kind is int:
+        whole = where.number_input(
+            field.name,
+            min_value=None if spec.minimum is None else int(spec.minimum),
+            max_value=None if spec.maximum is None else int(spec.maximum),
+            value=int(field.default),
+            step=1,
+            key=key,
+            help=spec.help,
+            persist_state="session",
+        )
+        return int(whole)
+    if field.kind is float:
+        number = where.number_input(
+            field.name,
+            min_value=None if spec.minimum is None or spec.open_minimum else float(spec.minimum),
+            max_value=None if spec.maximum is None or spec.open_maximum else float(spec.maximum),
+            value=float(field.default),
+            step=0.05,
+            key=key,
+            help=f"{spec.help} ({spec.describe()})",
+            persist_state="session",
+        )
+        return float(number)
+    return where.text_input(field.name, value=str(field.default), key=key, help=spec.help, persist_state="session")

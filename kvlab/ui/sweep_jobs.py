@@ -95,7 +95,7 @@ class SweepJobs:
         already waiting or running in this process, its job is returned and nothing new starts."""
         if loaded.name != request.model:
             raise ValueError(f"the sweep is for {request.model!r}, not the loaded {loaded.name!r}")
-        request.grid().check_fits(loaded)  # refuses, in one sentence, a grid that cannot run, before anything is stored
+        request.check_runs_on(loaded)  # refuses, in one sentence, a grid that cannot run, before anything is stored
         with self._lock:
             for job in self._jobs.values():
                 if job.active and job.store_path == store.path and job.request == request:

@@ -204,9 +204,10 @@ RUN_COLUMNS: dict[str, str] = {
 
 
 def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """``Store.list_runs`` for display: newest first, budgets as words, accuracies in percent, a text's perplexity
-    and KL from the full cache (blank where a run has none)."""
+    """``Store.list_runs`` for display: newest first, policies with the parameters they changed, budgets as words,
+    accuracies in percent, a text's perplexity and KL from the full cache (blank where a run has none)."""
     table = runs.copy()
+    table["policy"] = [policy_name(policy, params) for policy, params in zip(table["policy"], table["policy_params"])]
     table["budget"] = [budget_label(k, b) for k, b in zip(table["keep"], table["budget_tokens"])]
     table["model"] = table["model"].map(short_model_name)
     for column in ("accuracy", "exact_accuracy"):
