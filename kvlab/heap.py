@@ -191,8 +191,8 @@ class KVHeap:
         self.seen_tokens = 0
         self.compactions = 0
         self.ranked_slots = 0
-        self._compaction_clocks: list[DeviceClock] = []
-        self._ranking_clocks: list[DeviceClock] = []
+        self._compaction_time = ClockTotal()
+        self._ranking_time = ClockTotal()
         self._pending_positions: torch.Tensor | None = None
 
     # --- the forward pass --------------------------------------------------------------------------------------
@@ -287,7 +287,7 @@ class KVHeap:
         assert layer.keys is not None
         self.ranked_slots += slots * layer.keys.shape[0] * layer.keys.shape[1]
         if clock is not None:
-            self._ranking_clocks.append(clock)
+            self._ranking_time.add(clock)
 
     def host_state(self) -> tuple[int, int, int, list[tuple[int, int, bool]]]:
         """The host's counts (tokens seen, compactions, slots ranked, and per layer slots in use, live and whether
@@ -331,7 +331,7 @@ class KVHeap:
             setattr(layer, name, target)
             layer.shared.discard(name)
         if clock is not None:
-            self._compaction_clocks.append(clock.stop())
+            self._compaction_time.add(clock.stop())
 
     def _allocate(self, layer: HeapLayer, like: torch.Tensor, capacity: int) -> None:
         """The layer's tensors, allocated once, every slot free."""
@@ -441,12 +441,12 @@ class KVHeap:
     def compaction_seconds(self) -> float:
         """Time the compactions outside static decode steps took on the device (read from device events on a GPU,
         so no compaction waits for the GPU; inside a static step a compaction is part of the step's time)."""
-        return sum(clock.seconds() for clock in self._compaction_clocks)
+        return self._compaction_time.seconds()
 
     def ranking_seconds(self) -> float:
         """Time the evictions outside static steps took to score and choose their victims (read like
         :meth:`compaction_seconds`)."""
-        return sum(clock.seconds() for clock in self._ranking_clocks)
+        return self._ranking_time.seconds()
 
     def kv_bytes(self) -> int:
         """Bytes of K and V in the slots that hold a token (live), over all layers."""
@@ -531,3 +531,30 @@ class DeviceClock:
             return self.end - self.begin
         self.end.synchronize()
         return self.begin.elapsed_time(self.end) / 1000.0
+
+
+#: Device clocks a :class:`ClockTotal` keeps unread at most; then it reads the older half.
+PENDING_CLOCKS = 1024
+
+
+@dataclass
+class ClockTotal:
+    """The seconds of many clocked pieces of work (every eviction of a long streaming run) in bounded memory: a host
+    clock is read at once; device clocks wait unread, and once :data:`PENDING_CLOCKS` of them wait the older half is
+    read (finished long since, so reading rarely waits for the GPU)."""
+
+    settled: float = 0.0
+    pending: list[DeviceClock] = field(default_factory=list)
+
+    def add(self, clock: DeviceClock) -> None:
+        if isinstance(clock.begin, float):
+            self.settled += clock.seconds()
+            return
+        self.pending.append(clock)
+        if len(self.pending) >= PENDING_CLOCKS:
+            half = len(self.pending) // 2
+            self.settled += sum(older.seconds() for older in self.pending[:half])
+            del self.pending[:half]
+
+    def seconds(self) -> float:
+        return self.settled + sum(clock.seconds() for clock in self.pending)

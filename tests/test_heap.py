@@ -209,3 +209,26 @@ def test_a_layout_is_checked():
         RunSpec(make_policy("full"), layout="heap")
     with pytest.raises(KvlabError, match="dead share in \\(0, 1\\]"):
         HeapLayout("threshold", 0.0)
+
+
+class _FakeEvent:
+    """A recorded device event whose elapsed time to another is fixed (what a CUDA event pair reports)."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, other: "_FakeEvent") -> float:
+        return 2.0  # milliseconds
+
+
+def test_clock_totals_read_device_clocks_in_bounded_memory():
+    from kvlab.heap import PENDING_CLOCKS, ClockTotal, DeviceClock
+
+    total = ClockTotal()
+    for _ in range(3 * PENDING_CLOCKS):
+        total.add(DeviceClock(_FakeEvent(), _FakeEvent()))
+    assert len(total.pending) < PENDING_CLOCKS
+    assert total.seconds() == pytest.approx(3 * PENDING_CLOCKS * 0.002)
+    host = ClockTotal()
+    host.add(DeviceClock(1.0, 1.5))
+    assert host.pending == [] and host.seconds() == 0.5
