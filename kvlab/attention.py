@@ -8,12 +8,15 @@ compacted), and it observes only what was asked for:
   (causal by slot order), so ``full`` runs at SDPA speed and no L x L mask is ever built;
 * one query (decoding) over a heap with free or refilled slots, or in a captured decode step: the query's attention
   written out (q.K^T, masked softmax, .V) per KV head with its query heads as rows, reading the heap in place (no
-  key or value is copied per query head);
-* accumulated attention per slot (H2O), the dashboard's statistics, logit soft-capping, or several queries over
-  refilled slots: an exact attention computed in blocks of queries, so that at most a block x heap of scores exists
-  at once;
+  key or value is copied per query head); under a sparse reader (Quest, RocketKV) its mask keeps only the tokens
+  the reader selected for that query (:mod:`kvlab.sparse`), and the bytes read are counted;
+* accumulated attention per slot (H2O), the dashboard's statistics, an observer of the probabilities (KVzip's
+  reconstruction), logit soft-capping, or several queries over refilled slots: an exact attention computed in blocks
+  of queries, so that at most a block x heap of scores exists at once;
 * the last few query vectors, for policies that score the heap by an observation window (SnapKV, PyramidKV, TOVA):
-  these are scored later by :func:`window_attention`.
+  these are scored later by :func:`window_attention`;
+* the running moments of every query before RoPE (:class:`kvlab.heap.QueryMoments`), for policies that model the
+  queries still to come (Expected Attention).
 
 Outside a kvlab run (no :class:`ForwardContext` active) it defers to transformers' SDPA attention, so a model loaded
 by kvlab still works with plain ``model.generate`` for unpadded inputs.
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -31,7 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kvlab.heap import HeapLayer, KVHeap
+from kvlab.heap import MOMENTS_SKIP, HeapLayer, KVHeap, QueryMoments
+from kvlab.rope import Rope
+from kvlab.sparse import ReadCount, SparseRead
 
 ATTN_IMPLEMENTATION = "kvlab"
 #: The most (query, key) scores an observed attention block holds at once, in float32: 512 MiB. Larger blocks mean
@@ -96,6 +101,10 @@ class StatsAccumulator:
         return {"entropy": stack(self.entropy), "sink_mass": stack(self.sink_mass), "pooled": stack(self.pooled)}
 
 
+#: What observes a forward's attention probabilities block by block (see :attr:`ForwardContext.observe`).
+Observer = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
 @dataclass
 class ForwardContext:
     """What the attention function needs to know during one forward pass of a kvlab run."""
@@ -104,6 +113,14 @@ class ForwardContext:
     query_positions: torch.Tensor
     last_position: int
     stats: StatsAccumulator | None = None
+    #: Called with every block of attention probabilities the pass computes: ``(layer_idx, probs, key_positions)``,
+    #: ``probs`` ``(batch, kv_heads, groups, queries, keys)`` in float32 and the keys' original positions
+    #: ``(batch, kv_heads, keys)``, keys in slot order (KVzip's reconstruction, :mod:`kvlab.reconstruction`).
+    observe: Observer | None = None
+    #: While decoding under a sparse reader (Quest, RocketKV): its selection, applied to every layer it reads
+    #: sparsely, and the count of the bytes attention read (:mod:`kvlab.sparse`).
+    reader: SparseRead | None = None
+    reads: ReadCount | None = None
 
 
 _CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("kvlab_forward", default=None)
@@ -220,6 +237,8 @@ def _decode_attention(
         layer.scores[:, :, :span] += probs.sum(dim=2)
     if context.stats is not None:
         context.stats.add(layer_idx, probs.unsqueeze(3), positions)
+    if context.observe is not None:
+        context.observe(layer_idx, probs.unsqueeze(3), positions)
     return output.reshape(batch, q_heads, 1, head_dim)
 
 
@@ -239,8 +258,8 @@ def _blocked_attention(
     at most ``SCORE_BLOCK_ELEMENTS`` (query, key) pairs exist at a time. Over slots in position order a block reads
     only the slots its queries can see (the later ones are in their future); otherwise ``mask`` says what each
     query sees. Each block adds its column sums to the layer's accumulated scores (H2O) and, when asked, its
-    statistics. With ``output=False`` only the observation is made (the output comes from SDPA): the probabilities
-    are never multiplied by the values, which halves the work of observing.
+    statistics, and goes to the forward's observer. With ``output=False`` only the observation is made (the output
+    comes from SDPA): the probabilities are never multiplied by the values, which halves the work of observing.
     """
     keys, values, positions = attended
     span = keys.shape[2]
@@ -274,6 +293,8 @@ def _blocked_attention(
             layer.scores[..., :visible] += probs.sum(dim=(2, 3))
         if context.stats is not None:
             context.stats.add(layer_idx, probs, positions[..., :visible])
+        if context.observe is not None:
+            context.observe(layer_idx, probs, positions[..., :visible])
     return torch.cat(outputs, dim=3).reshape(batch, q_heads, n_queries, head_dim) if output else None
 
 
@@ -296,6 +317,32 @@ def _remember_queries(
         positions = torch.cat([layer.recent_query_positions, query_positions])
     layer.recent_queries = queries[:, :, -window:].detach().clone()
     layer.recent_query_positions = positions[-window:].clone()
+
+
+def _add_query_moments(layer: HeapLayer, query: torch.Tensor, query_positions: torch.Tensor, rope: Rope) -> None:
+    """Add this forward's queries, rotated back to before RoPE, to the layer's running moments; queries at the first
+    :data:`~kvlab.heap.MOMENTS_SKIP` positions are weighed zero (no data-dependent shape: a captured step can add)."""
+    if layer.moments is None:
+        batch, q_heads, _, head_dim = query.shape
+        layer.moments = QueryMoments.empty(batch, q_heads, head_dim, query.device)
+    weights = (query_positions >= MOMENTS_SKIP).float()
+    layer.moments.add(rope.rotate(query, -query_positions), weights)
+
+
+def _sparse_selection(
+    context: ForwardContext,
+    query: torch.Tensor,
+    attended: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    live: torch.Tensor,
+    ordered: bool,
+) -> torch.Tensor:
+    """The keys a sparse reader lets one decoded query read, among the ``live`` ones (``(batch, kv_heads, 1,
+    keys)``), its bytes read added to the run's count on the device."""
+    assert context.reader is not None and context.reads is not None
+    keys, _, positions = attended
+    selected, metadata = context.reader.select(query, keys, positions, live.squeeze(2), ordered)
+    context.reads.add_selection(selected, metadata, keys)
+    return selected.unsqueeze(2)
 
 
 def kvlab_attention(
@@ -327,13 +374,24 @@ def kvlab_attention(
     query_positions = context.query_positions
     if cache.query_window:
         _remember_queries(layer, query, query_positions, cache.query_window, cache.static)
+    if cache.query_moments:
+        assert cache.rope is not None
+        _add_query_moments(layer, query, query_positions, cache.rope)
     span = layer.span(cache.static)
     ordered = layer.ordered and layer.dead == 0 and not cache.static and layer.frozen is None
-    observed = layer.scores is not None or context.stats is not None or layer.softcap is not None
+    observed = (
+        layer.scores is not None
+        or context.stats is not None
+        or context.observe is not None
+        or layer.softcap is not None
+    )
     attended = layer.attended(span)
     keys, values, positions = attended
-    if query.shape[2] == 1 and (observed or not ordered):  # one pass, reading the heap in place
+    sparse = context.reader is not None and context.reader.reads_sparsely(layer_idx)
+    if query.shape[2] == 1 and (observed or not ordered or sparse):  # one pass, reading the heap in place
         live = allowed_keys(positions, query_positions, layer.sliding_window)
+        if sparse:
+            live = _sparse_selection(context, query, attended, live, ordered)
         decoded = _decode_attention(query, layer, attended, live, context, layer_idx)
         return decoded.transpose(1, 2).contiguous(), None
     mask: torch.Tensor | None
@@ -348,7 +406,7 @@ def kvlab_attention(
         output = _blocked_attention(query, layer, layer_idx, attended, mask, context, ordered)
     else:
         output = _sdpa(query, keys, values, mask, layer.scaling)
-        if layer.scores is not None:  # H2O: the scores from a pass that never multiplies by the values
+        if layer.scores is not None or context.observe is not None:  # a pass that never multiplies by the values
             _blocked_attention(query, layer, layer_idx, attended, mask, context, ordered, output=False)
     assert output is not None
     return output.transpose(1, 2).contiguous(), None

@@ -2,7 +2,8 @@
 
 A budget is the number of tokens each layer's cache holds per KV head after eviction, sinks and windows included; or
 a kept fraction of the context, turned into tokens as ``ceil(keep * context_tokens)``. Frontiers compare like with
-like only because every policy obeys the same meaning.
+like only because every policy obeys the same meaning. A sparse reader (Quest, RocketKV, :mod:`kvlab.sparse`) holds
+more than it reads: its budget counts the same tokens per layer and KV head, read for each decoded token.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def check_budget(policy: Policy, budget: Budget | None, context_tokens: int) -> 
             raise KvlabError(f"Policy {policy.name!r} keeps {kept}, so it takes no budget; drop --keep/--budget.")
         return None
     if budget is None:
-        raise KvlabError(f"Policy {policy.name!r} evicts tokens, so it needs a budget (tokens or a kept fraction).")
+        needs = "reads a budget of tokens per decoded token" if policy.reads_sparsely else "evicts tokens"
+        raise KvlabError(f"Policy {policy.name!r} {needs}, so it needs a budget (tokens or a kept fraction).")
     if budget.keep == 1.0:
         return None  # keeping all of the prompt is the full cache, in both modes: nothing is ever evicted
     tokens = budget.resolve(context_tokens)

@@ -36,6 +36,7 @@ import torch
 from kvlab.allocation import CAKE_WINDOW, cake_preference
 from kvlab.attention import (
     ForwardContext,
+    Observer,
     StatsAccumulator,
     StatsRequest,
     forward_context,
@@ -52,6 +53,9 @@ from kvlab.policies.base import kept_slots
 from kvlab.policies.full import Full
 from kvlab.policies.scoring import ScoringPolicy
 from kvlab.profile import require_profile
+from kvlab.reconstruction import reconstruct
+from kvlab.rope import Rope
+from kvlab.sparse import ReadCount
 from kvlab.tiers import hot_and_cold
 
 Mode = Literal["prefill", "streaming"]
@@ -163,11 +167,15 @@ class GenerationResult:
     decode steps (inside one, a compaction is part of the step's time); ``decode_graphs`` is the number of CUDA
     graphs the decode steps were captured in (0: eager). ``ranked_slots`` counts the slots the evictions ranked
     (over sequences, KV heads and layers) and ``ranking_seconds`` times their scoring and selection outside static
-    steps. ``prefill_seconds`` and ``decode_seconds`` are the engine's
+    steps; ``tie_share`` is the share of their cuts (per layer, KV head and eviction) that fell on tied scores, so
+    that the position tie-break decided (``None``: nothing was evicted). ``read_bytes_per_token`` is the mean K/V
+    bytes attention read per decoded token over the batch (``None`` without decoding). ``prefill_seconds`` and
+    ``decode_seconds`` are the engine's
     own time reading (and compressing) the prompt and decoding, summed over its events; a generation continuing a
     context read once for several policies counts that read's seconds and peak GPU allocation too, as a separate run
-    would. ``token_seconds`` is the time of each decode step (so the first steps carry a graph's warm-up and
-    capture, and the steady rate is read from the later ones). ``peak_gpu_bytes`` is
+    would. ``reconstruction_seconds`` is the part of ``prefill_seconds`` that KVzip's reconstruction of the context
+    took (0 for every other policy). ``token_seconds`` is the time of each decode step (so the first steps carry a
+    graph's warm-up and capture, and the steady rate is read from the later ones). ``peak_gpu_bytes`` is
     ``torch.cuda.max_memory_allocated`` over the generation (None on a CPU).
     """
 
@@ -194,6 +202,9 @@ class GenerationResult:
     decode_graphs: int
     ranked_slots: int = 0
     ranking_seconds: float = 0.0
+    tie_share: float | None = None
+    reconstruction_seconds: float = 0.0
+    read_bytes_per_token: float | None = None
     token_seconds: list[float] = field(default_factory=list)
 
     @property
@@ -232,6 +243,9 @@ class GenerationResult:
                     "decode_graphs",
                     "ranked_slots",
                     "ranking_seconds",
+                    "tie_share",
+                    "reconstruction_seconds",
+                    "read_bytes_per_token",
                     "token_seconds",
                 )
             },
@@ -340,7 +354,15 @@ class Generation:
         suffix_tokens = 0 if self.suffix_ids is None else int(self.suffix_ids.shape[1])
         loaded.limits.check(self.context_tokens + suffix_tokens, spec.max_new_tokens, shown_name(loaded.name))
         self.budget_tokens = check_budget(spec.policy, spec.budget, self.context_tokens)
-        self.evicting = self.budget_tokens is not None
+        #: How a sparse reader reads while decoding (its budget is the tokens it reads, :mod:`kvlab.sparse`), else
+        #: ``None``: attention reads every token held; and the tokens each layer holds per KV head (``None``: all).
+        self.reader = (
+            spec.policy.sparse_read(self.budget_tokens, self.context_tokens + suffix_tokens + spec.max_new_tokens)
+            if self.budget_tokens is not None
+            else None
+        )
+        self.held_tokens = self.budget_tokens if self.reader is None else self.reader.held
+        self.evicting = self.held_tokens is not None
         #: Whether the compression moves the kept tokens into frozen layers (:mod:`kvlab.tiers`).
         self.freezes = spec.policy.freezes()
         #: Whether evictions can free anything: a budget, sliding-window layers, or tokens the policy never keeps.
@@ -350,18 +372,21 @@ class Generation:
         self.profile = require_profile(loaded) if spec.policy.measures_layers() == "profile" else None
         self.layer_budgets = (
             spec.policy.layer_budgets(
-                self.budget_tokens,
+                self.held_tokens,
                 arch.num_layers,
                 capacity=self.context_tokens,
                 measured=None if self.profile is None else self.profile.entropy,
             )
-            if self.budget_tokens is not None
+            if self.held_tokens is not None
             else [NO_BUDGET] * arch.num_layers
         )
         self._span = self.context_tokens + suffix_tokens + spec.max_new_tokens
         capacities, room = self._plan()
         observed = [*([spec.policy] if self.evicting or self.freezes or spec.policy.removes() else []), *observe_for]
         track_scores = any(policy.needs_scores for policy in observed)
+        query_moments = any(policy.needs_query_moments for policy in observed)
+        #: The model's rotary embedding (for policies that model future queries), found once per generation.
+        self.rope = Rope.of_model(loaded.model)
         query_window = max((observed_window(policy) for policy in observed), default=0)
         keep_planned = spec.mode == "streaming"
         if prefilled is not None:
@@ -372,6 +397,7 @@ class Generation:
                 layout=spec.heap_layout(),
                 room=room,
                 keep_planned=keep_planned,
+                query_moments=query_moments,
             )
         else:
             self.cache = KVHeap(
@@ -381,13 +407,18 @@ class Generation:
                 query_window=query_window,
                 room=room,
                 keep_planned=keep_planned,
+                query_moments=query_moments,
+                rope=self.rope,
             )
         self.generator = torch.Generator(device=loaded.device).manual_seed(spec.seed)
         self.peak_kv_bytes = 0 if prefilled is None else prefilled.peak_kv_bytes
         self.peak_kv_reserved_bytes = 0 if prefilled is None else prefilled.peak_kv_reserved_bytes
         self._start_logits: torch.Tensor | None = None if prefilled is None else prefilled.logits
         self.decode_graphs = 0
+        #: The K/V bytes attention reads while decoding (:class:`kvlab.sparse.ReadCount`).
+        self.reads = ReadCount(loaded.device)
         self.prefill_seconds = 0.0 if prefilled is None else prefilled.seconds
+        self.reconstruction_seconds = 0.0
         self.decode_seconds = 0.0
         self.peak_gpu_bytes: int | None = None if prefilled is None else prefilled.peak_gpu_bytes
         self.tokens: list[list[int]] = [[] for _ in range(int(input_ids.shape[0]))]
@@ -414,7 +445,7 @@ class Generation:
         """
         arch = self.loaded.arch
         chunk = self.spec.chunk_size(self.context_tokens)
-        uniform = self.budget_tokens if self.budget_tokens is not None else NO_BUDGET
+        uniform = self.held_tokens if self.held_tokens is not None else NO_BUDGET
         capacities = []
         for layer, budget in enumerate(self.layer_budgets):
             keep = max(budget, uniform)
@@ -445,26 +476,50 @@ class Generation:
         self.peak_kv_bytes = max(self.peak_kv_bytes, self.cache.kv_bytes())
         self.peak_kv_reserved_bytes = max(self.peak_kv_reserved_bytes, self.cache.reserved_bytes())
 
+    def account_read(self) -> None:
+        """Count one decode step's reads (after its forward pass, before eviction): every layer read in full, the
+        bytes it holds now; a sparse reader's layers add what they selected on the device as they read."""
+        reader = self.reader
+        layers = enumerate(self.cache.layers)
+        self.reads.add_step(
+            sum(layer.live_bytes() for index, layer in layers if reader is None or not reader.reads_sparsely(index))
+        )
+
     def model_forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, last_position: int, stats: StatsAccumulator | None = None
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        last_position: int,
+        stats: StatsAccumulator | None = None,
+        cache: KVHeap | None = None,
+        observe: Observer | None = None,
+        decoding: bool = False,
     ) -> torch.Tensor:
-        """The model over ``ids`` at ``positions`` (a device tensor), writing into the heap; the last logits."""
-        context = ForwardContext(self.cache, positions, last_position, stats)
+        """The model over ``ids`` at ``positions`` (a device tensor), writing into the heap (or into ``cache``, a fork
+        of it), its attention handed to ``observe`` when given; the last logits. A ``decoding`` step reads through
+        the sparse reader, if any."""
+        heap = self.cache if cache is None else cache
+        context = ForwardContext(heap, positions, last_position, stats, observe)
+        if decoding and self.reader is not None:
+            context.reader, context.reads = self.reader, self.reads
         kwargs: dict[str, Any] = {
-            self.loaded.cache_kwarg: self.cache,
+            self.loaded.cache_kwarg: heap,
             "position_ids": positions.unsqueeze(0).expand(ids.shape[0], -1),
             "use_cache": True,
         }
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        self.cache.begin_forward(positions)
+        heap.begin_forward(positions)
         with forward_context(context), sdpa_backends(self.loaded.device):
             output = self.loaded.model(input_ids=ids, **kwargs)
-        self.cache.end_forward(int(ids.shape[1]))
+        heap.end_forward(int(ids.shape[1]))
         return output.logits[:, -1, :]
 
-    def _forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        """Run the model over ``ids`` (appended at their true positions); return the last position's logits."""
+    def _forward(
+        self, ids: torch.Tensor, decoding: bool = False
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """Run the model over ``ids`` (appended at their true positions, a decode step's token when ``decoding``);
+        return the last position's logits."""
         start = self.cache.seen_tokens
         n_new = int(ids.shape[1])
         positions = torch.arange(start, start + n_new, device=self.loaded.device)
@@ -472,8 +527,10 @@ class Generation:
         if self.spec.stats is not None:
             request = StatsRequest(self.spec.stats.n_sink, self.spec.stats.n_bins, self._span)
             stats = StatsAccumulator(request, self.loaded.arch.num_layers)
-        logits = self.model_forward(ids, positions, start + n_new - 1, stats)
+        logits = self.model_forward(ids, positions, start + n_new - 1, stats, decoding=decoding)
         self.record_peak()
+        if decoding:
+            self.account_read()
         return logits, (stats.finish(n_new) if stats is not None else None)
 
     def eviction_counts(self) -> list[int]:
@@ -487,7 +544,7 @@ class Generation:
     def budgets(self) -> list[tuple[int, int]]:
         """Each layer's budget and the uniform budget for an eviction now: the run's, at most the tokens seen after
         those an ablation removes (:meth:`~kvlab.policies.Policy.removes`)."""
-        uniform = self.budget_tokens or NO_BUDGET
+        uniform = self.held_tokens or NO_BUDGET
         removed = self.spec.policy.removes()
         most = max(self.cache.seen_tokens - removed, 0) if removed else NO_BUDGET
         return [(min(budget, most), min(uniform, most)) for budget in self.layer_budgets]
@@ -512,6 +569,8 @@ class Generation:
                 position,
                 self.generator,
                 layer.span(self.cache.static),
+                self.rope,
+                self.cache,
             )
             for layer_idx, (layer, (budget, uniform)) in enumerate(zip(self.cache.layers, self.budgets()))
         ]
@@ -547,12 +606,24 @@ class Generation:
         leaves space for the question and the tokens to generate), or freeze what every layer keeps."""
         if self.evicting and self.spec.policy.measures_layers() == "prompt":
             self.allocate_by_prompt()
+        if self.spec.policy.reconstructs() and (self.freezes or any(self.eviction_counts())):
+            self.reconstruct()
         if self.freezes:
             self.freeze()
         else:
             self.evict()
         self.cache.stop_observing()
         return self.make_event("compress", step)
+
+    def reconstruct(self) -> None:
+        """KVzip's scores: the model reconstructs the context on a fork of the heap (:mod:`kvlab.reconstruction`),
+        timed on its own (the device synchronised); its seconds are also part of the compression event's, so of the
+        prefill's."""
+        _synchronize(self.loaded.device)
+        started = time.perf_counter()
+        reconstruct(self)
+        _synchronize(self.loaded.device)
+        self.reconstruction_seconds += time.perf_counter() - started
 
     def allocate_by_prompt(self) -> None:
         """CAKE's layer budgets for this prompt: each layer's preference from its observation window's attention over
@@ -577,8 +648,10 @@ class Generation:
         assert isinstance(policy, ScoringPolicy)
         for layer_idx, view in enumerate(self.layer_views()):
             clock = DeviceClock.start(view.cache.device)
-            kept, ranking = kept_slots(policy, view, policy.head_safeguard())
+            kept, ranking, tied = kept_slots(policy, view, policy.head_safeguard())
             self.cache.account_ranking(view.cache, view.span, clock.stop())
+            if tied is not None:
+                self.cache.account_cut(view.cache, tied)
             hot, cold = hot_and_cold(ranking, kept, policy.hot)
             self.cache.freeze(layer_idx, hot, cold, policy.tier())
 
@@ -651,7 +724,7 @@ class Generation:
             if index == self.spec.max_new_tokens - 1 or bool(finished.all()):
                 yield self.make_event("decode", step + index, token_ids=tokens, logits=logits)
                 return
-            logits, stats = self._forward(next_ids.unsqueeze(1))
+            logits, stats = self._forward(next_ids.unsqueeze(1), decoding=True)
             if self.spec.mode == "streaming" and (index + 1) % self.spec.compression_interval == 0:
                 self.evict()
             yield self.make_event("decode", step + index, token_ids=tokens, logits=logits, stats=stats)
@@ -685,6 +758,9 @@ class Generation:
             decode_graphs=self.decode_graphs,
             ranked_slots=heap.ranked_slots,
             ranking_seconds=heap.ranking_seconds(),
+            tie_share=heap.tie_share(),
+            read_bytes_per_token=self.reads.per_step(),
+            reconstruction_seconds=self.reconstruction_seconds,
             token_seconds=self._step_seconds[:-1],  # the last decode event runs no step
         )
 

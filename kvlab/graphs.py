@@ -14,6 +14,9 @@ decoding has a few. The first step of a signature runs eagerly (warming the kern
 and replayed from then on. The host's counts (tokens seen, live slots, slots in use) advance by the same rules as in
 an eager step (:meth:`kvlab.heap.KVHeap.account_write` and ``account_evict``), without touching the device.
 
+A sparse reader's selection (:mod:`kvlab.sparse`) is part of the step: fixed shapes (pages of the whole capacity,
+a top-k of fixed size), its bytes read summed on the device.
+
 On a CPU the same static steps run eagerly (``RunSpec(static=True)``), which is how the tests check that they give
 exactly the tokens of eager decoding.
 """
@@ -139,16 +142,19 @@ class StaticDecoder:
         state = heap.host_state()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self._run(evicting)
+            self._run(evicting, account=False)
         heap.restore(state)
         return graph
 
-    def _run(self, evicting: bool) -> None:
-        """The step itself: the model over the current token at its position, the eviction, the next token."""
+    def _run(self, evicting: bool, account: bool = True) -> None:
+        """The step itself: the model over the current token at its position, the eviction, the next token. A step
+        being recorded does not ``account`` its reads on the host: the replays do (:meth:`_advance`)."""
         generation = self.generation
         assert self.ids is not None and self.position is not None
-        logits = generation.model_forward(self.ids, self.position, last_position=-1)
+        logits = generation.model_forward(self.ids, self.position, last_position=-1, decoding=True)
         generation.record_peak()
+        if account:
+            generation.account_read()
         if evicting:
             generation.evict(next_position=self.position + 1)
         self.ids.copy_(logits.argmax(dim=-1, keepdim=True))
@@ -163,8 +169,10 @@ class StaticDecoder:
         for layer in heap.layers:
             heap.account_write(layer, 1)
         generation.record_peak()
+        generation.account_read()
         if evicting:
             for layer, count in zip(heap.layers, counts):
                 if count:
                     heap.account_ranking(layer, layer.span(static=True))
+                    heap.account_cut(layer)
                     heap.account_evict(layer, count)

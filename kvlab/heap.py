@@ -35,12 +35,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvlab.layouts import HeapLayout
+from kvlab.rope import Rope
 
 if TYPE_CHECKING:  # the frozen part of a layer is built from this module's slots
     from kvlab.tiers import FrozenLayer, TierSpec
 
 #: The position stored in a slot that holds no token.
 FREE = -1
+#: Queries at positions below this one take no part in a layer's query moments: the first tokens' hidden states are
+#: outliers (attention sinks), and kvpress's Expected Attention leaves out the same four.
+MOMENTS_SKIP = 4
 _LAST = torch.iinfo(torch.int32).max
 
 
@@ -72,6 +76,7 @@ class HeapLayer:
     scaling: float = 1.0
     softcap: float | None = None
     frozen: FrozenLayer | None = None
+    moments: QueryMoments | None = None
     shared: set[str] = field(default_factory=set, repr=False)
 
     def slots(self, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -151,7 +156,48 @@ class HeapLayer:
         """Bytes of kvlab's bookkeeping for this layer (positions, scores, remembered queries, frozen indices)."""
         tensors = (self.positions, self.scores, self.recent_queries)
         frozen = 0 if self.frozen is None else self.frozen.aux_bytes()
-        return frozen + sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        moments = 0 if self.moments is None else self.moments.nbytes()
+        return frozen + moments + sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+@dataclass
+class QueryMoments:
+    """Running first and second moments of a layer's queries before RoPE, per sequence and query head, in float32:
+    ``total`` ``(batch, q_heads, head_dim)``, ``outer`` ``(batch, q_heads, head_dim, head_dim)`` and ``count`` (a
+    device scalar, so that a captured decode step can add to it). What a policy that models future queries as a
+    Gaussian (Expected Attention) needs from every query seen, in constant memory."""
+
+    total: torch.Tensor
+    outer: torch.Tensor
+    count: torch.Tensor
+
+    @classmethod
+    def empty(cls, batch: int, q_heads: int, head_dim: int, device: torch.device) -> QueryMoments:
+        return cls(
+            torch.zeros(batch, q_heads, head_dim, device=device),
+            torch.zeros(batch, q_heads, head_dim, head_dim, device=device),
+            torch.zeros((), device=device),
+        )
+
+    def add(self, queries: torch.Tensor, weights: torch.Tensor) -> None:
+        """Add ``queries`` (``(batch, q_heads, n, head_dim)``, float32, before RoPE), each counted with its weight
+        (``(n,)``: 1, or 0 for a query left out), in place."""
+        weighted = queries * weights.view(1, 1, -1, 1)
+        self.total += weighted.sum(dim=2)
+        self.outer += torch.einsum("bhnd,bhne->bhde", weighted, queries)
+        self.count += weights.sum()
+
+    def mean_and_covariance(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The queries' mean and (population) covariance, as kvpress computes them over a prefill's queries."""
+        count = self.count.clamp_min(1.0)
+        mean = self.total / count
+        return mean, self.outer / count - mean.unsqueeze(-1) * mean.unsqueeze(-2)
+
+    def clone(self) -> QueryMoments:
+        return QueryMoments(self.total.clone(), self.outer.clone(), self.count.clone())
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.total, self.outer, self.count))
 
 
 def first_free(positions: torch.Tensor, count: int) -> torch.Tensor:
@@ -180,8 +226,13 @@ class KVHeap:
         query_window: int = 0,
         room: int = 0,
         keep_planned: bool = False,
+        query_moments: bool = False,
+        rope: Rope | None = None,
     ) -> None:
         self.layers = [HeapLayer(planned=capacity) for capacity in capacities]
+        #: Whether attention accumulates each layer's :class:`QueryMoments` (needs ``rope`` to undo the rotation).
+        self.query_moments = query_moments and rope is not None
+        self.rope = rope
         self.layout = layout
         self.keep_planned = keep_planned
         self.track_scores = track_scores
@@ -191,6 +242,9 @@ class KVHeap:
         self.seen_tokens = 0
         self.compactions = 0
         self.ranked_slots = 0
+        #: Eviction cuts made (one per sequence, KV head and eviction), and on the device those on tied scores.
+        self.cuts = 0
+        self._tied_cuts: torch.Tensor | None = None
         self._compaction_time = ClockTotal()
         self._ranking_time = ClockTotal()
         self._pending_positions: torch.Tensor | None = None
@@ -289,16 +343,33 @@ class KVHeap:
         if clock is not None:
             self._ranking_time.add(clock)
 
-    def host_state(self) -> tuple[int, int, int, list[tuple[int, int, bool]]]:
-        """The host's counts (tokens seen, compactions, slots ranked, and per layer slots in use, live and whether
-        ordered)."""
-        layers = [(layer.used, layer.live, layer.ordered) for layer in self.layers]
-        return self.seen_tokens, self.compactions, self.ranked_slots, layers
+    def account_cut(self, layer: HeapLayer, tied: torch.Tensor | None = None) -> None:
+        """Count an eviction's cut, one per sequence and KV head, and add on the device how many of them fell on tied
+        scores (``tied``: a boolean per cut; none inside a replayed step, whose graph adds them itself)."""
+        assert layer.keys is not None
+        self.cuts += layer.keys.shape[0] * layer.keys.shape[1]
+        if tied is not None:
+            if self._tied_cuts is None:
+                self._tied_cuts = torch.zeros((), device=tied.device)
+            self._tied_cuts += tied.sum()
 
-    def restore(self, state: tuple[int, int, int, list[tuple[int, int, bool]]]) -> None:
+    def tie_share(self) -> float | None:
+        """The share of eviction cuts where the best victim's score equalled the worst survivor's, so that the
+        position tie-break decided (``None`` when nothing was cut; read once, at the end of a run)."""
+        if not self.cuts:
+            return None
+        return 0.0 if self._tied_cuts is None else float(self._tied_cuts) / self.cuts
+
+    def host_state(self) -> tuple[int, int, int, int, list[tuple[int, int, bool]]]:
+        """The host's counts (tokens seen, compactions, slots ranked, cuts, and per layer slots in use, live and
+        whether ordered)."""
+        layers = [(layer.used, layer.live, layer.ordered) for layer in self.layers]
+        return self.seen_tokens, self.compactions, self.ranked_slots, self.cuts, layers
+
+    def restore(self, state: tuple[int, int, int, int, list[tuple[int, int, bool]]]) -> None:
         """Put back counts taken by :meth:`host_state` (a captured step ran its host logic without its device
         work)."""
-        self.seen_tokens, self.compactions, self.ranked_slots, layers = state
+        self.seen_tokens, self.compactions, self.ranked_slots, self.cuts, layers = state
         for layer, (used, live, ordered) in zip(self.layers, layers):
             layer.used, layer.live, layer.ordered = used, live, ordered
 
@@ -378,6 +449,7 @@ class KVHeap:
         layout: HeapLayout,
         room: int,
         keep_planned: bool,
+        query_moments: bool = False,
     ) -> KVHeap:
         """An independent heap holding the same tokens, for another policy to compress.
 
@@ -391,6 +463,8 @@ class KVHeap:
             query_window=query_window,
             room=room,
             keep_planned=keep_planned,
+            query_moments=query_moments,
+            rope=self.rope,
         )
         forked.seen_tokens = self.seen_tokens
         for source, target in zip(self.layers, forked.layers):
@@ -415,6 +489,10 @@ class KVHeap:
                 assert source.recent_query_positions is not None
                 target.recent_queries = source.recent_queries[:, :, -query_window:].clone()
                 target.recent_query_positions = source.recent_query_positions[-query_window:].clone()
+            if forked.query_moments:
+                if source.moments is None:
+                    raise ValueError("The shared prefill did not accumulate query moments.")
+                target.moments = source.moments.clone()
         return forked
 
     def make_static(self) -> None:
@@ -425,6 +503,8 @@ class KVHeap:
             if layer.keys is not None and layer.capacity < layer.planned:
                 self._grow(layer, layer.planned)  # a fork still at its source's size
             self._own(layer, *list(layer.shared))
+        if self._tied_cuts is None:  # a captured eviction adds to it in place: it must exist before the capture
+            self._tied_cuts = torch.zeros((), device=self.layers[0].device)
         self.static = True
 
     def stop_observing(self) -> None:
@@ -432,7 +512,9 @@ class KVHeap:
         compression nothing is scored again."""
         self.track_scores = False
         self.query_window = 0
+        self.query_moments = False
         for layer in self.layers:
+            layer.moments = None
             layer.scores = None
             layer.shared.discard("scores")
             layer.recent_queries = None

@@ -25,6 +25,7 @@ from kvlab.profile import require_profile
 from kvlab.store import RunConfig, Trial
 from kvlab.tasks.items import TaskItem, has_chat_template, stop_token_ids
 from kvlab.tasks.needle import HAYSTACK_DIR, score
+from kvlab.tasks.ruler_score import recall
 
 if TYPE_CHECKING:  # the quality pass files its runs through this module
     from kvlab.tasks.quality import Quality
@@ -121,18 +122,27 @@ def batch_trials(batch: Sequence[tuple[str, TaskItem]], result: GenerationResult
     """The trials of one generation over a batch of items, each answer scored against the item's expected one.
     KV bytes and seconds are the batch's divided by its size: every sequence of a batch holds the same number of
     tokens, and the batch decodes together. The peak GPU allocation is the device's during the batch (weights and
-    activations included), which cannot be divided among its sequences: it is recorded as it is."""
+    activations included), which cannot be divided among its sequences: it is recorded as it is.
+
+    Every trial records RULER's ``recall`` of its expected strings (:func:`~kvlab.tasks.ruler_score.recall`). An
+    item with a list of ``answers`` (RULER's) is ``correct`` when its output contains all of them (recall 1) and has
+    no ``exact`` verdict, its ``expected`` holding them joined by
+    :data:`~kvlab.tasks.ruler_score.ANSWER_SEPARATOR`; any other item is ``correct`` when its output contains its
+    one answer, as it always was."""
     size = len(batch)
     trials = []
     for (key, item), output in zip(batch, result.texts):
         verdict = score(output, item.answer)
+        found = recall(output, item.expected_answers)
+        listed = bool(item.answers)
         trials.append(
             Trial(
                 trial_key=key,
                 task_id=item.task_id,
                 context_tokens=item.context_tokens,
-                correct=verdict.contains,
-                exact=verdict.exact,
+                correct=found == 1.0 if listed else verdict.contains,
+                exact=None if listed else verdict.exact,
+                recall=found,
                 depth=item.depth,
                 expected=item.answer,
                 output=output,
@@ -146,7 +156,10 @@ def batch_trials(batch: Sequence[tuple[str, TaskItem]], result: GenerationResult
 
 def held_and_timed(result: GenerationResult, size: int = 1) -> dict[str, Any]:
     """What a trial records of its generation's cache and clock, per sequence of a batch of ``size``: kept tokens,
-    KV bytes in use and reserved (at the end and at the most), compactions, and the seconds reading and decoding."""
+    KV bytes in use and reserved (at the end and at the most), compactions, the share of cuts on tied scores (the
+    batch's: its sequences are cut together), the bytes read per decoded token and the seconds reading and
+    decoding."""
+    read = result.read_bytes_per_token
     return {
         "kept_tokens": result.mean_kept_tokens,
         "kv_bytes": result.kv_bytes // size,
@@ -156,7 +169,10 @@ def held_and_timed(result: GenerationResult, size: int = 1) -> dict[str, Any]:
         "compactions": result.compactions,
         "ranked_slots": result.ranked_slots // size,
         "ranking_s": result.ranking_seconds / size,
+        "tie_share": result.tie_share,
+        "read_bytes": None if read is None else read / size,
         "prefill_s": result.prefill_seconds / size,
+        "reconstruction_s": result.reconstruction_seconds / size,
         "decode_s": result.decode_seconds / size,
     }
 

@@ -61,7 +61,6 @@ from typing import Any
 import torch
 
 from kvlab.budget import Budget, check_budget
-from kvlab.claims.stats import wilson_interval
 from kvlab.engine import Generation, RunSpec
 from kvlab.errors import KvlabError
 from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
@@ -69,6 +68,7 @@ from kvlab.limits import MAX_SEED
 from kvlab.models import LoadedModel
 from kvlab.policies import POLICIES, Policy, make_policy
 from kvlab.policies.scoring import ScoringPolicy
+from kvlab.stats import wilson_interval
 from kvlab.tasks.facts import TEMPLATES, Fact, make_fact
 from kvlab.tasks.needle import build_needle, encode, fact_piece, load_haystacks
 

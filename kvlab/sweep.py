@@ -1,9 +1,11 @@
 """Sweeps: policies x budgets x modes x context lengths x depths x trials, stored trial by trial.
 
 Every cell of the grid answers the same items (the same haystack windows, facts and depths, drawn from the seed),
-so policies are compared like with like. A cell at one context length is one stored run; each answered item is one
-trial, stored as soon as its batch finishes. Re-running a sweep finds its runs by their configuration and skips the
-trials already stored, so an interrupted sweep loses at most the batch in flight and never duplicates a trial.
+so policies are compared like with like. A grid asks needle questions of one kind, or RULER's tasks
+(:mod:`kvlab.tasks.ruler`): then each trial is one item of one task, its needles at depths the task draws itself.
+A cell at one context length is one stored run; each answered item is one trial, stored as soon as its batch
+finishes. Re-running a sweep finds its runs by their configuration and skips the trials already stored, so an
+interrupted sweep loses at most the batch in flight and never duplicates a trial.
 
 Policies in ``prefill`` mode share one read of each batch of contexts (:func:`kvlab.engine.prefill_once`): the
 context is read once, remembering what every policy needs, and each policy compresses its own fork of that cache.
@@ -12,11 +14,12 @@ context is read once, remembering what every policy needs, and each policy compr
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Literal, cast
 
 import torch
 
@@ -31,10 +34,13 @@ from kvlab.records import batch_trials, needle_sources_hash, run_config, stops_f
 from kvlab.store import RunConfig, Store
 from kvlab.store.rows import canonical_json
 from kvlab.tasks.facts import TRAIN_TEMPLATES, Fact, make_fact
-from kvlab.tasks.items import TaskItem, from_needle
+from kvlab.tasks.items import TaskItem, from_needle, from_ruler
 from kvlab.tasks.needle import Kind, build_needle, load_haystacks
+from kvlab.tasks.ruler import RULER_SOURCES, RULER_TASKS, check_tasks, ruler_item, task_set_name
 
 Progress = Callable[[int, int, str], None]
+#: What a grid asks: needle questions of one kind, or the RULER tasks of ``SweepGrid.ruler_tasks``.
+GridKind = Kind | Literal["ruler"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,9 @@ class Cell:
 
 @dataclass(frozen=True)
 class SweepGrid:
-    """The grid to run. ``depths=None`` puts each trial's needle at a random depth (seeded)."""
+    """The grid to run. ``depths=None`` puts each trial's needle at a random depth (seeded). With ``kind="ruler"``,
+    every cell answers ``trials`` items of each of ``ruler_tasks`` (RULER's names), and ``depths`` must be None:
+    RULER's tasks draw their needles' depths themselves."""
 
     policies: tuple[Policy, ...]
     keeps: tuple[float, ...]
@@ -62,7 +70,8 @@ class SweepGrid:
     trials: int
     modes: tuple[str, ...] = ("prefill",)
     seed: int = 0
-    kind: Kind = "single"
+    kind: GridKind = "single"
+    ruler_tasks: tuple[str, ...] = RULER_TASKS
     chunk: int | None = None
     query_aware: bool = True
     max_new_tokens: int = 24
@@ -81,6 +90,10 @@ class SweepGrid:
             raise KvlabError(f"Context lengths are positive numbers of tokens, not {min(self.contexts)}.")
         if self.depths is not None and not self.depths:
             raise KvlabError("A sweep needs at least one needle depth (--depths), or 'random'.")
+        if self.kind == "ruler":
+            check_tasks(self.ruler_tasks)
+            if self.depths is not None:
+                raise KvlabError("RULER's tasks draw their needles' depths themselves; leave out --depths.")
         if not self.modes:
             raise KvlabError("A sweep needs at least one mode (prefill, streaming).")
         if self.max_new_tokens < 1:
@@ -106,14 +119,28 @@ class SweepGrid:
                 check_budget(cell.policy, Budget(keep=cell.keep) if cell.keep is not None else None, context)
 
     def check_fits(self, loaded: LoadedModel) -> None:
-        """Refuse, before anything runs or is stored, a context that with its answer does not fit the model."""
+        """Refuse, before anything runs or is stored, a context that with its answer does not fit the model, and a
+        RULER task whose first item does not fit its context (its instructions and lists alone are longer)."""
         for context in self.contexts:
             loaded.limits.check(context, self.max_new_tokens, shown_name(loaded.name))
+            if self.kind == "ruler":
+                for task in self.ruler_tasks:
+                    ruler_item(loaded.tokenizer, task, context, _item_rng(self, context, f"{task}/trial=0"))
 
     @property
     def task(self) -> str:
-        """The task description stored with each run."""
+        """The task description stored with each run: ``needle``, ``needle-<kind>``, or for RULER's tasks ``ruler``
+        (all of them) or ``ruler:<task>,<task>`` (:func:`~kvlab.tasks.ruler.task_set_name`)."""
+        if self.kind == "ruler":
+            return task_set_name(self.ruler_tasks)
         return "needle" if self.kind == "single" else f"needle-{self.kind}"
+
+    @property
+    def task_hash(self) -> str:
+        """The identity of the grid's generated items: everything they are generated from."""
+        if self.kind == "ruler":
+            return ruler_sources_hash(self.task)
+        return needle_sources_hash(self.task, "sweep")
 
     def shares_read(self, cell: Cell) -> bool:
         """Whether ``cell`` compresses a fork of a context read once for every such cell (evicting policies in
@@ -145,9 +172,26 @@ class SweepSummary:
 _DEPTH_KEY = re.compile(r"depth=([01]\.\d{4})/trial=\d+$")
 
 
-def trial_slots(grid: SweepGrid, context: int) -> list[tuple[str, float]]:
+def ruler_sources_hash(task: str) -> str:
+    """The identity of generated RULER items of one task set: what needle prompts are made from
+    (:func:`~kvlab.records.needle_sources_hash`: the haystacks, which are RULER's essay, and the needle helpers)
+    and the RULER generators with their word lists (:data:`~kvlab.tasks.ruler.RULER_SOURCES`)."""
+    digest = hashlib.sha256(needle_sources_hash(task, "sweep").encode() + b"\n")
+    for path in RULER_SOURCES:
+        digest.update(path.name.encode() + b"\n" + hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
+    return digest.hexdigest()
+
+
+def trial_slots(grid: SweepGrid, context: int) -> list[tuple[str, float | None]]:
     """The trial keys of one context length with the depth each asks for, in the order their items are drawn; a
-    key of a grid with fixed depths names its depth (:func:`requested_depth` reads it back)."""
+    key of a grid with fixed depths names its depth (:func:`requested_depth` reads it back). A RULER grid's keys
+    name the task (``niah_single_1/trial=0``) and ask for no depth."""
+    if grid.kind == "ruler":
+        return sorted((f"{task}/trial={trial}", None) for task in grid.ruler_tasks for trial in range(grid.trials))
+    return list(_needle_slots(grid, context))
+
+
+def _needle_slots(grid: SweepGrid, context: int) -> list[tuple[str, float]]:
     slots: list[tuple[str, float]] = []
     depth_rng = random.Random(f"{grid.seed}/{context}/depths")
     for trial in range(grid.trials):
@@ -165,13 +209,35 @@ def requested_depth(trial_key: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def grid_items(loaded: LoadedModel, grid: SweepGrid, context: int) -> list[tuple[str, TaskItem]]:
+    """The items of one context length with their trial keys, the same for every cell of the grid: needle items,
+    or RULER items (:func:`ruler_items`)."""
+    return ruler_items(loaded, grid, context) if grid.kind == "ruler" else needle_items(loaded, grid, context)
+
+
+def ruler_items(loaded: LoadedModel, grid: SweepGrid, context: int) -> list[tuple[str, TaskItem]]:
+    """A RULER grid's items of one context length: ``trials`` of each task, each drawn from the seed, the context
+    length and its key, so that an item never changes when other tasks or more trials are added."""
+    items: list[tuple[str, TaskItem]] = []
+    for key, _ in trial_slots(grid, context):
+        task, _, trial = key.partition("/trial=")
+        item = ruler_item(loaded.tokenizer, task, context, _item_rng(grid, context, key))
+        items.append((key, from_ruler(item, int(trial))))
+    return items
+
+
+def _item_rng(grid: SweepGrid, context: int, key: str) -> random.Random:
+    """What a trial's item is drawn from: the grid's seed, the context length and the trial's key."""
+    return random.Random(f"{grid.seed}/{context}/{key}")
+
+
 def needle_items(loaded: LoadedModel, grid: SweepGrid, context: int) -> list[tuple[str, TaskItem]]:
-    """The items of one context length with their trial keys, the same for every cell of the grid."""
+    """The needle items of one context length with their trial keys, the same for every cell of the grid."""
     tokenizer = loaded.tokenizer
     haystacks = load_haystacks(tokenizer)
     items: list[tuple[str, TaskItem]] = []
-    for index, (key, depth) in enumerate(trial_slots(grid, context)):
-        rng = random.Random(f"{grid.seed}/{context}/{key}")
+    for index, (key, depth) in enumerate(_needle_slots(grid, context)):
+        rng = _item_rng(grid, context, key)
         template = TRAIN_TEMPLATES[rng.randrange(len(TRAIN_TEMPLATES))]
         fact = make_fact(template, rng, num_values=3 if grid.kind == "multi-value" else 1)
         distractors: list[Fact] = []
@@ -240,7 +306,7 @@ class SweepRunner:
             self.loaded,
             self._spec(cell),
             task=self.grid.task,
-            task_hash=needle_sources_hash(self.grid.task, "sweep"),
+            task_hash=self.grid.task_hash,
             stop_rule=self.stops.rule,
             query_aware=self.grid.query_aware,
             context_length=context,
@@ -278,8 +344,9 @@ class SweepRunner:
         """Run every pending trial of the grid; mark runs finished, or interrupted if stopped or killed."""
         cells = self.grid.cells()
         plan = []
-        for context in self.grid.contexts:
-            items = needle_items(self.loaded, self.grid, context)
+        # every item first: a context too short for one of them is refused before any run is stored
+        items_at = {context: grid_items(self.loaded, self.grid, context) for context in self.grid.contexts}
+        for context, items in items_at.items():
             for cell in cells:
                 run_id = self.store.begin_run(self.config(cell, context), started_by=self.started_by)
                 self.summary.run_ids.append(run_id)

@@ -1,5 +1,6 @@
 """Frontier: quality (accuracy, or a text's perplexity and KL) against memory from stored runs, one line per policy
-and mode, two selections side by side, downloadable as a self-contained HTML report."""
+and mode, each share with its 95 % interval, two selections side by side, two of their points compared by a paired
+test, downloadable as a self-contained HTML report."""
 
 from __future__ import annotations
 
@@ -13,20 +14,24 @@ from kvlab.claims.needle import article_rows_left_out
 from kvlab.store import RunFilter
 from kvlab.ui.chart_view import how_to_read, show_chart
 from kvlab.ui.downloads import MIME_TYPES, report_file
-from kvlab.ui.report import Selection, frontier_report
+from kvlab.ui.report import PAIRED_TITLE, Selection, frontier_report, paired_note
 from kvlab.ui.session import page_setup, reading_store
 from kvlab.ui.store_figures import FRONTIER_GUIDE, axis_frontier_figure
 from kvlab.ui.tables import (
     FRONTIER_AXES,
     METRICS,
+    SHARE_COLUMNS,
     choices,
     claim_table_text,
     frontier_points,
     frontier_table,
+    measured_metrics,
     most_runs,
+    paired_test,
+    point_trials,
     short_model_name,
 )
-from kvlab.ui.text import plain
+from kvlab.ui.text import plain, plain_frame
 
 page_setup()
 st.title("Frontier")
@@ -35,7 +40,10 @@ st.caption(
     "perplexity of a held-out text and the KL divergence of each next-token distribution from the full cache's "
     "(`kvlab quality`; lower is better for both). Circled points are on the Pareto front: no other point is at "
     "least as good with less memory. KV bytes are measured from the cache tensors of each trial (per sequence) "
-    "and averaged, and shown in binary units (KiB, MiB, GiB)."
+    "and averaged, and shown in binary units (KiB, MiB, GiB); bytes read per decoded token are less than those held "
+    "only for policies that read a subset of the cache, and runs stored before reads were recorded sit at the bytes "
+    'they held (marked "held"). Whiskers are 95 % intervals: Wilson\'s for right-or-wrong answers, a seeded '
+    "bootstrap for RULER's recall."
 )
 store = reading_store()
 runs = store.list_runs() if store is not None else None
@@ -49,10 +57,13 @@ assert store is not None
 
 axis_column, metric_column = st.columns(2)
 axis = axis_column.radio("Memory axis", list(FRONTIER_AXES), format_func=FRONTIER_AXES.get, horizontal=True)
-metric = metric_column.radio("Quality", list(METRICS), format_func=lambda name: METRICS[name].title, horizontal=True)
+metric = metric_column.radio(
+    "Quality", measured_metrics(runs) or list(METRICS), format_func=lambda name: METRICS[name].title, horizontal=True
+)
 
 selections: list[Selection] = []
 run_filters: list[RunFilter] = []
+selection_trials: list[pd.DataFrame] = []
 for column, name in zip(st.columns(2), ("A", "B")):
     with column:
         st.subheader(f"Selection {name}")
@@ -72,7 +83,8 @@ for column, name in zip(st.columns(2), ("A", "B")):
         run_filter = RunFilter(
             models=(model,), tasks=(task,), context_lengths=() if context_length is None else (context_length,)
         )
-        points = frontier_points(store.accuracy_frontier(run_filter), axis, metric)
+        trials = store.trials_frame(run_filter)
+        points = frontier_points(store.accuracy_frontier(run_filter), axis, metric, trials)
         how_to_read(column, FRONTIER_GUIDE, key=f"frontier-guide-{name}")
         show_chart(
             column,
@@ -88,11 +100,39 @@ for column, name in zip(st.columns(2), ("A", "B")):
         )
         selections.append(Selection(name, model, task, context_length, points))
         run_filters.append(run_filter)
+        selection_trials.append(trials)
 
 covered = pd.concat([store.list_runs(run_filter) for run_filter in run_filters]).drop_duplicates("run_id")
+covered_trials = pd.concat(selection_trials).drop_duplicates(["run_id", "trial_key"])
+
+if metric in SHARE_COLUMNS:
+    st.subheader("Two points, paired")
+    st.caption(
+        f"{PAIRED_TITLE}: two points of one sweep answered the same items. {plain(paired_note(metric))} Runs pooled "
+        "into one point count an item they answered alike once, and leave out an item they answered differently."
+    )
+    candidates = {
+        f"{selection.name}: {point.label}": (point, trials)
+        for selection, trials in zip(selections, selection_trials)
+        for point in selection.points.itertuples(index=False)
+    }
+    if len(candidates) < 2:
+        st.info("The selections have fewer than two points to compare.")
+    else:
+        names = list(candidates)
+        first_column, second_column = st.columns(2)
+        first = first_column.selectbox("Point A", names, index=0, key="paired-a")
+        second = second_column.selectbox("Point B", names, index=1, key="paired-b")
+        (point_a, trials_a), (point_b, trials_b) = candidates[first], candidates[second]
+        row = paired_test(point_trials(trials_a, point_a), point_trials(trials_b, point_b), first, second, metric)
+        st.table(plain_frame(pd.DataFrame({"paired test": row})))
+
 st.download_button(
     "Report (HTML)",
-    data=partial(report_file, frontier_report(selections, axis, metric, covered.sort_values("run_id"))),
+    data=partial(
+        report_file,
+        frontier_report(selections, axis, metric, covered.sort_values("run_id"), covered_trials),
+    ),
     file_name="kvlab-frontier.html",
     mime=MIME_TYPES[".html"],
     on_click="ignore",

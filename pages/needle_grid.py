@@ -1,20 +1,25 @@
-"""Needle grid: the needle-in-a-haystack heatmap (context length x depth) for several policies at one budget, and the
-sweeps that fill it, which run on the server rather than in the tab that started them."""
+"""Needle grid: the needle-in-a-haystack heatmap (context length x depth) for several policies at one budget, or their
+recall on RULER's tasks with the RULER score, and the sweeps that fill them, which run on the server rather than in
+the tab that started them."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from kvlab.errors import KvlabError
 from kvlab.models import LoadedModel
 from kvlab.policies import POLICIES
 from kvlab.store import RunFilter, Store, SweepRecord, open_store
+from kvlab.tasks.ruler import RULER_TASKS
+from kvlab.tasks.ruler_score import ruler_scores
 from kvlab.ui.chart_view import how_to_read, show_chart
 from kvlab.ui.grid import NeedleGridRequest, depth_label, evenly_spaced_depths, grid_policies
 from kvlab.ui.grid_estimate import grid_estimate
 from kvlab.ui.grid_figures import NEEDLE_GUIDE, at_budget, depth_accuracy, needle_grid, needle_heatmaps
 from kvlab.ui.inputs import cache_option_fields, longest_context
 from kvlab.ui.live_view import param_widget
+from kvlab.ui.ruler_figures import RULER_GUIDE, ruler_bars, ruler_rows, ruler_table
 from kvlab.ui.session import (
     allowed_model,
     current_model,
@@ -36,13 +41,25 @@ page_setup()
 st.title("Needle grid")
 st.caption(
     "Each cell is the share of needle questions answered (the answer appears in the output) at one context "
-    "length and depth. The grid shows what the store already holds for these settings; Run grid starts a "
+    "length and depth; with RULER's tasks, each bar is a task's recall (the share of its expected strings the "
+    "answers contain, as RULER scores) and the RULER score their mean. The grid shows what the store already "
+    "holds for these settings; Run grid starts a "
     "sweep on the server that fills in the missing trials. It goes on when this tab is closed, every session "
     "sees it below, and a sweep that was stopped or cut short by a server restart resumes where it stopped."
 )
 loaded = current_model()
 store = reading_store()
 
+ruler = (
+    st.radio(
+        "Task",
+        ["Needle", "RULER"],
+        horizontal=True,
+        help="Needle questions at evenly spaced depths, or RULER's synthetic tasks generated locally (needles, "
+        "variable tracking, common and frequent words), each trial one item of one task.",
+    )
+    == "RULER"
+)
 settings, contexts_column, actions = st.columns([1.4, 1.4, 1])
 with settings:
     policies = st.multiselect("Policies", list(POLICIES), default=["full", "h2o", "streaming", "random"])
@@ -52,15 +69,33 @@ with contexts_column:
     longest = longest_context(loaded)
     usable = [c for c in CONTEXTS if c <= longest]
     contexts = st.multiselect("Context lengths (tokens)", usable, default=[c for c in (512, 1024) if c in usable])
-    depths = st.slider(
-        "Needle depths (how many)",
-        2,
-        11,
-        5,
-        help="How many depths to hide the needle at, evenly spaced from the start of the text (0%) to its end (100%).",
+    if ruler:
+        picked = st.multiselect("RULER tasks", RULER_TASKS, RULER_TASKS)
+        tasks = tuple(task for task in RULER_TASKS if task in picked)
+        depths = 0  # RULER's tasks draw their needles' depths themselves
+        trials = int(st.number_input("Trials per task", min_value=1, max_value=500, value=5))
+    else:
+        tasks = ()
+        depths = st.slider(
+            "Needle depths (how many)",
+            2,
+            11,
+            5,
+            help="How many depths to hide the needle at, evenly spaced from the start of the text (0%) to its end "
+            "(100%).",
+        )
+        st.caption(f"Depths: {', '.join(depth_label(depth) for depth in evenly_spaced_depths(depths))}")
+        trials = int(st.number_input("Trials per cell", min_value=1, max_value=50, value=1))
+    query_aware = (
+        st.radio(
+            "Question read",
+            ["before compression", "after compression"],
+            horizontal=True,
+            help="Before: the policy sees the question when it compresses (query-aware, as SnapKV's window is meant "
+            "to). After: the compressed cache must serve any question (query-agnostic, kvpress's default).",
+        )
+        == "before compression"
     )
-    st.caption(f"Depths: {', '.join(depth_label(depth) for depth in evenly_spaced_depths(depths))}")
-    trials = int(st.number_input("Trials per cell", min_value=1, max_value=50, value=1))
 with actions:
     batch = int(
         st.number_input(
@@ -104,11 +139,14 @@ request = (
         depths,
         trials,
         batch,
+        tasks,
+        query_aware,
     )
 )
 
+chosen_enough = bool(policies) and bool(contexts) and (bool(tasks) or not ruler)
 problem: str | None = None
-if loaded is not None and request is not None and policies and contexts:
+if loaded is not None and request is not None and chosen_enough:
     try:
         grid = request.check_runs_on(loaded)
     except KvlabError as error:
@@ -116,7 +154,7 @@ if loaded is not None and request is not None and policies and contexts:
         st.error(plain(problem))
     else:
         estimate.caption(plain(grid_estimate(request, grid, loaded, store)))
-runnable = loaded is not None and bool(policies) and bool(contexts) and problem is None
+runnable = loaded is not None and chosen_enough and problem is None
 run = run_slot.button("Run grid", type="primary", disabled=not runnable, icon=":material/play_arrow:")
 
 notice = st.empty()
@@ -192,43 +230,56 @@ if store is not None:
     sweeps_panel(store)
 
 
-def heatmap_panel(heatmap_store: Store | None, model: LoadedModel, grid_request: NeedleGridRequest) -> None:
-    """The stored trials of these settings as heatmaps, redrawn from the store every second while a sweep of this
-    server fills them (it stores them batch by batch), with what that sweep is doing."""
+def results_panel(heatmap_store: Store | None, model: LoadedModel, grid_request: NeedleGridRequest) -> None:
+    """The stored trials of these settings as heatmaps (or RULER's table), redrawn from the store every second
+    while a sweep of this server fills them (it stores them batch by batch), with what that sweep is doing."""
     jobs = {} if heatmap_store is None else SWEEP_JOBS.jobs(heatmap_store.path)
     filling = filling_job(jobs, grid_request)
 
     @st.fragment(run_every=REFRESH_S if filling is not None else None)
     def panel() -> None:
-        draw_heatmap(heatmap_store, model, grid_request, filling)
+        draw = draw_ruler if grid_request.tasks else draw_heatmap
+        draw(heatmap_store, model, grid_request, filling)
 
     panel()
+
+
+def stored_runs(
+    runs_store: Store | None, model: LoadedModel, grid_request: NeedleGridRequest, filling: SweepJob | None
+) -> tuple[Store, pd.DataFrame] | None:
+    """The stored runs of these settings at the chosen budget (the full cache's too), once some hold trials;
+    before that, None and the sentence that says why (a sweep filling them, or how to start one)."""
+    runs = (
+        None
+        if runs_store is None
+        else runs_store.list_runs(
+            RunFilter(
+                models=(model.source.label,),
+                policies=grid_request.policy_names(),
+                modes=(grid_request.mode,),
+                tasks=(grid_request.grid().task,),
+                context_lengths=grid_request.contexts,
+            )
+        )
+    )
+    chosen = None if runs is None else at_budget(grid_request.own_runs(runs), grid_request.keep)
+    held = runs_store is not None and chosen is not None and int(chosen["trials"].sum()) > 0
+    sentence = filling_sentence(
+        filling if filling is not None and filling.active else None, held, bool(grid_request.tasks)
+    )
+    if sentence is not None:
+        st.info(plain(sentence), icon=":material/hourglass_top:" if filling is not None else None)
+    return (runs_store, chosen) if held and runs_store is not None and chosen is not None else None
 
 
 def draw_heatmap(
     heatmap_store: Store | None, model: LoadedModel, grid_request: NeedleGridRequest, filling: SweepJob | None
 ) -> None:
     """The heatmaps of what the store holds now for these settings, or why there are none yet."""
-    runs = (
-        None
-        if heatmap_store is None
-        else heatmap_store.list_runs(
-            RunFilter(
-                models=(model.source.label,),
-                policies=grid_request.policy_names(),
-                modes=(grid_request.mode,),
-                tasks=("needle",),
-                context_lengths=grid_request.contexts,
-            )
-        )
-    )
-    chosen = None if runs is None else at_budget(grid_request.own_runs(runs), grid_request.keep)
-    held = heatmap_store is not None and chosen is not None and int(chosen["trials"].sum()) > 0
-    sentence = filling_sentence(filling if filling is not None and filling.active else None, held)
-    if sentence is not None:
-        st.info(plain(sentence), icon=":material/hourglass_top:" if filling is not None else None)
-    if not held or heatmap_store is None or chosen is None:
+    found = stored_runs(heatmap_store, model, grid_request, filling)
+    if found is None:
         return
+    heatmap_store, chosen = found
     depths = evenly_spaced_depths(grid_request.depths)
     trials = heatmap_store.trials_frame(RunFilter(run_ids=tuple(int(run_id) for run_id in chosen["run_id"])))
     cells = needle_grid(depth_accuracy(trials), chosen, depths=depths)
@@ -248,9 +299,30 @@ def draw_heatmap(
     )
 
 
-if not policies or not contexts:
-    st.info("Choose at least one policy and one context length.")
+def draw_ruler(
+    ruler_store: Store | None, model: LoadedModel, grid_request: NeedleGridRequest, filling: SweepJob | None
+) -> None:
+    """Each stored run's recall per RULER task and its RULER score, with 95 % intervals, or why there are none."""
+    found = stored_runs(ruler_store, model, grid_request, filling)
+    if found is None:
+        return
+    ruler_store, chosen = found
+    trials = ruler_store.trials_frame(RunFilter(run_ids=tuple(int(run_id) for run_id in chosen["run_id"])))
+    rows = ruler_rows(chosen, ruler_scores(trials))
+    how_to_read(st.container(), RULER_GUIDE, key="ruler-bars-guide")
+    show_chart(st.container(), ruler_bars(rows), key="ruler-bars", filename="ruler-grid")
+    st.dataframe(ruler_table(rows), hide_index=True)
+    st.caption(
+        f"{len(trials)} stored trials of {int((chosen['trials'] > 0).sum())} runs on {plain(model.source.label)}. "
+        "A task's recall is RULER's: the share of its expected strings an answer contains, ignoring case, averaged "
+        "over its items; the RULER score is the mean over the tasks. 95% intervals: Wilson's where every recall "
+        "is 0 or 1, else a seeded bootstrap over items."
+    )
+
+
+if not chosen_enough:
+    st.info("Choose at least one policy and one context length" + (", and one RULER task." if ruler else "."))
 elif loaded is None or request is None:
-    st.info("Load a model in the sidebar to see its stored needle trials.")
+    st.info(f"Load a model in the sidebar to see its stored {'RULER' if ruler else 'needle'} trials.")
 elif problem is None:
-    heatmap_panel(store, loaded, request)
+    results_panel(store, loaded, request)

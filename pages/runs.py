@@ -12,7 +12,15 @@ from kvlab.ui.chart_view import how_to_read, show_chart
 from kvlab.ui.downloads import MIME_TYPES, export_bytes, report_file
 from kvlab.ui.report import runs_report
 from kvlab.ui.session import page_setup, reading_store
-from kvlab.ui.tables import METRICS, choices, compare_runs, measured_metrics, runs_table, short_model_name
+from kvlab.ui.tables import (
+    METRICS,
+    choices,
+    compare_runs,
+    measured_metrics,
+    runs_table,
+    short_model_name,
+    with_shares,
+)
 from kvlab.ui.text import plain, plain_frame
 
 page_setup()
@@ -34,18 +42,24 @@ modes = filters[2].multiselect("Mode", choices(everything, "mode"))
 tasks = filters[3].multiselect("Task", choices(everything, "task"))
 selection = RunFilter(models=tuple(models), policies=tuple(policies), modes=tuple(modes), tasks=tuple(tasks))
 runs = store.list_runs(selection)
+selected_trials = store.trials_frame(selection)
 st.dataframe(
-    runs_table(runs),
+    runs_table(with_shares(runs, selected_trials)),
     hide_index=True,
     key="runs-table",
     column_config={
-        "accuracy %": st.column_config.ProgressColumn("accuracy %", min_value=0, max_value=100, format="%.0f%%")
+        name: st.column_config.ProgressColumn(name, min_value=0, max_value=100, format="%.0f%%")
+        for name in ("accuracy %", "recall %")
     },
 )
 st.caption(
     f"{len(runs)} of {len(everything)} runs. Accuracy: the answer appears in the output; exact: it is the "
-    "output's first line. Perplexity and KL (from the full cache, nats per token): passes over a held-out text "
-    "(`kvlab quality`), which answer nothing."
+    "output's first line; recall: RULER's share of the expected strings found. Each 95% CI is Wilson's for "
+    "right-or-wrong answers and a seeded percentile bootstrap for recalls that are fractions: with 100 trials near "
+    "50% it spans about 20 points, so runs whose intervals overlap may not differ. Tie share: the share of eviction "
+    "cuts where the best evicted token scored the same as the worst kept one, so that position, not score, decided "
+    "(— where the run did not record it). Perplexity and KL (from the full cache, nats per token): passes over a "
+    "held-out text (`kvlab quality`), which answer nothing."
 )
 
 st.subheader("Download")
@@ -73,15 +87,19 @@ ids = runs["run_id"].tolist()
 picked = st.multiselect("Runs to compare", ids, default=ids[-2:], format_func=lambda i: f"run {i}")
 if picked:
     chosen = runs[runs["run_id"].isin(picked)]
-    trials = store.trials_frame(RunFilter(run_ids=tuple(picked)))
+    trials = selected_trials[selected_trials["run_id"].isin(picked)]
     st.table(plain_frame(compare_runs(chosen, trials)))
-    measures = measured_metrics(chosen)
+    measures = measured_metrics(chosen, trials)
     metric = (
         st.radio("Quality", measures, format_func=lambda name: METRICS[name].title, horizontal=True)
         if measures
         else "accuracy"
     )
     report = runs_report(chosen, trials, metric)
+    for shown in report.tables[1:]:  # the first, the compared runs, is shown above the choice of quality
+        st.markdown(f"**{plain(shown.title)}**")
+        st.caption(plain(shown.note))
+        st.dataframe(shown.frame, hide_index=not shown.index)
     for column, figure in zip(st.columns(len(report.figures)), report.figures):
         column.markdown(f"**{plain(figure.title)}**")
         how_to_read(column, figure.guide, key=f"guide-{figure.filename}")

@@ -28,7 +28,6 @@ from kvlab.claims import (
 from kvlab.claims.commands import FIRST_TOKEN_ABLATION
 from kvlab.claims.evaluate import check_ids, record
 from kvlab.claims.needle import FULL_CACHE, article_rows_left_out, needle_cells
-from kvlab.claims.stats import pooled_perplexity, wilson_interval
 from kvlab.claims.verdicts import (
     CONDITIONAL,
     FAILS,
@@ -51,6 +50,7 @@ from kvlab.costs import (
 from kvlab.errors import KvlabError
 from kvlab.policies import POLICIES, is_full_cache
 from kvlab.policies.snapkv import PyramidKV
+from kvlab.stats import pooled_perplexity, wilson_interval
 from kvlab.store import RunConfig, Store, Trial, open_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -263,6 +263,18 @@ def needle(store: Store, policy: str, keep: float | None, correct: int, of: int 
     )
 
 
+def hashed_needle(store: Store, policy: str, keep: float | None, correct: list[bool], mode: str = "prefill") -> None:
+    """A needle run whose trials name the items they answered, so that runs on the same items pair up."""
+    run_id = run(store, policy, mode=mode, keep=keep, context_length=4096)
+    store.add_trials(
+        run_id,
+        [
+            Trial(trial_key=str(i), task_id="t", context_tokens=4096, correct=ok, item_hash=f"item-{i}")
+            for i, ok in enumerate(correct)
+        ],
+    )
+
+
 def text_pass(store: Store, policy: str, ppl: float, *, scored: int = 1024, seconds: float = 1.0, **config) -> None:
     config.setdefault("context_length", 1280)
     run_id = run(store, policy, task="quality:doc", mode="streaming", stop_rule="none", max_new_tokens=scored, **config)
@@ -313,6 +325,21 @@ def test_a_pruned_cache_above_a_fallible_full_cache(store, evidence):
     assert evaluated("24", evidence).verdict == HOLDS
     cells = needle_cells(store.trials_frame())
     assert cells.loc[cells["policy"] == "tova", "high"].iloc[0] == pytest.approx(100.0)
+
+
+def test_claims_setting_two_cells_against_each_other_test_them_in_pairs(store, evidence):
+    hashed_needle(store, FULL_CACHE, None, [True] * 24 + [False] * 6)
+    hashed_needle(store, "tova", 0.5, [True] * 30)  # right on the 6 items the full cache misses
+    hashed_needle(store, "h2o", 0.3, [True] * 20 + [False] * 10)
+    hashed_needle(store, "streaming", 0.3, [True] * 14 + [False] * 16)
+    twenty_four = evaluated("24", evidence).figure
+    assert "paired on 30 items, only full right on 0, only tova right on 6, McNemar p = 0.031 (exact)" in twenty_four
+    thirty_six = evaluated("36", evidence).figure
+    assert "paired on 30 items, only h2o right on 6, only streaming right on 0, McNemar p = 0.031" in thirty_six
+    nine = evaluated("9", evidence).figure
+    assert "streaming prefill 47% (95% intervals 30–64;" in nine  # every printed accuracy with its interval
+    hashed_needle(store, "random", 0.3, [True] * 9)  # 9 items: too few to pair, so no test is printed
+    assert "McNemar" not in evaluated("36", Evidence(store, store.path, evidence.results)).figure.split("random")[-1]
 
 
 def test_sink_ablation_from_stored_text_passes(store, evidence):

@@ -32,7 +32,6 @@ from kvlab.claims.evidence import SIDE_CHANNEL_FORMAT
 from kvlab.claims.needle import measured_table, needle_cells, plain
 from kvlab.claims.options import CACHE_DEFAULTS, cache_options, variant
 from kvlab.claims.pillars import ABLATION
-from kvlab.claims.stats import wilson_interval
 from kvlab.claims.verdicts import FAILS, HOLDS, UNMEASURABLE, verdict_of
 from kvlab.engine import Generation, RunSpec
 from kvlab.errors import KvlabError
@@ -41,6 +40,7 @@ from kvlab.models import wrap_model
 from kvlab.policies import LayerView, make_policy
 from kvlab.policies.drop_pillars import DropPillars
 from kvlab.policies.scoring import ScoringPolicy
+from kvlab.stats import wilson_interval
 from kvlab.store import RunConfig, Store, Trial
 from kvlab.store.rows import canonical_json
 from kvlab.sweep import parse_policies

@@ -73,7 +73,7 @@ def test_generate_reads_a_prompt_file_and_takes_policy_parameters(checkpoint, tm
     )
     assert status == 0
     figures = json.loads(out)
-    assert figures["params"] == {"window": 4, "kernel": 3, "pooling": "max"}
+    assert figures["params"] == {"window": 4, "kernel": 3, "pooling": "avg"}
     assert figures["budget_tokens"] == -(-figures["context_tokens"] // 2)
 
 

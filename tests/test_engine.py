@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from tiny_models import ARCHITECTURES, prompt, small_policy, tiny_model
+from tiny_models import ARCHITECTURES, prompt, runs_in, small_policy, tiny_model
 
 from kvlab.budget import Budget
 from kvlab.engine import Generation, RunSpec, generate, prefill_once
@@ -64,7 +64,7 @@ def test_full_matches_generate(arch_case, mode, chunk):
 def test_budget_at_least_length_matches_generate(arch_case, policy):
     _, loaded, ids, ref_tokens, ref_logits = arch_case
     budget = Budget(tokens=ids.shape[1] + NEW_TOKENS)
-    for mode in ("prefill", "streaming"):
+    for mode in runs_in(policy):
         spec = RunSpec(
             small_policy(policy),
             budget,

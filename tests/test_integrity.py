@@ -215,7 +215,7 @@ def test_empty_and_out_of_range_sweep_settings_are_refused(tmp_path, capsys, arg
             ["--policy", "streaming", "--budget", "16", "--param", "sinks=-10"],
             "Parameter 'sinks' of policy 'streaming' must be a whole number (at least 0), not -10.",
         ),
-        (["--policy", "snapkv", "--budget", "64", "--param", "pooling=median"], "must be one of 'max', 'avg'"),
+        (["--policy", "snapkv", "--budget", "64", "--param", "pooling=median"], "must be one of 'avg', 'max'"),
     ],
 )
 def test_bad_settings_are_one_sentence(checkpoint, capsys, argv, message):

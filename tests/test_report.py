@@ -146,3 +146,27 @@ def test_the_sources_name_each_model_and_device_once():
     sources = run_sources(runs).set_index("model")
     assert sources.loc["a", "runs"] == 2 and sources.loc["a", "kvlab"] == "0.1.0, 0.2.0"
     assert sources.loc["b/c", "commits"] == "—"
+
+
+def test_a_runs_report_tests_two_runs_on_the_items_both_answered(store: Store):
+    outcomes = {"full": [True] * 12, "h2o": [True] * 4 + [False] * 8}
+    for policy, correct in outcomes.items():
+        run_id = add_run(store, policy, None if policy == "full" else 0.1, [], 1 << 20, "m")
+        store.add_trials(
+            run_id,
+            [
+                Trial(trial_key=str(i), task_id="t", context_tokens=4096, correct=ok, item_hash=f"item-{i}")
+                for i, ok in enumerate(correct)
+            ],
+        )
+    report = runs_report(store.list_runs(), store.trials_frame(), "accuracy")
+    [compared, paired] = report.tables
+    assert paired.title == "Paired test (McNemar) on the items both runs answered"
+    assert "Fewer than 10 shared items are not comparable" in paired.note
+    row = paired.frame.iloc[0]
+    assert (row["A"], row["B"], row["items both answered"], row["only A right"]) == ("run 1", "run 2", "12", "8")
+    assert row["McNemar p"] == "0.0078" and row["test"] == "exact binomial"  # 2 * (1/2)^8
+    assert compared.frame.loc["accuracy % (95% CI)", "run 2"] == "33.3 (13–61)"
+    document = report_html(report, MADE_AT)
+    assert html.escape(paired.note) in document and "exact binomial" in document
+    assert not runs_report(store.list_runs(), store.trials_frame(), "perplexity").tables[1:]  # no share: no test

@@ -11,7 +11,9 @@ import pytest
 from kvlab.cli.store import filters_from_args, register
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
+from kvlab.stats import bootstrap_interval
 from kvlab.store import RunConfig, RunFilter, Trial, open_store
+from kvlab.tasks.ruler_score import ruler_task_id
 
 PROVENANCE = Provenance("0.0.0", None, {})
 
@@ -99,3 +101,48 @@ def test_reading_commands_never_create_a_database(tmp_path: Path) -> None:
         with pytest.raises(KvlabError, match="There is no kvlab database at"):
             args.func(args)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_runs_prints_intervals_and_the_tie_share(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "runs.duckdb"
+    with open_store(path) as store:
+        run_id = store.begin_run(
+            RunConfig(model="llama", policy="h2o", mode="prefill", task="ruler", keep=0.5), provenance=PROVENANCE
+        )
+        recalls = [1.0, 0.5, 0.0, 1.0]
+        store.add_trials(
+            run_id,
+            [
+                Trial(
+                    f"t{i}",
+                    ruler_task_id("niah_multivalue", 1024, i),
+                    1024,
+                    correct=recall == 1.0,
+                    recall=recall,
+                    tie_share=0.125 * i,
+                )
+                for i, recall in enumerate(recalls)
+            ],
+        )
+        store.begin_run(RunConfig(model="llama", policy="full", mode="prefill", task="quality:text"))
+    args = parse("runs", "--db", str(path))
+    assert args.func(args) == 0
+    header, ruler, text = capsys.readouterr().out.splitlines()
+    columns = header.split()
+    assert columns[columns.index("trials") :][:8] == [
+        "trials",
+        "accuracy",
+        "accuracy_ci",
+        "recall",
+        "recall_ci",
+        "ruler",
+        "ruler_ci",
+        "tie_share",
+    ]
+    fields = dict(zip(columns, ruler.split()))
+    assert (fields["accuracy"], fields["accuracy_ci"]) == ("0.5", "0.150–0.850")  # Wilson, 2 of 4
+    assert fields["recall"] == "0.625" and fields["tie_share"] == "0.188"
+    low, high = bootstrap_interval(recalls)
+    assert fields["recall_ci"] == f"{low:.3f}–{high:.3f}"
+    assert (fields["ruler"], fields["ruler_ci"]) == ("0.625", fields["recall_ci"])  # one task: its mean recall
+    assert dict(zip(columns, text.split()))["accuracy_ci"] == "—"  # a run without trials has none

@@ -101,7 +101,10 @@ def test_a_stop_request_marks_the_runs_interrupted_and_a_rerun_completes_them(lo
 
 def test_policies_and_their_parameters_parse_by_name():
     policies = parse_policies("snapkv,h2o", ["snapkv.window=8", "h2o.recent_ratio=0.25"])
-    assert [p.params() for p in policies] == [{"window": 8, "kernel": 7, "pooling": "max"}, {"recent_ratio": 0.25}]
+    assert [p.params() for p in policies] == [
+        {"window": 8, "kernel": 5, "pooling": "avg"},
+        {"recent_ratio": 0.25, "accumulate": "sum"},
+    ]
     with pytest.raises(KvlabError, match="policy.key=value"):
         parse_policies("h2o", ["window=8"])
     with pytest.raises(KvlabError, match="Unknown policy"):

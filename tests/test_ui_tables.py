@@ -12,6 +12,7 @@ import pytest
 from kvlab.costs import GPU_PRESETS, MODEL_PRESETS, Scenario, compare, cost_table
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
+from kvlab.stats import bootstrap_interval, wilson_interval
 from kvlab.store import RunConfig, RunFilter, Store, Trial, open_store
 from kvlab.ui import cost_view, grid_figures, inputs, tables
 from kvlab.ui.cost_view import cost_bars
@@ -226,7 +227,7 @@ def test_pasted_configs():
 
 def test_policy_fields_and_summaries():
     fields = {field.name: field for field in inputs.policy_fields("snapkv")}
-    assert fields["pooling"].choices == ("max", "avg") and fields["window"].kind is int
+    assert fields["pooling"].choices == ("avg", "max") and fields["window"].kind is int
     assert inputs.policy_fields("h2o")[0].kind is float and inputs.policy_fields("full") == []
     assert inputs.policy_summary("h2o").startswith("H2O (Zhang et al.")
     assert "`sinks`" in inputs.policy_summary("streaming")
@@ -288,3 +289,118 @@ def test_runs_with_other_policy_parameters_are_other_lines():
         "streaming (sinks=0) · streaming": False,
         "streaming · streaming": True,
     }
+
+
+# --- uncertainty: intervals, tie shares, paired tests ---------------------------------------------------------------
+
+
+def hand_trials(run_id: int, correct: list[bool], **columns: list) -> pd.DataFrame:
+    """Trials of one run as ``Store.trials_frame`` gives them, with the columns a test needs."""
+    return pd.DataFrame(
+        {"run_id": run_id, "correct": pd.array(correct, dtype="boolean"), "exact": pd.array(correct, dtype="boolean")}
+        | columns
+    )
+
+
+def test_runs_show_each_share_with_its_interval_and_the_tie_share(store):
+    runs = store.list_runs()
+    trials = store.trials_frame()
+    table = tables.runs_table(tables.with_shares(runs, trials)).set_index("run")
+    assert table.loc[2, "accuracy %"] == 50.0 and table.loc[2, "accuracy 95% CI"] == "15–85"  # Wilson, 2 of 4
+    assert table.loc[2, "exact 95% CI"] == "15–85"
+    assert table.loc[2, "recall 95% CI"] == "—" and table.loc[2, "tie share"] == "—"  # not recorded then
+    assert tables.runs_table(runs).loc[0, "accuracy 95% CI"] == "—"  # without the trials, no interval is invented
+    recall = hand_trials(2, [True, False, False, True], recall=[1.0, 0.5, 0.0, 0.75], tie_share=[0.25, 0.5, None, 0.0])
+    shares = tables.run_shares(recall).loc[2]
+    assert shares["recall"] == pytest.approx(0.5625) and shares["tie_share"] == pytest.approx(0.25)
+    assert (shares["accuracy_low"], shares["accuracy_high"]) == pytest.approx(wilson_interval(2, 4))
+    assert (shares["recall_low"], shares["recall_high"]) == bootstrap_interval([1.0, 0.5, 0.0, 0.75])
+    shown = tables.runs_table(tables.with_shares(runs, recall)).set_index("run")
+    assert shown.loc[2, "recall %"] == 56.2 and shown.loc[2, "tie share"] == "25.0 %"
+    assert shown.loc[1, "recall %"] != shown.loc[1, "recall %"]  # NaN: run 1 has no trials in this frame
+    assert shown.loc[1, "accuracy %"] == 100.0  # the store's own accuracy stays
+    compared = tables.compare_runs(runs[runs["run_id"] == 2], recall)
+    assert compared.loc["accuracy % (95% CI)", "run 2"] == "50.0 (15–85)"
+    assert compared.loc["tie share at the eviction cut", "run 2"] == "25.0 %"
+    assert compared.loc["mean KV bytes read per decoded token (measured)", "run 2"] == "—"
+
+
+def test_frontier_points_carry_intervals_drawn_as_whiskers(store):
+    frontier = store.accuracy_frontier()
+    points = tables.frontier_points(frontier, "kv_bytes", "accuracy", store.trials_frame())
+    h2o = points[points["label"] == "h2o · prefill · keep 10%"].iloc[0]  # 3 of 5 over two pooled runs
+    assert (h2o["low"], h2o["high"]) == pytest.approx(tuple(100 * b for b in wilson_interval(3, 5)))
+    table = tables.frontier_table(points, "kv_bytes", "accuracy").set_index("run")
+    assert table.loc["h2o · prefill · keep 10%", "95% CI"] == "23–89"
+    figure = frontier_figure(points, "KV bytes", bytes_axis=True)
+    whiskers = {trace.name: trace.error_y for trace in figure.data[:-1]}
+    assert whiskers["h2o · prefill"].visible and max(whiskers["h2o · prefill"].array) > 0
+    assert "95% CI 23–89, n=5" in figure.data[1].customdata[0][1]
+    assert tables.frontier_points(frontier, "kv_bytes")["low"].isna().all()  # no trials given: no whiskers
+    assert tables.frontier_points(frontier, "kv_bytes", "recall").empty  # a store without recalls
+    trials = store.trials_frame()
+    trials["recall"] = np.where(trials["correct"].astype(bool), 1.0, 0.5)  # RULER: fractions of expected strings
+    recalls = tables.frontier_points(frontier.assign(recall=0.8), "kv_bytes", "recall", trials)
+    h2o = recalls[recalls["label"] == "h2o · prefill · keep 10%"].iloc[0]
+    expected = bootstrap_interval([0.5, 1.0, 0.5, 1.0, 1.0])  # the two pooled runs' trials, in the store's order
+    assert (h2o["low"], h2o["high"]) == pytest.approx(tuple(100 * bound for bound in expected))
+
+
+def test_the_read_bytes_axis_falls_back_to_held_bytes_and_says_so(store):
+    frontier = store.accuracy_frontier()
+    held = tables.frontier_points(frontier, "read_bytes")
+    assert held["held_fallback"].all() and sorted(held["x"]) == sorted(frontier["mean_kv_bytes"])
+    assert tables.axis_title(held, "read_bytes").endswith(tables.HELD_FALLBACK)
+    assert "(held)" in tables.frontier_table(held, "read_bytes", "accuracy").iloc[0, 1]
+    read = frontier.assign(mean_read_bytes=np.where(frontier["policy"] == "h2o", 100.0, np.nan))
+    points = tables.frontier_points(read, "read_bytes")
+    assert set(points.loc[~points["held_fallback"], "x"]) == {100.0}
+    assert points.loc[points["held_fallback"], "policy"].ne("h2o").all()
+    assert tables.axis_title(points.iloc[:0], "read_bytes") == tables.FRONTIER_AXES["read_bytes"]
+
+
+def test_needle_cells_have_intervals_and_recall_cells_a_bootstrap(store):
+    runs = grid_figures.at_budget(store.list_runs(), 0.1)
+    cells = grid_figures.needle_grid(store.accuracy_by_depth(RunFilter(run_ids=tuple(runs["run_id"]))), runs)
+    h2o = cells[cells["label"] == "h2o · prefill · keep 10%"].set_index("depth")
+    assert (h2o.loc[0.0, "low"], h2o.loc[0.0, "high"]) == pytest.approx(tuple(100 * b for b in wilson_interval(1, 2)))
+    figure = needle_heatmaps(cells)
+    assert figure.data[1].text[0][0] == "50%<br>9–91<br>n=2"
+    assert "accuracy %{z:.0f}% (95% CI %{customdata[1]})" in figure.data[1].hovertemplate
+    trials = pd.DataFrame(
+        {
+            "run_id": 2,
+            "context_length": 512,
+            "context_tokens": 512,
+            "trial_key": ["a", "b", "c", "d"],
+            "depth": 0.5,
+            "correct": [True, False, False, True],
+            "recall": [1.0, 0.5, 0.0, 0.75],
+        }
+    )
+    [cell] = grid_figures.needle_grid(grid_figures.depth_accuracy(trials), runs).itertuples(index=False)
+    assert cell.recall and cell.accuracy == pytest.approx(56.25) and cell.trials == 4
+    assert (cell.low, cell.high) == pytest.approx(tuple(100 * b for b in bootstrap_interval([1.0, 0.5, 0.0, 0.75])))
+    recall_figure = needle_heatmaps(pd.DataFrame([cell._asdict()]))
+    assert "recall %{z:.0f}%" in recall_figure.data[0].hovertemplate
+    assert recall_figure.data[0].colorbar.title.text == "recall %"
+
+
+def test_two_runs_on_the_same_items_are_tested_in_pairs():
+    items = [f"item-{i}" for i in range(30)]
+    a = hand_trials(1, [True] * 30, item_hash=items)
+    b = hand_trials(2, [True] * 18 + [False] * 12, item_hash=items)
+    elsewhere = hand_trials(3, [True] * 30, item_hash=[f"other-{i}" for i in range(30)])
+    runs = pd.DataFrame({"run_id": [1, 2, 3]})
+    paired = tables.paired_tests(runs, pd.concat([a, b, elsewhere]), "accuracy").set_index(["A", "B"])
+    one_two = paired.loc[("run 1", "run 2")]
+    assert (one_two["items both answered"], one_two["only A right"], one_two["only B right"]) == ("30", "12", "0")
+    assert one_two["McNemar p"] == f"{2 / 2**12:.2g}" and one_two["test"] == "exact binomial"
+    assert one_two["B − A, points (95% CI)"].startswith("-40.0 (") and one_two["reading"].startswith("A right")
+    not_comparable = paired.loc[("run 1", "run 3")]
+    assert not_comparable["reading"] == f"not comparable: 0 items pair up, fewer than {tables.MIN_PAIRED_ITEMS}"
+    assert not_comparable["McNemar p"] == "—"
+    same = tables.paired_test(a, a.assign(run_id=4), "A", "B")
+    assert same["reading"] == "no difference shown at the 5% level" and same["McNemar p"] == "1"
+    few = tables.paired_test(a.iloc[:9], b.iloc[:9], "A", "B")
+    assert few["items both answered"] == "9" and few["reading"].startswith("not comparable")

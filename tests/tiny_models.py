@@ -16,6 +16,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from kvlab.errors import KvlabError
 from kvlab.policies import POLICIES, Policy, make_policy
 
 VOCAB = 97
@@ -53,6 +54,18 @@ def small_policy(name: str) -> Policy:
     (SnapKV, PyramidKV) gets one of 4 queries, the others their defaults."""
     has_window = any(item.name == "window" for item in dataclasses.fields(POLICIES[name]))
     return make_policy(name, **({"window": 4} if has_window else {}))
+
+
+def runs_in(name: str) -> list[str]:
+    """The modes a policy runs in (KVzip and an ablation made for one compression refuse streaming mode)."""
+    accepted = []
+    for mode in ("prefill", "streaming"):
+        try:
+            POLICIES[name]().check_mode(mode)
+        except KvlabError:
+            continue
+        accepted.append(mode)
+    return accepted
 
 
 def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:

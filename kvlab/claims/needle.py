@@ -13,7 +13,7 @@ import math
 import pandas as pd
 
 from kvlab.claims.options import variant
-from kvlab.claims.stats import wilson_interval
+from kvlab.stats import wilson_interval
 
 PRUNING = (0.1, 0.3, 0.5, 0.7, 0.9)
 CLAIM_CONTEXT = 4096
@@ -68,16 +68,35 @@ def scored(trials: pd.DataFrame) -> pd.DataFrame:
     return trials[trials["correct"].notna()]
 
 
+def _budgeted_rows(trials: pd.DataFrame, context: int) -> pd.DataFrame:
+    """The scored trials at ``context`` tokens of runs with a kept fraction, with their variant and pruning ratio."""
+    rows = scored(trials[(trials["context_length"] == context) & trials["keep"].notna()])
+    return with_variants(rows).assign(pruning=(1.0 - rows["keep"].astype(float)).round(4))
+
+
+def cell_trials(trials: pd.DataFrame, cell: pd.Series, context: int = CLAIM_CONTEXT) -> pd.DataFrame:
+    """The scored trials behind one of :func:`needle_cells`' cells: its policy variant, mode and pruning ratio at
+    ``context`` tokens (for a paired test of two cells on the items both answered)."""
+    rows = _budgeted_rows(trials, context)
+    same = (rows["policy"] == cell["policy"]) & (rows["variant"] == cell["variant"]) & (rows["mode"] == cell["mode"])
+    return rows[same & ((rows["pruning"] - cell["pruning"]).abs() < 1e-9)]
+
+
+def full_cache_trials(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataFrame:
+    """The full cache's scored trials at ``context`` tokens, every mode pooled: :func:`full_cache_cell`'s trials."""
+    return scored(trials[(trials["context_length"] == context) & full_cache(trials)])
+
+
 def needle_cells(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataFrame:
     """kvlab's cells at ``context`` tokens, one row per (policy variant, mode, pruning ratio) of runs with a kept
     fraction: ``correct`` of ``trials``, ``accuracy`` and its Wilson 95% interval ``low``..``high``, all in %, and
     the mean ``kv_bytes`` a trial held (NaN where the frame has none). A policy with cache options of its own
     (precision tiers, another allocation, noise) is a cell apart, named by its ``variant``
     (:func:`~kvlab.claims.options.variant`); the policy as published has its name as its variant."""
-    rows = scored(trials[(trials["context_length"] == context) & trials["keep"].notna()])
+    rows = _budgeted_rows(trials, context)
     if rows.empty:
         return pd.DataFrame(columns=CELL_COLUMNS)
-    rows = _countable(with_variants(rows)).assign(pruning=(1.0 - rows["keep"].astype(float)).round(4))
+    rows = _countable(rows)
     cells = rows.groupby(["policy", "variant", "mode", "pruning"], as_index=False).agg(
         correct=("correct", "sum"), trials=("correct", "count"), kv_bytes=("kv_bytes", "mean")
     )
@@ -114,7 +133,7 @@ def _countable(rows: pd.DataFrame) -> pd.DataFrame:
 def full_cache_cell(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.Series | None:
     """The full cache at ``context`` tokens as one cell (every mode pooled: nothing is evicted in either), or None
     when the frame has no full-cache trial there."""
-    rows = scored(trials[(trials["context_length"] == context) & full_cache(trials)])
+    rows = full_cache_trials(trials, context)
     return None if rows.empty else cell_of(rows)
 
 

@@ -1,5 +1,6 @@
 """Claims measured on the needle table at 4,096 tokens: accuracy by policy, mode and pruning ratio, each cell with
-its 95% interval, on the model with the most needle trials in the store.
+its 95% interval, on the model with the most needle trials in the store; where a claim sets two cells against each
+other and they answered the same items, McNemar's paired test stands beside them.
 
 Accuracy is taken to fall as pruning grows (it does in every measured row): a claim about a ratio kvlab did not
 run is refuted by a less pruned cell that already fails it and confirmed by a more pruned cell that passes it.
@@ -16,13 +17,16 @@ from kvlab.claims.evidence import Evidence, Group, largest_group
 from kvlab.claims.needle import (
     PRUNING,
     PUBLISHED_NEEDLE_CLAIM,
+    cell_trials,
     full_cache_cell,
+    full_cache_trials,
     interval_text,
     needle_cells,
     plain,
     scored,
 )
 from kvlab.claims.verdicts import FAILS, HOLDS, Evaluation, judged, missing, unmeasurable
+from kvlab.stats import MIN_PAIRED_ITEMS, mcnemar, pair_by_item
 
 #: How article 004 divides policies: eviction by attention scores, and "simpler heuristics".
 ATTENTION_BASED = ("h2o", "snapkv", "pyramidkv", "tova")
@@ -54,6 +58,27 @@ def _cells(group: Group) -> pd.DataFrame:
 def cell_text(cell: pd.Series) -> str:
     """One cell as ``12% (7–20, 100 trials)``."""
     return f"{cell['accuracy']:.0f}% ({interval_text(cell['low'], cell['high'])}, {int(cell['trials'])} trials)"
+
+
+def paired_clause(a: pd.DataFrame, b: pd.DataFrame, a_name: str, b_name: str) -> str:
+    """McNemar's test of two cells' scored trials on the items both answered (by prompt hash), as a clause of a
+    figure: ``; paired on 100 items, only tova right on 12, only full right on 2, McNemar p = 0.013 (exact)``.
+    Empty when fewer than :data:`~kvlab.stats.MIN_PAIRED_ITEMS` pair up (different prompts, or trials stored
+    before prompts were hashed): the cells' intervals then stand alone."""
+
+    def outcomes(trials: pd.DataFrame) -> pd.Series:
+        return pd.Series(trials["correct"].astype(float).to_numpy(), index=pd.Index(trials["item_hash"], dtype=object))
+
+    if "item_hash" not in a or "item_hash" not in b:
+        return ""
+    a_values, b_values = pair_by_item(outcomes(a), outcomes(b))
+    if len(a_values) < MIN_PAIRED_ITEMS:
+        return ""
+    test = mcnemar(a_values >= 1, b_values >= 1)
+    return (
+        f"; paired on {test.pairs} items, only {a_name} right on {test.b10}, only {b_name} right on {test.b01}, "
+        f"McNemar p = {test.p_value:.2g} ({test.method})"
+    )
 
 
 def _perfect_at(rows: pd.DataFrame, pruning: float) -> tuple[bool | None, pd.Series | None]:
@@ -125,9 +150,14 @@ def published_table_claim(evidence: Evidence) -> Evaluation:
             ]
             if not inside:
                 continue
-            measured = "/".join(f"{cell['accuracy']:.0f}" for _, cell in row.sort_values("pruning").iterrows())
+            ordered = [cell for _, cell in row.sort_values("pruning").iterrows()]
+            measured = "/".join(f"{cell['accuracy']:.0f}" for cell in ordered)
+            intervals = "/".join(interval_text(cell["low"], cell["high"]) for cell in ordered)
             parts.append((f"for {policy} in {mode} mode", all(inside)))
-            facts.append(f"{policy} {mode} {measured}% ({sum(inside)} of {len(inside)} published cells inside)")
+            facts.append(
+                f"{policy} {mode} {measured}% (95% intervals {intervals}; {sum(inside)} of {len(inside)} published "
+                "cells inside)"
+            )
     if not parts:
         return missing(f"the published pruning ratios on {NEEDLE_TASK}", evidence.db, command)
     fewest = int(rows["trials"].min())
@@ -161,6 +191,7 @@ def pruned_beats_full(evidence: Evidence) -> Evaluation:
     figure = (
         f"full cache {cell_text(full)}; {'above it' if not better.empty else 'best pruned cell'}: {shown['policy']} "
         f"{shown['mode']} at {shown['pruning']:.0%} pruning, {cell_text(shown)}"
+        + paired_clause(full_cache_trials(group.trials), cell_trials(group.trials, shown), "full", shown["policy"])
     )
     return Evaluation(
         HOLDS if not better.empty else FAILS, figure=figure, model=group.model, device=group.device, command=command
@@ -191,7 +222,8 @@ def negligible_loss_at_90(evidence: Evidence) -> Evaluation:
         if best is None:
             continue
         parts.append((f"in {mode} mode", full["accuracy"] - best["accuracy"] <= NEGLIGIBLE_LOSS))
-        facts.append(f"{mode} mode: best {best['policy']} {cell_text(best)}")
+        paired = paired_clause(full_cache_trials(group.trials), cell_trials(group.trials, best), "full", best["policy"])
+        facts.append(f"{mode} mode: best {best['policy']} {cell_text(best)}{paired}")
     figure = (
         f"at 90% pruning against the full cache's {cell_text(full)}: " + "; ".join(facts) + f" (negligible: a loss "
         f"of at most {NEGLIGIBLE_LOSS:.0f} points)"
@@ -205,6 +237,7 @@ def attention_beats_heuristics(evidence: Evidence) -> Evaluation:
     group = needle_group(evidence)
     command = needle_sweep(evidence.db, ("full", *ATTENTION_BASED, *HEURISTIC), (pruning,), model=model_of(group))
     cells = _cells(group) if group is not None else pd.DataFrame()
+    trials = group.trials if group is not None else pd.DataFrame()
     at_30 = cells[(cells["pruning"] - pruning).abs() < 1e-9] if not cells.empty else cells
     parts, facts = [], []
     for mode, rows in at_30.groupby("mode") if not at_30.empty else []:
@@ -212,9 +245,15 @@ def attention_beats_heuristics(evidence: Evidence) -> Evaluation:
         if attention is None or heuristic is None:
             continue
         parts.append((f"in {mode} mode", attention["low"] > heuristic["high"]))
+        paired = paired_clause(
+            cell_trials(trials, attention),
+            cell_trials(trials, heuristic),
+            attention["policy"],
+            heuristic["policy"],
+        )
         facts.append(
             f"{mode} mode: {attention['policy']} {cell_text(attention)} against {heuristic['policy']} "
-            f"{cell_text(heuristic)}"
+            f"{cell_text(heuristic)}{paired}"
         )
     if group is None or not parts:
         return missing(f"attention-based and heuristic policies at 70% pruning on {NEEDLE_TASK}", evidence.db, command)

@@ -15,9 +15,9 @@ import pandas as pd
 from kvlab.claims.commands import ABLATION_BUDGET, FIRST_TOKEN_ABLATION, SINK_COUNTS, sink_ablation
 from kvlab.claims.evidence import Evidence, Group, largest_group
 from kvlab.claims.needle import budgeted, full_cache
-from kvlab.claims.stats import pooled_perplexity
 from kvlab.claims.units import percent
 from kvlab.claims.verdicts import ABOUT, FAILS, HOLDS, Evaluation, about, judged, missing, unmeasurable
+from kvlab.stats import pooled_perplexity
 
 ENOUGH_SINKS = 4
 """The sinks article 002 says keep the softmax stable; :data:`SINK_COUNTS` above it are the "up to 32"."""

@@ -27,18 +27,25 @@ from kvlab.cli.options import (
 
 if TYPE_CHECKING:  # the parser is built without loading torch
     from kvlab.store import Store
-    from kvlab.tasks.needle import Kind
+    from kvlab.sweep import GridKind
 
-NEEDLE_KINDS: dict[str, Kind] = {"needle": "single", "needle-multikey": "multi-key", "needle-multivalue": "multi-value"}
+GRID_KINDS: dict[str, GridKind] = {
+    "needle": "single",
+    "needle-multikey": "multi-key",
+    "needle-multivalue": "multi-value",
+    "ruler": "ruler",
+}
+NEEDLE_DEPTHS = "0,0.25,0.5,0.75,1"
+NEEDLE_NEW_TOKENS = 24
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add the ``sweep`` and ``eval`` commands."""
     sweep = commands.add_parser(
         "sweep",
-        help="accuracy against memory over a grid of needle tasks",
+        help="accuracy against memory over a grid of needle or RULER tasks",
         description="Run or resume a grid of policies x budgets x modes x context lengths "
-        "x depths x trials; every trial is stored as it finishes.",
+        "x depths x trials (x RULER tasks with --task ruler); every trial is stored as it finishes.",
     )
     add_model_arguments(sweep)
     sweep.add_argument("--policies", required=True, help="comma list, e.g. h2o,streaming,random")
@@ -53,15 +60,33 @@ def register(commands: argparse._SubParsersAction) -> None:
     sweep.add_argument("--mode", default="prefill", help="prefill, streaming, or both: prefill,streaming")
     add_heap_arguments(sweep)
     sweep.add_argument("--contexts", required=True, help="context lengths in tokens, e.g. 1024,2048")
-    sweep.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1], or 'random'")
     sweep.add_argument(
-        "--trials", type=whole(1, "--trials"), default=1, help="items per depth (per cell with --depths random)"
+        "--depths",
+        default=None,
+        help=f"needle depths in [0, 1], or 'random' (default: {NEEDLE_DEPTHS}; RULER's tasks draw their own)",
     )
-    sweep.add_argument("--task", default="needle", choices=tuple(NEEDLE_KINDS))
+    sweep.add_argument(
+        "--trials",
+        type=whole(1, "--trials"),
+        default=1,
+        help="items per depth (per cell with --depths random, per RULER task with --task ruler)",
+    )
+    sweep.add_argument("--task", default="needle", choices=tuple(GRID_KINDS))
+    sweep.add_argument(
+        "--ruler-tasks",
+        default=None,
+        metavar="TASKS",
+        help="with --task ruler, a comma list of RULER's tasks, e.g. niah_single_1,vt,cwe (default: all 11)",
+    )
     add_seed_argument(sweep)
     sweep.add_argument("--chunk", type=whole(1, "a chunk"), default=None)
     sweep.add_argument("--batch-size", type=whole(1, "--batch-size"), default=8)
-    add_generation_arguments(sweep, default=24)
+    sweep.add_argument(
+        "--max-new-tokens",
+        type=whole(1, "--max-new-tokens"),
+        default=None,
+        help=f"tokens to generate at most (default: {NEEDLE_NEW_TOKENS}; with --task ruler, RULER's largest budget)",
+    )
     sweep.add_argument(
         "--query-agnostic",
         action="store_true",
@@ -108,9 +133,18 @@ def _interrupt_on_sigterm() -> None:
 
 def sweep_grid(args: argparse.Namespace):
     """The grid the ``sweep`` arguments describe, checked (no model is needed to check it)."""
+    from kvlab.errors import KvlabError
     from kvlab.sweep import SweepGrid, parse_policies
+    from kvlab.tasks.ruler import MAX_NEW_TOKENS, RULER_TASKS
 
-    depths = None if args.depths.strip() == "random" else numbers(args.depths, float, "--depths")
+    ruler = args.task == "ruler"
+    if args.ruler_tasks is not None and not ruler:
+        raise KvlabError("--ruler-tasks chooses among RULER's tasks; use it with --task ruler.")
+    depths_text = NEEDLE_DEPTHS if args.depths is None and not ruler else args.depths
+    depths = None if depths_text is None or depths_text.strip() == "random" else numbers(depths_text, float, "--depths")
+    listed = RULER_TASKS if args.ruler_tasks is None else args.ruler_tasks.split(",")
+    chosen = tuple(task.strip() for task in listed if task.strip())
+    new_tokens = MAX_NEW_TOKENS if ruler else NEEDLE_NEW_TOKENS
     return SweepGrid(
         policies=parse_policies(args.policies, args.param),
         keeps=numbers(args.keep, float, "--keep"),
@@ -119,10 +153,11 @@ def sweep_grid(args: argparse.Namespace):
         trials=args.trials,
         modes=tuple(m.strip() for m in args.mode.split(",") if m.strip()),
         seed=args.seed,
-        kind=NEEDLE_KINDS[args.task],
+        kind=GRID_KINDS[args.task],
+        ruler_tasks=chosen,
         chunk=args.chunk,
         query_aware=not args.query_agnostic,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=new_tokens if args.max_new_tokens is None else args.max_new_tokens,
         batch_size=args.batch_size,
         share_prefill=not args.no_share_prefill,
         **heap_settings(args),
@@ -179,7 +214,26 @@ def run_sweep(args: argparse.Namespace) -> int:
         f"ran {summary.ran} trials, {summary.skipped} were already stored; runs "
         f"{', '.join(map(str, summary.run_ids))} in {store.path}"
     )
+    if grid.kind == "ruler":
+        print_ruler_scores(store, summary.run_ids)
     return 0
+
+
+def print_ruler_scores(store: Store, run_ids: list[int]) -> None:
+    """Each run's RULER score (the mean over its tasks of their mean recall) with its 95 % interval."""
+    from kvlab.store import RunFilter
+    from kvlab.tasks.ruler_score import ruler_scores
+    from kvlab.ui.tables import run_label
+
+    runs = store.list_runs(RunFilter(run_ids=tuple(run_ids))).set_index("run_id")
+    for run_id, score in ruler_scores(store.trials_frame(RunFilter(run_ids=tuple(run_ids)))).items():
+        run = runs.loc[run_id]
+        label = run_label(run["policy"], run["mode"], run["keep"], run["budget_tokens"], run["policy_params"])
+        print(
+            f"run {run_id} ({label}, {run['context_length']:,} tokens): RULER {score.score.value:.1%} "
+            f"(95% interval {score.score.low:.1%} to {score.score.high:.1%}) over {len(score.tasks)} tasks, "
+            f"{score.score.items} items"
+        )
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -10,11 +10,14 @@ import itertools
 from pathlib import Path
 from typing import Any, Callable
 
+import pandas as pd
+
 from kvlab.cli.options import add_db_argument
 from kvlab.store import RunFilter, export_runs, export_trials, open_store
 
 #: The columns ``runs`` prints (``export --table runs`` writes every run column); the policy with the parameters
-#: it set away from their defaults.
+#: it set away from their defaults, each share with its 95 % interval (``accuracy_ci``: Wilson's; ``recall_ci``:
+#: the bootstrap's where recalls are fractions) and the mean share of eviction cuts decided by a tie.
 LIST_COLUMNS: tuple[str, ...] = (
     "run_id",
     "status",
@@ -27,6 +30,12 @@ LIST_COLUMNS: tuple[str, ...] = (
     "context_length",
     "trials",
     "accuracy",
+    "accuracy_ci",
+    "recall",
+    "recall_ci",
+    "ruler",
+    "ruler_ci",
+    "tie_share",
     "perplexity",
     "kl",
     "started_by",
@@ -108,12 +117,37 @@ def list_runs_command(args: argparse.Namespace) -> int:
     if frame.empty:
         print(f"No matching runs in {store.path}.")
     else:
-        from kvlab.ui.tables import policy_name
-
-        labels = [policy_name(policy, params) for policy, params in zip(frame["policy"], frame["policy_params"])]
-        shown = frame.assign(policy=labels)[list(LIST_COLUMNS)].round({"accuracy": 3, "perplexity": 3, "kl": 4})
-        print(shown.assign(started_at=shown["started_at"].dt.floor("s")).to_string(index=False))
+        print(runs_listing(frame, store.trials_frame(filters_from_args(args))).to_string(index=False))
     return 0
+
+
+def runs_listing(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """``Store.list_runs`` rows as ``runs`` prints them (:data:`LIST_COLUMNS`): shares as fractions to three places,
+    intervals as ``0.240–0.760``, ``—`` where a run has none (a text's pass answers nothing; runs stored before the
+    tie share was recorded have none); a RULER run's score is the mean over its tasks of their mean recall."""
+    from kvlab.tasks.ruler_score import ruler_scores
+    from kvlab.ui.tables import policy_name, present, with_shares
+
+    shares = with_shares(runs, trials)
+    scores = ruler_scores(trials)
+    ruler = [scores[run].score if run in scores else None for run in shares["run_id"]]
+    labels = [policy_name(policy, params) for policy, params in zip(shares["policy"], shares["policy_params"])]
+    shown = shares.assign(
+        policy=labels,
+        tie_share=shares["tie_share"].round(3),
+        ruler=[None if score is None else round(score.value, 3) for score in ruler],
+        ruler_ci=["—" if score is None else f"{score.low:.3f}–{score.high:.3f}" for score in ruler],
+        started_at=shares["started_at"].dt.floor("s"),
+        **{
+            f"{name}_ci": [
+                f"{low:.3f}–{high:.3f}" if present(low) else "—"
+                for low, high in zip(shares[f"{name}_low"], shares[f"{name}_high"])
+            ]
+            for name in ("accuracy", "recall")
+        },
+    )
+    rounded = shown[list(LIST_COLUMNS)].round({"accuracy": 3, "recall": 3, "perplexity": 3, "kl": 4})
+    return rounded.astype(object).where(rounded.notna(), "—")
 
 
 def export_command(args: argparse.Namespace) -> int:

@@ -7,13 +7,19 @@ import typing
 
 from kvlab.errors import KvlabError
 from kvlab.policies.base import LayerView, Policy, check_fields, evict_layer, eviction_count
+from kvlab.policies.chunkkv import ChunkKV
 from kvlab.policies.drop_first import DropFirst
 from kvlab.policies.drop_pillars import DropPillars
+from kvlab.policies.expected_attention import ExpectedAttention
 from kvlab.policies.full import Full
 from kvlab.policies.generational import Generational
 from kvlab.policies.h2o import H2O
+from kvlab.policies.keydiff import KeyDiff
 from kvlab.policies.knorm import Knorm
+from kvlab.policies.kvzip import KVzip
+from kvlab.policies.quest import Quest
 from kvlab.policies.random import RandomPolicy
+from kvlab.policies.rocketkv import RocketKV
 from kvlab.policies.snapkv import PyramidKV, SnapKV
 from kvlab.policies.streaming import Streaming
 from kvlab.policies.tova import TOVA
@@ -29,6 +35,12 @@ POLICIES: dict[str, type[Policy]] = {
         PyramidKV,
         TOVA,
         Knorm,
+        KeyDiff,
+        ExpectedAttention,
+        ChunkKV,
+        KVzip,
+        Quest,
+        RocketKV,
         RandomPolicy,
         DropFirst,
         DropPillars,
@@ -36,12 +48,15 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 #: The policies that evict to a budget, in registry order: every method; not the full cache, nor the first-token
-#: ablation, which takes no budget.
-EVICTING: tuple[str, ...] = tuple(name for name, cls in POLICIES.items() if cls.evicts)
+#: ablation, which takes no budget, nor the sparse readers, whose budget is what they read per decoded token.
+EVICTING: tuple[str, ...] = tuple(name for name, cls in POLICIES.items() if cls.evicts and not cls.reads_sparsely)
+#: The policies that read a selection of the held tokens for each decoded token (:mod:`kvlab.sparse`).
+SPARSE_READERS: tuple[str, ...] = tuple(name for name, cls in POLICIES.items() if cls.reads_sparsely)
 
 __all__ = [
     "EVICTING",
     "POLICIES",
+    "SPARSE_READERS",
     "LayerView",
     "Policy",
     "evict_layer",

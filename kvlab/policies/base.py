@@ -19,16 +19,22 @@ import torch
 from kvlab.attention import window_attention
 from kvlab.errors import KvlabError
 from kvlab.heap import FREE, DeviceClock, HeapLayer, KVHeap, position_order
+from kvlab.rope import Rope
+from kvlab.sparse import SparseRead
 from kvlab.tiers import adakv_kept
 
 KEEP = float("inf")
+#: The score half of :func:`by_score_then_position`'s key for an infinite score.
+_INFINITE_KEY = torch.tensor(KEEP).view(torch.int32).item()
 
 
 @dataclass
 class LayerView:
     """What a policy may look at when scoring one layer: the first ``span`` slots of its heap (free ones included:
     their position is negative, and whatever a policy scores them, they are never chosen). ``next_position`` is the
-    position the next token will get (a number, or in a captured decode step a device tensor)."""
+    position the next token will get (a number, or in a captured decode step a device tensor). ``rope`` is the
+    model's rotary embedding where kvlab found one, and ``heap`` the whole heap, for a policy that reuses the decision
+    of a layer evicted before this one (layers are evicted in order)."""
 
     layer_idx: int
     num_layers: int
@@ -38,6 +44,8 @@ class LayerView:
     next_position: int | torch.Tensor
     generator: torch.Generator
     span: int
+    rope: Rope | None = None
+    heap: KVHeap | None = None
 
     @property
     def positions(self) -> torch.Tensor:
@@ -73,6 +81,17 @@ class LayerView:
     def window_attention(self) -> torch.Tensor:
         """Attention of the remembered query window over the slots, ``(batch, kv_heads, span)``."""
         return window_attention(self.cache, self.span)
+
+    def query_moments(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Mean ``(batch, q_heads, head_dim)`` and covariance ``(batch, q_heads, head_dim, head_dim)`` of the layer's
+        queries before RoPE (every query seen at positions from :data:`~kvlab.heap.MOMENTS_SKIP` on), with their
+        count as a device scalar; ``None`` when they were not accumulated (the policy does not declare
+        ``needs_query_moments``, or the model has no rotary embedding kvlab can find)."""
+        moments = self.cache.moments
+        if moments is None:
+            return None
+        mean, covariance = moments.mean_and_covariance()
+        return mean, covariance, moments.count
 
 
 @dataclass(frozen=True)
@@ -139,6 +158,12 @@ class Policy:
     needs_scores: ClassVar[bool] = False
     #: Whether its eviction can be captured in a CUDA graph (random draws from a generator a graph would not advance).
     capturable: ClassVar[bool] = True
+    #: Whether :meth:`score` reads the running moments of the queries before RoPE (:meth:`LayerView.query_moments`),
+    #: which the attention function then accumulates.
+    needs_query_moments: ClassVar[bool] = False
+    #: Whether the policy reads a selection of the held tokens for each decoded token (:meth:`sparse_read`): its
+    #: budget is then the tokens it reads per step, layer and KV head, and it declares ``evicts`` to take one.
+    reads_sparsely: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
@@ -216,6 +241,11 @@ class Policy:
     def check_mode(self, mode: str) -> None:
         """Refuse, in one sentence, a mode the policy's options cannot run in."""
 
+    def reconstructs(self) -> bool:
+        """Whether prefill mode's compression first has the model reconstruct the context on a fork of the heap, the
+        attention of that pass scoring the cache (KVzip, :mod:`kvlab.reconstruction`)."""
+        return False
+
     def heads_share_ranking(self) -> bool:
         """Whether every KV head of a layer is ranked by one shared score (TOVA's layer mean), so that whatever is
         added to the scores must be the same for all of them."""
@@ -224,6 +254,12 @@ class Policy:
     def can_capture(self) -> bool:
         """Whether its eviction can be captured in a CUDA graph."""
         return self.capturable
+
+    def sparse_read(self, budget: int, span: int) -> SparseRead | None:
+        """How the policy reads the cache while decoding at a read ``budget`` over a run of ``span`` tokens (prompt,
+        question and generation): the tokens it holds and its selection per step (:mod:`kvlab.sparse`); ``None``
+        for a policy that reads every token it holds."""
+        return None
 
     def perturb(self, view: LayerView, scores: torch.Tensor) -> torch.Tensor:
         """The scores as ranked: unchanged, unless the policy adds a noise floor
@@ -254,11 +290,13 @@ def evict_layer(heap: KVHeap, layer_idx: int, policy: Policy, view: LayerView) -
     start, stop = policy.candidates(view, count) or (0, view.span)
     scores = eviction_scores(policy, view).masked_fill(view.positions == FREE, float("inf"))  # free: no victims
     order = by_score_then_position(scores[..., start:stop], view.positions[..., start:stop])
-    if count == 1:  # the steady decoding step: one reduction instead of a selection
-        victims = order.argmin(dim=-1, keepdim=True)
+    if count < stop - start:  # the lowest count + 1 in order: the victims and the best survivor, to see a tie
+        lowest = order.topk(count + 1, dim=-1, largest=False, sorted=True)
+        victims, tied = lowest.indices[..., :count], tied_cut(lowest.values[..., count - 1], lowest.values[..., count])
     else:
-        victims = order.topk(count, dim=-1, largest=False, sorted=False).indices
+        victims, tied = order.topk(count, dim=-1, largest=False, sorted=False).indices, None
     heap.account_ranking(layer, stop - start, clock.stop() if clock is not None else None)
+    heap.account_cut(layer, tied)
     heap.evict(layer_idx, victims + start if start else victims)
 
 
@@ -275,18 +313,31 @@ def eviction_scores(policy: Policy, view: LayerView) -> torch.Tensor:
     return scores
 
 
-def kept_slots(policy: Policy, view: LayerView, safeguard: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def kept_slots(
+    policy: Policy, view: LayerView, safeguard: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Which held slots a compression keeps, ``(batch, kv_heads, span)``, and the ranking key they were chosen by
     (:func:`by_score_then_position`, higher kept): the same scores and tie-break as :func:`evict_layer`, each KV head
     keeping its budget, or with ``safeguard`` set the layer's heads sharing theirs (Ada-KV,
-    :func:`kvlab.tiers.adakv_kept`)."""
+    :func:`kvlab.tiers.adakv_kept`); and per KV head whether the cut fell on tied scores (:func:`tied_cut`; ``None``
+    when nothing is cut, or for Ada-KV's one cut over the layer's heads, whose ties are not counted)."""
     held = view.positions >= 0
     ranking = by_score_then_position(eviction_scores(policy, view), view.positions)
     keep = view.cache.live - eviction_count(view.cache, view.budget, view.uniform_budget)
     if safeguard is not None:
-        return adakv_kept(ranking, held, keep, safeguard), ranking
-    top = ranking.masked_fill(~held, torch.iinfo(torch.int64).min).topk(keep, dim=-1).indices
-    return torch.zeros_like(held).scatter_(-1, top, True) & held, ranking
+        return adakv_kept(ranking, held, keep, safeguard), ranking, None
+    highest = ranking.masked_fill(~held, torch.iinfo(torch.int64).min).topk(min(keep + 1, view.span), dim=-1)
+    top = highest.indices[..., :keep]
+    tied = tied_cut(highest.values[..., keep], highest.values[..., keep - 1]) if keep < view.cache.live else None
+    return torch.zeros_like(held).scatter_(-1, top, True) & held, ranking, tied
+
+
+def tied_cut(best_victim: torch.Tensor, worst_survivor: torch.Tensor) -> torch.Tensor:
+    """Whether each cut (keys of :func:`by_score_then_position`) fell on a tie: the best victim's score equals the
+    worst survivor's, so the position decided which of them stayed (an infinite score is a token kept by rule, not
+    a tie of measured scores)."""
+    victim_score, survivor_score = best_victim >> 32, worst_survivor >> 32
+    return (victim_score == survivor_score) & (victim_score != _INFINITE_KEY)
 
 
 def by_score_then_position(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

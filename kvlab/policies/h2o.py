@@ -21,9 +21,15 @@ class H2O(ScoringPolicy):
     over the query heads sharing its KV head, of the softmax attention it received. Evicted tokens lose their score
     for good, as in the paper's greedy algorithm.
 
+    ``accumulate="mean"`` reads H2O as kvpress's ``ObservedAttentionPress`` does: each token's accumulated attention
+    divided by the number of queries that saw it (itself and every later query), which no longer favours old tokens
+    for having been seen more often; ``"sum"`` (the default) is the paper's.
+
     Differs from the paper: with grouped-query attention the paper's per-head scores are summed over the query heads
     of each KV head, because the KV head is what is stored; and in ``prefill`` mode the whole context is scored
-    before one eviction, where the paper evicts one token per step from the start.
+    before one eviction, where the paper evicts one token per step from the start. Differs from kvpress's press:
+    it keeps the recent share of the budget, which the press does not, and sums the query heads of a KV head where
+    the press averages them (the same ranking).
     """
 
     name: ClassVar[str] = "h2o"
@@ -35,6 +41,9 @@ class H2O(ScoringPolicy):
         open_minimum=True,
         open_maximum=True,
         help="share of the budget kept as the most recent tokens",
+    )
+    accumulate: str = param(
+        "sum", choices=("sum", "mean"), help="sum of the attention received, or its mean over the queries that saw it"
     )
 
     def recent(self, budget: int) -> int:
@@ -48,4 +57,7 @@ class H2O(ScoringPolicy):
         return "one heavy hitter plus one recent token"
 
     def score(self, view: LayerView) -> torch.Tensor:
-        return view.scores.masked_fill(view.most_recent(self.recent(view.budget)), KEEP)
+        scores = view.scores
+        if self.accumulate == "mean":  # every query from the token's own on saw it (evicted tokens are gone for good)
+            scores = scores / (view.next_position - view.positions).clamp_min(1)
+        return scores.masked_fill(view.most_recent(self.recent(view.budget)), KEEP)

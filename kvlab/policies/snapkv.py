@@ -15,26 +15,11 @@ from kvlab.policies.base import KEEP, LayerView, param
 from kvlab.policies.scoring import ScoringPolicy
 
 
-@dataclass
-class SnapKV(ScoringPolicy):
-    """SnapKV (Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation", NeurIPS 2024,
-    arXiv:2404.14469): the last ``window`` queries vote for the tokens they attend to; votes are summed over the
-    window, pooled along the sequence with a ``kernel``-wide pooling (max by default) so that neighbours of an
-    important token survive with it, and the top tokens are kept together with the window itself.
+class ObservationWindow:
+    """What the policies whose last ``window`` queries vote share: they remember those queries, and always keep the
+    window's tokens, so a budget must hold the window and one token more."""
 
-    Differs from the paper: votes are summed over the query heads sharing a KV head (GQA); in ``streaming`` mode,
-    which the paper does not have, the window is the last ``window`` queries seen before each eviction.
-    """
-
-    name: ClassVar[str] = "snapkv"
-    window: int = param(32, minimum=1, help="recent queries that vote (the observation window)")
-    kernel: int = param(7, minimum=1, maximum=255, help="width of the pooling along the sequence (odd)")
-    pooling: str = param("max", choices=("max", "avg"), help="how votes are pooled along the sequence")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.kernel % 2 == 0:
-            raise KvlabError(f"The pooling kernel of {self.name} must be a positive odd number, not {self.kernel}.")
+    window: int
 
     def query_window(self) -> int:
         return self.window
@@ -45,12 +30,45 @@ class SnapKV(ScoringPolicy):
     def describe_min_budget(self) -> str:
         return f"its observation window of {self.window} tokens plus one"
 
+
+@dataclass
+class SnapKV(ObservationWindow, ScoringPolicy):
+    """SnapKV (Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation", NeurIPS 2024,
+    arXiv:2404.14469): the last ``window`` queries vote for the tokens before the window that they attend to; votes
+    are summed over the window, pooled along the sequence with a ``kernel``-wide pooling (average by default) so that
+    neighbours of an important token survive with it, and the top tokens are kept together with the window itself.
+
+    As the reference code (``SnapKVCluster.update_kv``: window 32, kernel 5, average pooling) and kvpress do, only the
+    votes for tokens before the window are pooled; the window's own columns (each query's strong attention to itself
+    and its neighbours) never spill into the tokens just before it. Against kvpress 0.5.5's ``SnapKVPress`` the kept
+    sets are then the same at equal window and kernel (kvpress defaults to a window of 64).
+
+    Differs from the reference code: votes are summed over the query heads sharing a KV head (GQA; kvpress averages
+    them, which ranks the same), and over the window in float32 (the reference casts the softmax back to the model's
+    dtype first, which can tie scores it would not tie in float32); equal scores are broken by position, the older
+    token going first, where the reference code's ``topk`` breaks them as the hardware does. In ``streaming`` mode,
+    which the paper does not have, the window is the last ``window`` queries seen before each eviction.
+    """
+
+    name: ClassVar[str] = "snapkv"
+    window: int = param(32, minimum=1, help="recent queries that vote (the observation window)")
+    kernel: int = param(5, minimum=1, maximum=255, help="width of the pooling along the sequence (odd)")
+    pooling: str = param("avg", choices=("avg", "max"), help="how votes are pooled along the sequence")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kernel % 2 == 0:
+            raise KvlabError(f"The pooling kernel of {self.name} must be a positive odd number, not {self.kernel}.")
+
     def score(self, view: LayerView) -> torch.Tensor:
-        pooled = view.in_position_order(view.window_attention(), self._pool)
-        return pooled.masked_fill(view.most_recent(self.window), KEEP)
+        window = view.most_recent(self.window)
+        votes = view.window_attention().masked_fill(window, 0.0)  # only the votes for tokens before the window
+        pooled = view.in_position_order(votes, self._pool)
+        return pooled.masked_fill(window, KEEP)
 
     def _pool(self, votes: torch.Tensor) -> torch.Tensor:
-        """Votes pooled along the sequence (``votes`` in position order)."""
+        """Votes pooled along the sequence (``votes`` in position order, zero in the window and on free slots, as the
+        reference code's zero padding past the tokens before the window)."""
         batch, kv_heads, slots = votes.shape
         flat = votes.reshape(batch * kv_heads, 1, slots)
         pool = F.max_pool1d if self.pooling == "max" else F.avg_pool1d

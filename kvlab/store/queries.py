@@ -220,10 +220,10 @@ class Store:
         where, params = _where(filters)
         return self._read(
             f"""
-            SELECT r.*, coalesce(t.trials, 0) AS trials, t.accuracy, t.exact_accuracy, t.perplexity, t.kl
+            SELECT r.*, coalesce(t.trials, 0) AS trials, t.accuracy, t.exact_accuracy, t.recall, t.perplexity, t.kl
             FROM runs r LEFT JOIN (
                 SELECT run_id, count(*) AS trials, avg(correct::DOUBLE) AS accuracy,
-                       avg(exact::DOUBLE) AS exact_accuracy, {_QUALITY}
+                       avg(exact::DOUBLE) AS exact_accuracy, avg(recall) AS recall, {_QUALITY}
                 FROM trials GROUP BY run_id
             ) t USING (run_id)
             WHERE {where} ORDER BY r.run_id
@@ -258,8 +258,9 @@ class Store:
             "count(DISTINCT run_id) AS runs, "
             "count(*) AS trials, avg(t.correct::DOUBLE) AS accuracy, avg(t.exact::DOUBLE) AS exact_accuracy, "
             f"{_QUALITY}, "
+            "avg(t.recall) AS recall, "
             "avg(t.kv_bytes) AS mean_kv_bytes, avg(t.peak_kv_bytes) AS mean_peak_kv_bytes, "
-            "avg(t.kept_tokens) AS mean_kept_tokens",
+            "avg(t.read_bytes) AS mean_read_bytes, avg(t.kept_tokens) AS mean_kept_tokens",
             filters,
             "GROUP BY ALL ORDER BY ALL",
         )

@@ -79,7 +79,12 @@ class Trial:
     (:mod:`kvlab.tasks.quality`) has no ``correct`` answer; it records the ``scored_tokens`` it predicted, their
     mean negative log-likelihood ``nll`` and mean KL divergence ``kl`` from the full cache's predictions.
     ``ranked_slots`` counts the slots its evictions ranked and ``ranking_s`` the seconds they took outside static
-    decode steps, per sequence.
+    decode steps, per sequence. ``tie_share`` is the share of its eviction cuts (over layers, KV heads and
+    evictions) where the best victim's score equalled the worst survivor's, so that the position tie-break decided;
+    ``recall`` the fraction of the expected strings its output contains (RULER's score; 1 or 0 for one answer);
+    ``read_bytes`` the K/V bytes attention read per decoded token, per sequence (the bytes held, except for policies
+    that read a subset of the cache); ``reconstruction_s`` the seconds of KVzip's reconstruction of the context, per
+    sequence, which ``prefill_s`` includes (0 for every other policy).
     """
 
     trial_key: str
@@ -105,6 +110,10 @@ class Trial:
     kl: float | None = None
     ranked_slots: int | None = None
     ranking_s: float | None = None
+    tie_share: float | None = None
+    recall: float | None = None
+    read_bytes: float | None = None
+    reconstruction_s: float | None = None
 
 
 @dataclass(frozen=True)

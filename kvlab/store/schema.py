@@ -265,6 +265,22 @@ def v9_heap_management(cursor: Cursor) -> None:
     )
 
 
+def v10_uncertainty_and_reads(cursor: Cursor) -> None:
+    """What a result's uncertainty and a sparse reader's cost need per trial: the share of eviction cuts that fell
+    on tied scores (``tie_share``: where the position tie-break, not the score, decided), RULER's recall of the
+    expected strings (``recall``, in [0, 1]) and the K/V bytes attention read per decoded token (``read_bytes``:
+    less than those held for policies that read a subset of the cache) and the seconds of KVzip's reconstruction pass
+    (``reconstruction_s``, also part of ``prefill_s``). Older trials (NULL) did not record them."""
+    cursor.execute(
+        """
+        ALTER TABLE trials ADD COLUMN tie_share DOUBLE;
+        ALTER TABLE trials ADD COLUMN recall DOUBLE;
+        ALTER TABLE trials ADD COLUMN read_bytes DOUBLE;
+        ALTER TABLE trials ADD COLUMN reconstruction_s DOUBLE;
+        """
+    )
+
+
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
 MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v1_initial,
@@ -276,6 +292,7 @@ MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v7_quality_and_claims,
     v8_replays,
     v9_heap_management,
+    v10_uncertainty_and_reads,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The first version with the marker; older kvlab databases are recognised by their tables and columns.

@@ -19,6 +19,8 @@ from typing import Any, Sequence
 from kvlab.errors import KvlabError
 from kvlab.limits import Limits
 from kvlab.tasks.needle import ANSWER_PREFIX, QUESTION_PREFIX, NeedleItem, encode
+from kvlab.tasks.ruler_build import RulerItem
+from kvlab.tasks.ruler_score import join_answers, ruler_task_id
 
 JSONL_FIELDS = ("id", "context", "question", "answer")
 #: Fields of a task line that must hold some text (a question may be empty: the model then continues the context).
@@ -35,13 +37,24 @@ def item_hash(context_ids: Sequence[int], question_ids: Sequence[int], answer: s
 @dataclass(frozen=True)
 class TaskItem:
     """One prompt to answer. ``context_ids`` begin with the model's BOS (when it has one); the prompt the model
-    reads is ``context_ids + question_ids``."""
+    reads is ``context_ids + question_ids``.
+
+    ``answers`` lists every string the output should contain when there are several to look for (a RULER item,
+    scored by the share it contains); ``answer`` then holds them joined (:func:`~kvlab.tasks.ruler_score.join_answers`),
+    so that :attr:`content_hash` covers them all. Needle and user items leave ``answers`` empty: their one
+    ``answer`` is expected, and their hashes are those they always had."""
 
     task_id: str
     context_ids: tuple[int, ...]
     question_ids: tuple[int, ...]
     answer: str
     depth: float | None = None
+    answers: tuple[str, ...] = ()
+
+    @property
+    def expected_answers(self) -> tuple[str, ...]:
+        """Every string the output should contain: ``answers``, or the one ``answer``."""
+        return self.answers or (self.answer,)
 
     @property
     def context_tokens(self) -> int:
@@ -62,6 +75,18 @@ def from_needle(item: NeedleItem, index: int) -> TaskItem:
         question_ids=item.question_ids,
         answer=item.answer,
         depth=item.depth,
+    )
+
+
+def from_ruler(item: RulerItem, index: int) -> TaskItem:
+    """A RULER item as a task item, its ``task_id`` naming its task (:func:`~kvlab.tasks.ruler_score.task_of`)."""
+    return TaskItem(
+        task_id=ruler_task_id(item.task, item.context_tokens, index),
+        context_ids=item.context_ids,
+        question_ids=item.question_ids,
+        answer=join_answers(item.answers),
+        depth=item.depth,
+        answers=item.answers,
     )
 
 

@@ -104,6 +104,7 @@ def needle_evidence(path: Path) -> NeedleEvidence:
         frontiers, claims = {}, {}
         for model in choices(runs, "model"):
             filters = RunFilter(models=(model,), tasks=("needle",), context_lengths=(CLAIM_CONTEXT,))
-            frontiers[model] = frontier_points(store.accuracy_frontier(filters), "keep", "accuracy")
-            claims[model] = side_by_side(store.trials_frame(filters), CLAIM_CONTEXT)
+            trials = store.trials_frame(filters)
+            frontiers[model] = frontier_points(store.accuracy_frontier(filters), "keep", "accuracy", trials)
+            claims[model] = side_by_side(trials, CLAIM_CONTEXT)
     return NeedleEvidence(sorted(runs["device"].dropna().unique()), frontiers, claims)

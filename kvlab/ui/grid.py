@@ -1,5 +1,6 @@
 """The needle grid as the page asks for it: policies at one kept fraction, in one mode, over context lengths and
-evenly spaced depths, run by :class:`kvlab.sweep.SweepRunner` into the store (resumable, trial by trial).
+evenly spaced depths (or RULER's tasks, :mod:`kvlab.tasks.ruler`), run by :class:`kvlab.sweep.SweepRunner` into the
+store (resumable, trial by trial).
 
 A request is plain values so that it can be stored as a sweep's JSON spec (:meth:`kvlab.store.Store.begin_sweep`)
 and rebuilt after a server restart to resume the sweep; the grid it describes is built from it each time. Its
@@ -26,10 +27,14 @@ from kvlab.policies.scoring import ScoringPolicy
 from kvlab.profile import require_profile
 from kvlab.store import Store
 from kvlab.sweep import Progress, SweepGrid, SweepRunner, SweepSummary, format_variant, parse_policies
+from kvlab.tasks.ruler import MAX_NEW_TOKENS, check_tasks
 from kvlab.ui.inputs import cache_option_fields
 
 #: What a stored spec says it is: a spec without it (or with another) is not read as a needle grid.
 SPEC_KIND = "needle-grid"
+#: Settings added after grids were first stored: a spec leaves them out at their defaults, so that such a grid's
+#: spec, and so its stored sweep, is the one it always was.
+LATER_SETTINGS = ("tasks", "query_aware")
 
 
 def evenly_spaced_depths(count: int) -> tuple[float, ...]:
@@ -72,7 +77,8 @@ def grid_policies(names: Sequence[str], options: Mapping[str, object], also_with
 class NeedleGridRequest:
     """A needle grid on one model: every policy at ``keep`` (the full cache once) in ``mode``, at each context
     length, ``depths`` evenly spaced depths from 0 to 1 (:func:`evenly_spaced_depths`), ``trials`` items per depth,
-    ``batch_size`` prompts per forward pass."""
+    ``batch_size`` prompts per forward pass. With RULER ``tasks`` (their names), ``trials`` items of each task
+    instead of the needle depths. ``query_aware`` reads the question before compression (else after it)."""
 
     model: str
     policies: tuple[str, ...]
@@ -82,6 +88,8 @@ class NeedleGridRequest:
     depths: int
     trials: int
     batch_size: int = 8
+    tasks: tuple[str, ...] = ()
+    query_aware: bool = True
 
     def policy_objects(self) -> tuple[Policy, ...]:
         """The policies with their options; one the mode cannot run (precision tiers in streaming mode) or a bad
@@ -92,7 +100,22 @@ class NeedleGridRequest:
         return policies
 
     def grid(self) -> SweepGrid:
-        """The sweep grid; a policy, budget or mode it cannot run is one sentence."""
+        """The sweep grid; a policy, budget, mode or RULER task it cannot run is one sentence. RULER's tasks may
+        generate RULER's largest answer budget."""
+        if self.tasks:
+            return SweepGrid(
+                self.policy_objects(),
+                keeps=(self.keep,),
+                contexts=self.contexts,
+                depths=None,
+                trials=self.trials,
+                modes=(self.mode,),
+                kind="ruler",
+                ruler_tasks=check_tasks(self.tasks),
+                query_aware=self.query_aware,
+                max_new_tokens=MAX_NEW_TOKENS,
+                batch_size=self.batch_size,
+            )
         return SweepGrid(
             self.policy_objects(),
             keeps=(self.keep,),
@@ -100,6 +123,7 @@ class NeedleGridRequest:
             depths=evenly_spaced_depths(self.depths),
             trials=self.trials,
             modes=(self.mode,),
+            query_aware=self.query_aware,
             batch_size=self.batch_size,
         )
 
@@ -114,27 +138,35 @@ class NeedleGridRequest:
         return grid
 
     def own_runs(self, runs: pd.DataFrame) -> pd.DataFrame:
-        """The stored runs (``Store.list_runs``) of exactly this grid's policies with their parameters, so that a
-        heatmap of ``h2o`` does not pool runs of ``h2o`` with other options or parameters."""
+        """The stored runs (``Store.list_runs``) of exactly this grid's policies with their parameters, that read
+        the question when this grid does, so that a heatmap of ``h2o`` does not pool runs of ``h2o`` with other
+        options, parameters or question settings."""
         wanted = {(policy.name, json.dumps(policy.params(), sort_keys=True)) for policy in self.policy_objects()}
-        stored = [
-            (name, json.dumps(json.loads(params) if isinstance(params, str) else {}, sort_keys=True))
-            for name, params in zip(runs["policy"], runs["policy_params"])
+        same_question = [not pd.isna(aware) and bool(aware) == self.query_aware for aware in runs["query_aware"]]
+        ours = [
+            (name, json.dumps(json.loads(params) if isinstance(params, str) else {}, sort_keys=True)) in wanted and same
+            for name, params, same in zip(runs["policy"], runs["policy_params"], same_question)
         ]
-        return runs[np.array([pair in wanted for pair in stored], dtype=bool)]
+        return runs[np.array(ours, dtype=bool)]
 
     def policy_names(self) -> tuple[str, ...]:
         """The distinct policy names of the grid, as a store filter takes them."""
         return tuple(dict.fromkeys(policy.name for policy in self.policy_objects()))
 
     def fills(self, other: NeedleGridRequest) -> bool:
-        """Whether this grid's trials show on ``other``'s heatmap: the same model, kept fraction and mode, and a
-        policy and a context length in common."""
+        """Whether this grid's trials show on ``other``'s heatmap (or RULER table): the same model, kept fraction,
+        mode, tasks and question setting, and a policy and a context length in common."""
         return (
-            (self.model, self.keep, self.mode) == (other.model, other.keep, other.mode)
+            (self.model, self.keep, self.mode, self.tasks, self.query_aware)
+            == (other.model, other.keep, other.mode, other.tasks, other.query_aware)
             and bool(set(self.policies) & set(other.policies))
             and bool(set(self.contexts) & set(other.contexts))
         )
+
+    @property
+    def name(self) -> str:
+        """What the grid is called on the page: ``needle grid`` or ``RULER grid``."""
+        return "RULER grid" if self.tasks else "needle grid"
 
     def runs(self) -> int:
         """How many stored runs the grid fills: one per cell and context length."""
@@ -143,23 +175,34 @@ class NeedleGridRequest:
     def describe(self) -> str:
         """The grid in one line, for the page's list of sweeps."""
         trials = "1 trial" if self.trials == 1 else f"{self.trials} trials"
+        asked = f"RULER {', '.join(self.tasks)} x {trials}" if self.tasks else f"{self.depths} depths x {trials}"
+        question = "" if self.query_aware else " · question after compression"
         return (
             f"{', '.join(self.policies)} · keep {self.keep:g} · {self.mode} · "
-            f"{', '.join(f'{c:,}' for c in self.contexts)} tokens · {self.depths} depths x {trials}"
+            f"{', '.join(f'{c:,}' for c in self.contexts)} tokens · {asked}{question}"
         )
 
     def spec(self) -> dict[str, Any]:
-        """The request as the JSON object a sweep is stored with."""
-        return {"kind": SPEC_KIND, **dataclasses.asdict(self)}
+        """The request as the JSON object a sweep is stored with, :data:`LATER_SETTINGS` at their defaults left
+        out."""
+        values = dataclasses.asdict(self)
+        for field in dataclasses.fields(self):
+            if field.name in LATER_SETTINGS and values[field.name] == field.default:
+                del values[field.name]
+        return {"kind": SPEC_KIND, **values}
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> NeedleGridRequest:
         """The request a stored sweep was started with; a spec this version cannot read is one sentence."""
-        fields = {field.name for field in dataclasses.fields(cls)}
-        if spec.get("kind") != SPEC_KIND or not fields <= set(spec):
+        fields = dataclasses.fields(cls)
+        required = {field.name for field in fields if field.default is dataclasses.MISSING}
+        if spec.get("kind") != SPEC_KIND or not required <= set(spec):
             raise KvlabError("This stored sweep is not a needle grid this version of kvlab can read.")
-        values = {name: spec[name] for name in fields}
-        return cls(**{**values, "policies": tuple(values["policies"]), "contexts": tuple(values["contexts"])})
+        values = {field.name: spec[field.name] for field in fields if field.name in spec}
+        lists: dict[str, tuple] = {
+            name: tuple(values[name]) for name in ("policies", "contexts", "tasks") if name in values
+        }
+        return cls(**{**values, **lists})
 
 
 def run_needle_grid(
@@ -176,4 +219,5 @@ def run_needle_grid(
     try:
         return runner.run()
     except KvlabError as error:
-        raise KvlabError(f"{error} The needle grid's finished trials are stored; resume it to go on.") from None
+        name = "RULER" if grid.kind == "ruler" else "needle"
+        raise KvlabError(f"{error} The {name} grid's finished trials are stored; resume it to go on.") from None

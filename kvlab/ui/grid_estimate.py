@@ -26,7 +26,14 @@ def give_up(waiting: Waiting) -> None:
 
 @st.cache_resource(show_spinner=False, max_entries=32)
 def timed_speed(
-    model: str, policies: tuple[str, ...], mode: str, shortest: int, batch: int, _grid: SweepGrid, _loaded: LoadedModel
+    model: str,
+    policies: tuple[str, ...],
+    mode: str,
+    shortest: int,
+    batch: int,
+    new_tokens: int,
+    _grid: SweepGrid,
+    _loaded: LoadedModel,
 ) -> Speed:
     """One timed pass at the grid's shape, once per server process and shape (the named arguments are the cache
     key), on the device only when nothing else runs there, so that it neither slows a run nor is slowed by one."""
@@ -36,7 +43,13 @@ def timed_speed(
 
 def measured(grid_request: NeedleGridRequest, grid: SweepGrid, model: LoadedModel) -> Speed | None:
     """The grid's timed speed, or None while the device is busy."""
-    shape = (grid_request.policies, grid_request.mode, min(grid_request.contexts), grid_request.batch_size)
+    shape = (
+        grid_request.policies,
+        grid_request.mode,
+        min(grid_request.contexts),
+        grid_request.batch_size,
+        grid.max_new_tokens,  # a RULER grid decodes longer answers than a needle grid
+    )
     try:
         return timed_speed(model.name, *shape, grid, model)
     except DeviceBusy:

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from kvlab import __version__
+from kvlab.stats import MIN_PAIRED_ITEMS
 from kvlab.ui.guides import ChartGuide, chart_config
 from kvlab.ui.store_figures import (
     FRONTIER_GUIDE,
@@ -30,22 +31,27 @@ from kvlab.ui.store_figures import (
 from kvlab.ui.tables import (
     FRONTIER_AXES,
     METRICS,
+    SHARE_COLUMNS,
     compare_runs,
     frontier_table,
+    paired_tests,
     run_memory,
     run_quality,
     runs_table,
     short_model_name,
+    with_shares,
 )
 
 
 @dataclass(frozen=True)
 class ReportTable:
-    """A table of the report under its heading; ``index`` says whether its row labels are part of it."""
+    """A table of the report under its heading, with a ``note`` on how to read it where it needs one; ``index``
+    says whether its row labels are part of it."""
 
     title: str
     frame: pd.DataFrame
     index: bool = False
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,11 @@ class Report:
     def figures(self) -> list[ReportFigure]:
         """The report's figures, in order."""
         return [part for part in self.parts if isinstance(part, ReportFigure)]
+
+    @property
+    def tables(self) -> list[ReportTable]:
+        """The report's tables, in order."""
+        return [part for part in self.parts if isinstance(part, ReportTable)]
 
 
 @dataclass(frozen=True)
@@ -117,7 +128,8 @@ def run_sources(runs: pd.DataFrame) -> pd.DataFrame:
 def _table_html(table: ReportTable) -> str:
     shown = table.frame.astype(object).where(table.frame.notna(), "—")
     frame = shown.to_html(index=table.index, escape=True, border=0)
-    return f"<h2>{html.escape(table.title)}</h2>\n<div class='scroll'>{frame}</div>"
+    note = f"<p>{html.escape(table.note)}</p>\n" if table.note else ""
+    return f"<h2>{html.escape(table.title)}</h2>\n{note}<div class='scroll'>{frame}</div>"
 
 
 def _guide_html(guide: ChartGuide) -> str:
@@ -160,19 +172,50 @@ def report_html(report: Report, made_at: datetime) -> str:
     )
 
 
+#: What counts as right in a paired test on each share metric.
+_RIGHT = {
+    "accuracy": "the answer in the output",
+    "exact_accuracy": "the answer as the output's first line",
+    "recall": "every expected string recalled",
+}
+
+
+PAIRED_TITLE = "Paired test (McNemar) on the items both runs answered"
+
+
+def paired_note(metric: str) -> str:
+    """How to read the paired tests on a share metric (a key of :data:`~kvlab.ui.tables.SHARE_COLUMNS`): what
+    pairs, what counts as right, and when two runs are not comparable."""
+    return (
+        f"Items pair by the hash of their prompt. McNemar's test reads only the items where one is right and the "
+        f"other wrong (right: {_RIGHT[metric]}); a p-value below 0.05 says the difference is unlikely to be chance. "
+        f"B − A is the mean difference in {METRICS[metric].title} over the paired items, with its bootstrap 95 % "
+        f"interval. Fewer than {MIN_PAIRED_ITEMS} shared items are not comparable."
+    )
+
+
 def runs_report(runs: pd.DataFrame, trials: pd.DataFrame, metric: str) -> Report:
     """The Runs page's comparison: the compared runs (``Store.list_runs`` rows) side by side, their quality on
-    ``metric`` (a key of :data:`~kvlab.ui.tables.METRICS`) and their memory, from their trials."""
+    ``metric`` (a key of :data:`~kvlab.ui.tables.METRICS`) and their memory, from their trials; for a share and
+    two runs or more, every two of them by McNemar's paired test on the items both answered."""
     names = ", ".join(str(run_id) for run_id in runs["run_id"])
+    paired = (
+        (ReportTable(PAIRED_TITLE, paired_tests(runs, trials, metric), note=paired_note(metric)),)
+        if metric in SHARE_COLUMNS and len(runs) > 1
+        else ()
+    )
     return Report(
         title=f"kvlab: runs {names} compared",
         summary=(
             f"{len(runs)} stored runs side by side: their configuration, where they ran, and the means of their "
-            f"{len(trials)} trials. Bytes are measured from the cache tensors of each trial and averaged."
+            f"{len(trials)} trials. Bytes are measured from the cache tensors of each trial and averaged. Shares "
+            "carry their 95 % interval: Wilson's for right-or-wrong answers, a seeded percentile bootstrap for "
+            "RULER's recall."
         ),
         runs=runs,
         parts=(
             ReportTable("The compared runs", compare_runs(runs, trials), index=True),
+            *paired,
             ReportFigure(
                 f"Quality per run: {METRICS[metric].title}",
                 run_quality_figure(run_quality(runs, trials, metric), metric),
@@ -186,10 +229,16 @@ def runs_report(runs: pd.DataFrame, trials: pd.DataFrame, metric: str) -> Report
     )
 
 
-def frontier_report(selections: Sequence[Selection], axis: str, metric: str, runs: pd.DataFrame) -> Report:
+def frontier_report(
+    selections: Sequence[Selection],
+    axis: str,
+    metric: str,
+    runs: pd.DataFrame,
+    trials: pd.DataFrame | None = None,
+) -> Report:
     """The Frontier page's two selections: each one's frontier on ``axis`` against ``metric`` (keys of
     :data:`~kvlab.ui.tables.FRONTIER_AXES` and :data:`~kvlab.ui.tables.METRICS`) with its points, and the runs
-    behind them (``Store.list_runs`` rows)."""
+    behind them (``Store.list_runs`` rows, with their intervals and tie shares from their ``trials``)."""
     return Report(
         title="kvlab: quality against memory, " + " and ".join(f"selection {s.name}" for s in selections),
         summary=(
@@ -199,7 +248,7 @@ def frontier_report(selections: Sequence[Selection], axis: str, metric: str, run
         runs=runs,
         parts=(
             *(part for selection in selections for part in _selection_parts(selection, axis, metric)),
-            ReportTable("The runs behind them", runs_table(runs)),
+            ReportTable("The runs behind them", runs_table(runs if trials is None else with_shares(runs, trials))),
         ),
     )
 

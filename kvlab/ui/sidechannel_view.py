@@ -13,8 +13,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from kvlab.claims.evidence import RESULTS_DIR
-from kvlab.claims.stats import wilson_interval
 from kvlab.sidechannel import CHANNELS, SideChannelResult
+from kvlab.stats import wilson_interval
 from kvlab.ui.guides import ChartGuide
 from kvlab.ui.units import byte_axis, format_bytes
 

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from kvlab.ui.guides import ChartGuide
-from kvlab.ui.tables import FRONTIER_AXES, METRICS, Metric, is_byte_axis, memory_text, quality_text
+from kvlab.ui.tables import METRICS, Metric, axis_title, is_byte_axis, memory_text, percent_interval, quality_text
 from kvlab.ui.units import byte_axis, format_bytes
 
 #: How far apart neighbouring lines are drawn on a byte axis, in powers of two (2**0.06: 4.2 %), and on the kept
@@ -37,7 +37,9 @@ MARKER_OPACITY = 0.75
 FRONTIER_GUIDE = ChartGuide(
     axes=(
         "One line per policy and mode (each with its own colour and marker); across, the memory each budget "
-        "kept (measured from the cache tensors, or the kept fraction), up, the quality its trials reached. "
+        "kept (measured from the cache tensors, or the kept fraction), up, the quality its trials reached, with "
+        "its 95 % interval as a whisker (Wilson's for right-or-wrong answers, a bootstrap for recall). On the "
+        "bytes-read axis, a run that recorded no reads sits at the bytes it held, and the axis title says so. "
         "Lines are drawn a little apart (4 % of memory, or 1.5 points of kept fraction, per line) so that points "
         "at the same budget do not hide one another; the hover gives the measured values and names every line at "
         "that budget."
@@ -47,20 +49,23 @@ FRONTIER_GUIDE = ChartGuide(
         "with much less memory. Circled points are on the Pareto front: nothing else is as good with less memory."
     ),
     bad=(
-        "A line that drops as soon as memory shrinks, or points of a few trials each (the hover's n): a 100 % from "
-        "two trials is not a measurement. Lines far from the full cache at every budget lose what the task needs."
+        "A line that drops as soon as memory shrinks, or points of a few trials each (the hover's n, a long "
+        "whisker): a 100 % from two trials is not a measurement, and two points whose whiskers overlap may differ "
+        "by chance. Lines far from the full cache at every budget lose what the task needs."
     ),
 )
 
 RUN_QUALITY_GUIDE = ChartGuide(
     axes=(
-        "One bar per compared run: its quality on the chosen measure. For shares, the whisker is the Wilson 95 % "
-        "interval of its answered trials, and the hover gives how many trials stand behind the bar."
+        "One bar per compared run: its quality on the chosen measure. For shares, the whisker is the 95 % "
+        "interval of its answered trials (Wilson's for right-or-wrong answers, a seeded bootstrap for RULER's "
+        "recall), and the hover gives the interval and how many trials stand behind the bar."
     ),
     good="A bar close to the full cache's, with a short whisker: many trials agree on that quality.",
     bad=(
         "A bar far below the full cache's, or a long whisker: too few trials to tell the runs apart. Overlapping "
-        "whiskers mean the difference between two runs may be chance."
+        "whiskers mean the difference between two runs may be chance; for runs that answered the same items, the "
+        "paired test (McNemar) beside the chart decides it with more power."
     ),
 )
 
@@ -76,6 +81,9 @@ RUN_MEMORY_GUIDE = ChartGuide(
     ),
 )
 
+#: Height added to a frontier per line beyond the eighth (its legend, above the plot, wraps onto more rows).
+LEGEND_ROW_PX = 22
+
 
 def _empty(text: str) -> go.Figure:
     """A blank figure that says why it is blank."""
@@ -89,12 +97,22 @@ def _same_budget(points: pd.DataFrame, bytes_axis: bool, metric: Metric) -> list
     """For each point, the hover lines of every point at its budget (the same measured memory), so that a point
     hidden under another is still named."""
     budget = points["x"].map(lambda x: f"{x:.6g}")
+    shown = points[["line", "y", "low", "high", "trials"]].itertuples(index=False)
     lines = [
-        f"{line} · {quality_text(y, metric)} (n={trials})"
-        for line, y, trials in zip(points["line"], points["y"], points["trials"])
+        f"{line} · {quality_text(y, metric)} ({_interval_text(low, high)}n={trials})"
+        for line, y, low, high, trials in shown
     ]
     at_budget = pd.Series(lines, index=points.index).groupby(budget).agg("<br>".join)
-    return [f"At {memory_text(float(x), bytes_axis)}:<br>{at_budget[key]}" for x, key in zip(points["x"], budget)]
+    return [
+        f"At {memory_text(float(x), bytes_axis)}{' held (no reads recorded)' if held else ''}:<br>{at_budget[key]}"
+        for x, held, key in zip(points["x"], points["held_fallback"], budget)
+    ]
+
+
+def _interval_text(low: float, high: float) -> str:
+    """A point's 95 % interval (in percent) for its hover, ``95% CI 24–76, `` (nothing where it has none)."""
+    text = percent_interval(low / 100, high / 100)
+    return "" if text == "—" else f"95% CI {text}, "
 
 
 def _dodged(points: pd.DataFrame, bytes_axis: bool) -> pd.Series:
@@ -126,9 +144,9 @@ def frontier_figure(
     points: pd.DataFrame, x_title: str, bytes_axis: bool, metric: Metric = METRICS["accuracy"]
 ) -> go.Figure:
     """Quality against memory, one line per policy and mode (its own colour and marker symbol), the Pareto front
-    circled. Byte axes are logarithmic (budgets span orders of magnitude) with ticks at round binary values; the
-    kept fraction is linear from 0 to 1. Percentages span 0 to 100; a perplexity or a KL spans what was measured,
-    its title saying that lower is better.
+    circled, each point's 95 % interval a whisker where it has one. Byte axes are logarithmic (budgets span orders
+    of magnitude) with ticks at round binary values; the kept fraction is linear from 0 to 1. Percentages span 0 to
+    100; a perplexity or a KL spans what was measured, its title saying that lower is better.
 
     Lines are drawn a little apart (:data:`LOG_DODGE`, :data:`LINEAR_DODGE`) and their markers a little
     transparent, so that points of different policies at the same budget are all seen; each point's hover names
@@ -148,6 +166,15 @@ def frontier_figure(
                 name=line,
                 line=dict(color=colours[index % len(colours)], width=1.5),
                 marker=dict(symbol=SYMBOLS[index % len(SYMBOLS)], size=10, opacity=MARKER_OPACITY),
+                error_y=dict(
+                    type="data",
+                    symmetric=False,
+                    array=(group["high"] - group["y"]).fillna(0),
+                    arrayminus=(group["y"] - group["low"]).fillna(0),
+                    visible=bool(group["low"].notna().any()),
+                    thickness=1,
+                    width=3,
+                ),
                 customdata=group[["label", "hover"]].to_numpy(),
                 hovertemplate="<b>%{customdata[0]}</b><br>%{customdata[1]}<extra></extra>",
             )
@@ -165,8 +192,11 @@ def frontier_figure(
         )
     )
     x_axis = _log_byte_axis(points["drawn"]) if bytes_axis else _fraction_axis(points["drawn"])
+    lines = points["line"].nunique()
     figure.update_layout(
-        height=470,
+        # the legend takes the plot's height as it grows (long variant names wrap it onto many rows): the figure
+        # grows with it, so the plot keeps room for its axis title
+        height=470 + LEGEND_ROW_PX * max(0, lines - 8),
         margin=dict(l=60, r=20, t=20, b=50),
         hovermode="closest",
         xaxis=dict(title=x_title, **x_axis),
@@ -181,8 +211,8 @@ def frontier_figure(
 def axis_frontier_figure(points: pd.DataFrame, axis: str, metric: str) -> go.Figure:
     """:func:`frontier_figure` of ``points`` on a frontier axis and a quality metric given by their keys
     (:data:`~kvlab.ui.tables.FRONTIER_AXES`, :data:`~kvlab.ui.tables.METRICS`): every axis but the kept fraction
-    is in bytes."""
-    return frontier_figure(points, FRONTIER_AXES[axis], bytes_axis=is_byte_axis(axis), metric=METRICS[metric])
+    is in bytes, and the title of the bytes-read axis says when some points sit at the bytes they held."""
+    return frontier_figure(points, axis_title(points, axis), bytes_axis=is_byte_axis(axis), metric=METRICS[metric])
 
 
 def run_quality_figure(quality: pd.DataFrame, metric: str) -> go.Figure:
@@ -205,8 +235,15 @@ def run_quality_figure(quality: pd.DataFrame, metric: str) -> go.Figure:
             text=[quality_text(value, shown) for value in quality["value"]],
             textposition="inside",
             insidetextanchor="start",
-            customdata=quality[["label", "trials"]].to_numpy(),
-            hovertemplate="<b>%{customdata[0]}</b><br>%{text} (n=%{customdata[1]})<extra></extra>",
+            customdata=np.stack(
+                [
+                    quality["label"],
+                    [_interval_text(low, high) for low, high in zip(quality["low"], quality["high"])],
+                    quality["trials"],
+                ],
+                axis=-1,
+            ),
+            hovertemplate="<b>%{customdata[0]}</b><br>%{text} (%{customdata[1]}n=%{customdata[2]})<extra></extra>",
             marker_color=qualitative.Plotly[0],
         )
     )

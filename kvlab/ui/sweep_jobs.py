@@ -1,4 +1,4 @@
-"""Needle grids started from the dashboard run in the server, not in the browser tab that started them.
+"""Needle (and RULER) grids started from the dashboard run in the server, not in the browser tab that started them.
 
 A Streamlit session runs its script in a thread that ends when the tab is closed or the page reruns, which would
 stop a long sweep half way. So a sweep runs in a thread of its own, registered in a process-wide :class:`SweepJobs`
@@ -128,7 +128,9 @@ class SweepJobs:
 
         status: SweepStatus = "failed"
         try:
-            with self.queue.turn(f"needle grid of {job.request.runs()} runs (sweep {job.sweep_id})", wait) as ticket:
+            with self.queue.turn(
+                f"{job.request.name} of {job.request.runs()} runs (sweep {job.sweep_id})", wait
+            ) as ticket:
                 job.waiting = None
                 job.status = "running"
                 store.set_sweep_status(job.sweep_id, "running")
@@ -254,13 +256,15 @@ def filling_job(jobs: dict[int, SweepJob], request: NeedleGridRequest) -> SweepJ
     return max(filling, key=lambda job: job.sweep_id, default=None)
 
 
-def filling_sentence(job: SweepJob | None, stored: bool) -> str | None:
-    """What the page says about a sweep filling its heatmap: that it waits or measures and the cells fill in as its
-    trials are stored (``stored``: some already are), or, with no sweep and nothing stored, how to start one."""
+def filling_sentence(job: SweepJob | None, stored: bool, ruler: bool = False) -> str | None:
+    """What the page says about a sweep filling its heatmap (its RULER table with ``ruler``): that it waits or
+    measures and the cells fill in as its trials are stored (``stored``: some already are), or, with no sweep and
+    nothing stored, how to start one."""
+    trials, shown = ("RULER", "the RULER table") if ruler else ("needle", "the heatmap")
     if job is None:
-        return None if stored else "No stored needle trials for these settings yet: press Run grid to measure them."
+        return None if stored else f"No stored {trials} trials for these settings yet: press Run grid to measure them."
     if job.status == "queued":
-        return f"Sweep {job.sweep_id} for these settings waits for the device; the heatmap fills in as it measures."
+        return f"Sweep {job.sweep_id} for these settings waits for the device; {shown} fills in as it measures."
     if not stored:
-        return f"Sweep {job.sweep_id} is measuring these settings; the heatmap fills in as its trials are stored."
+        return f"Sweep {job.sweep_id} is measuring these settings; {shown} fills in as its trials are stored."
     return f"Sweep {job.sweep_id} is measuring: {job.done} of {job.total} trials so far, drawn as they are stored."

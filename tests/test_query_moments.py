@@ -1,0 +1,78 @@
+"""The running moments of the queries before RoPE that Expected Attention models future queries from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from kvlab.budget import Budget
+from kvlab.engine import Generation, RunSpec
+from kvlab.heap import MOMENTS_SKIP
+from kvlab.models import wrap_model
+from kvlab.policies.base import LayerView
+from kvlab.policies.scoring import ScoringPolicy
+from kvlab.rope import Rope
+from tests.tiny_models import prompt, tiny_model
+
+
+@dataclass
+class MomentsProbe(ScoringPolicy):
+    """Keeps the most recent tokens, and asks for the query moments so that the test can read them."""
+
+    name: ClassVar[str] = "moments-probe"
+    needs_query_moments: ClassVar[bool] = True
+
+    def score(self, view: LayerView) -> torch.Tensor:
+        return view.positions.float()
+
+
+def test_rope_rotation_matches_the_model_and_undoes_itself() -> None:
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    loaded = wrap_model(tiny_model("llama"))
+    rope = Rope.of_model(loaded.model)
+    assert rope is not None
+    vectors = torch.randn(1, 2, 5, rope.rotary_dim)
+    positions = torch.arange(3, 8)
+    cos, sin = loaded.model.model.rotary_emb(vectors, positions.unsqueeze(0))
+    expected, _ = apply_rotary_pos_emb(vectors, vectors, cos, sin)
+    torch.testing.assert_close(rope.rotate(vectors, positions), expected)
+    torch.testing.assert_close(rope.rotate(rope.rotate(vectors, positions), -positions), vectors)
+    future = torch.arange(10, 20)
+    one = torch.randn(rope.rotary_dim)
+    torch.testing.assert_close(
+        rope.mean_rotation(future, rope.rotary_dim) @ one, rope.rotate(one.expand(10, -1), future).mean(0)
+    )
+
+
+def test_query_moments_are_those_of_the_queries_before_rope() -> None:
+    loaded = wrap_model(tiny_model("llama"))
+    attention = loaded.model.model.layers[1].self_attn
+    seen: list[torch.Tensor] = []
+    hook = attention.q_proj.register_forward_hook(lambda module, args, output: seen.append(output.detach()))
+    ids = prompt(length=24)
+    generation = Generation(loaded, RunSpec(MomentsProbe(), Budget(tokens=16), max_new_tokens=3), ids)
+    try:
+        for _ in generation.events():
+            pass
+    finally:
+        hook.remove()
+    head_dim = attention.head_dim
+    queries = torch.cat(seen, dim=1).float()  # (batch, tokens read with moments on, heads * head_dim)
+    queries = queries.view(1, queries.shape[1], -1, head_dim).transpose(1, 2)[:, :, MOMENTS_SKIP:]
+    views = generation.layer_views()
+    # prefill mode stops observing at its one compression: the moments are those of the prompt's queries
+    assert views[1].query_moments() is None
+    probe = Generation(loaded, RunSpec(MomentsProbe(), Budget(tokens=16), max_new_tokens=0), ids)
+    for _ in probe.read(probe.input_ids, 0):
+        pass
+    moments = probe.layer_views()[1].query_moments()
+    assert moments is not None
+    mean, covariance, count = moments
+    prompt_queries = queries[:, :, : ids.shape[1] - MOMENTS_SKIP]
+    centred = prompt_queries - prompt_queries.mean(dim=2, keepdim=True)
+    torch.testing.assert_close(mean, prompt_queries.mean(dim=2), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(covariance, centred.transpose(-1, -2) @ centred / centred.shape[2], atol=1e-5, rtol=1e-4)
+    assert int(count) == ids.shape[1] - MOMENTS_SKIP
