@@ -39,6 +39,13 @@ def run(loaded, run_spec: RunSpec, ids: torch.Tensor, suffix: torch.Tensor | Non
     return tokens, kept, generation
 
 
+#: The architectures the every-policy checks (layouts, static steps) run on: Gemma-2 adds what the others lack
+#: (sliding windows, soft-capping); layouts and static mode are the heap's, the same code on every architecture, and
+#: the other tests here cover all four.
+EVERY_POLICY_ARCHITECTURES = ("llama", "gemma2")
+
+
+@pytest.mark.parametrize("arch", EVERY_POLICY_ARCHITECTURES, indirect=True)
 @pytest.mark.parametrize("policy,mode", [(policy, mode) for policy in EVICTING for mode in runs_in(policy)])
 def test_every_layout_keeps_the_same_tokens_and_answers_the_same(arch, policy, mode):
     _, loaded = arch
@@ -50,12 +57,7 @@ def test_every_layout_keeps_the_same_tokens_and_answers_the_same(arch, policy, m
         assert kept == reference[1], (policy, mode, layout)
 
 
-#: The architectures the every-policy static-step check runs on: Gemma-2 adds what the others lack (sliding windows
-#: and soft-capping); static mode is the heap's, the same code on every architecture (the other tests cover all four).
-STATIC_ARCHITECTURES = ("llama", "gemma2")
-
-
-@pytest.mark.parametrize("arch", STATIC_ARCHITECTURES, indirect=True)
+@pytest.mark.parametrize("arch", EVERY_POLICY_ARCHITECTURES, indirect=True)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("policy", list(POLICIES))
 def test_static_decode_steps_give_the_tokens_of_eager_decoding(arch, policy, layout):
