@@ -113,7 +113,10 @@ class SweepGrid:
             if not 0.0 <= depth <= 1.0:
                 raise KvlabError(f"A needle depth must lie in [0, 1], not {depth}.")
         if any(p.evicts for p in self.policies) and not self.keeps:
-            raise KvlabError("Evicting policies need at least one kept fraction (--keep).")
+            raise KvlabError(
+                "Policies that take a budget (evicting ones, and sparse readers) need at least one kept fraction "
+                "(--keep)."
+            )
         for cell in self.cells():
             for context in self.contexts:
                 check_budget(cell.policy, Budget(keep=cell.keep) if cell.keep is not None else None, context)
