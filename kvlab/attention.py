@@ -96,7 +96,7 @@ class StatsAccumulator:
         attention rows ``(layers, batch, bins)``."""
 
         def stack(values: list[torch.Tensor | None]) -> torch.Tensor:
-            return torch.stack([v for v in values if v is not None]).cpu() / n_queries
+            return torch.stack([v.cpu() for v in values if v is not None]) / n_queries
 
         return {"entropy": stack(self.entropy), "sink_mass": stack(self.sink_mass), "pooled": stack(self.pooled)}
 
@@ -121,6 +121,18 @@ class ForwardContext:
     #: sparsely, and the count of the bytes attention read (:mod:`kvlab.sparse`).
     reader: SparseRead | None = None
     reads: ReadCount | None = None
+    #: Whether the pass decodes a token (what demoted pages it recalls is then counted per decoded token).
+    decoding: bool = False
+    #: ``query_positions`` copied to each other device a split model's layers run on, once per forward pass.
+    moved_positions: dict[torch.device, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def positions_on(self, device: torch.device) -> torch.Tensor:
+        """The query positions on ``device`` (the layer's), copied there once per forward pass."""
+        if self.query_positions.device == device:
+            return self.query_positions
+        if device not in self.moved_positions:
+            self.moved_positions[device] = self.query_positions.to(device)
+        return self.moved_positions[device]
 
 
 _CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("kvlab_forward", default=None)
@@ -233,8 +245,9 @@ def _decode_attention(
     logits = _logits(grouped, keys.transpose(-1, -2), layer).masked_fill_(~mask, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     output = torch.matmul(probs.to(values.dtype), values)
-    if layer.scores is not None:
-        layer.scores[:, :, :span] += probs.sum(dim=2)
+    if layer.scores is not None:  # the heap's slots come first; recalled demoted tokens have no score there
+        held = min(span, layer.span(context.cache.static))
+        layer.scores[:, :, :held] += probs[..., :held].sum(dim=2)
     if context.stats is not None:
         context.stats.add(layer_idx, probs.unsqueeze(3), positions)
     if context.observe is not None:
@@ -289,8 +302,9 @@ def _blocked_attention(
         del logits
         if output:
             outputs.append(torch.matmul(probs.to(values.dtype), values_g[:, :, :, :visible]))
-        if layer.scores is not None:
-            layer.scores[..., :visible] += probs.sum(dim=(2, 3))
+        if layer.scores is not None:  # the heap's slots come first; recalled demoted tokens have no score there
+            held = min(visible, layer.span(context.cache.static))
+            layer.scores[..., :held] += probs[..., :held].sum(dim=(2, 3))
         if context.stats is not None:
             context.stats.add(layer_idx, probs, positions[..., :visible])
         if context.observe is not None:
@@ -371,7 +385,7 @@ def kvlab_attention(
     layer.sliding_window = kwargs.get("sliding_window")
     layer.scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     layer.softcap = kwargs.get("softcap")
-    query_positions = context.query_positions
+    query_positions = context.positions_on(query.device)
     if cache.query_window:
         _remember_queries(layer, query, query_positions, cache.query_window, cache.static)
     if cache.query_moments:
@@ -386,6 +400,15 @@ def kvlab_attention(
         or layer.softcap is not None
     )
     attended = layer.attended(span)
+    if cache.demotion is not None:  # demoted pages the queries recall, after the heap's slots
+        recalled = cache.demotion.recall(layer_idx, query, context.decoding)
+        if recalled is not None:
+            attended = (
+                torch.cat([attended[0], recalled[0]], dim=2),
+                torch.cat([attended[1], recalled[1]], dim=2),
+                torch.cat([attended[2], recalled[2]], dim=2),
+            )
+            ordered = False
     keys, values, positions = attended
     sparse = context.reader is not None and context.reader.reads_sparsely(layer_idx)
     if query.shape[2] == 1 and (observed or not ordered or sparse):  # one pass, reading the heap in place

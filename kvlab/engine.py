@@ -26,6 +26,7 @@ builds masks from those positions.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,10 +45,11 @@ from kvlab.attention import (
     window_probabilities,
 )
 from kvlab.budget import Budget, check_budget
+from kvlab.demotion import Demotion, DemotionReport
 from kvlab.errors import KvlabError, shown_name
-from kvlab.heap import DeviceClock, KVHeap, survivors
+from kvlab.heap import DeviceClock, HeapLayer, KVHeap, survivors
 from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
-from kvlab.models import LoadedModel
+from kvlab.models import LoadedModel, device_name
 from kvlab.policies import LayerView, Policy, evict_layer, eviction_count
 from kvlab.policies.base import kept_slots
 from kvlab.policies.full import Full
@@ -55,6 +57,7 @@ from kvlab.policies.scoring import ScoringPolicy
 from kvlab.profile import require_profile
 from kvlab.reconstruction import reconstruct
 from kvlab.rope import Rope
+from kvlab.scopes import global_budgets, local_budgets
 from kvlab.sparse import ReadCount
 from kvlab.tiers import hot_and_cold
 
@@ -130,8 +133,9 @@ class Event:
     cache of the same dtype and shapes would hold after the same tokens (computed, since no full cache exists).
     ``dead_share`` is the share of free slots among those in use, ``compactions`` the compactions so far. ``stats``
     holds the requested attention statistics of the step's forward pass, as CPU tensors. ``positions`` are the
-    heap's position tensors, valid until the generation goes on. ``seconds`` is the wall time the engine took to
-    produce the event, the device synchronised.
+    heap's position tensors, valid until the generation goes on. ``demoted_bytes`` are the bytes demotion holds in
+    each tier (:data:`kvlab.demotion.TIERS`; ``None`` where the run deletes what it evicts). ``seconds`` is the wall
+    time the engine took to produce the event, the device synchronised.
     """
 
     kind: Literal["prefill", "compress", "decode"]
@@ -147,6 +151,7 @@ class Event:
     stats: dict[str, torch.Tensor] | None = None
     logits: torch.Tensor | None = None
     positions: list[torch.Tensor] = field(default_factory=list, repr=False)
+    demoted_bytes: dict[str, int] | None = None
     seconds: float = 0.0
 
     def survivors(self) -> list[torch.Tensor]:
@@ -174,9 +179,17 @@ class GenerationResult:
     own time reading (and compressing) the prompt and decoding, summed over its events; a generation continuing a
     context read once for several policies counts that read's seconds and peak GPU allocation too, as a separate run
     would. ``reconstruction_seconds`` is the part of ``prefill_seconds`` that KVzip's reconstruction of the context
-    took (0 for every other policy). ``token_seconds`` is the time of each decode step (so the first steps carry a
-    graph's warm-up and capture, and the steady rate is read from the later ones). ``peak_gpu_bytes`` is
-    ``torch.cuda.max_memory_allocated`` over the generation (None on a CPU).
+    took (0 for every other policy). ``demotion`` reports a demoting run's tiers and what moved between them
+    (:class:`kvlab.demotion.DemotionReport`; ``None`` where evicted tokens are deleted). ``token_seconds`` is the
+    time of each decode step (so the first steps carry a graph's warm-up and capture, and the steady rate is read
+    from the later ones). ``peak_gpu_bytes`` is
+    ``torch.cuda.max_memory_allocated`` over the generation (None on a CPU); on a model split over several GPUs it is
+    the sum of each GPU's own peak (``peak_gpu_bytes_per_device``, by device name), which bounds the peak of their sum
+    from above since the GPUs need not peak at the same moment. ``kv_bytes_per_device`` and
+    ``kv_reserved_bytes_per_device`` are ``kv_bytes`` and ``kv_reserved_bytes`` by the device the heap's tensors live
+    on, each layer's where the layer runs. ``device`` names every device the model computed on (``cuda:0+cuda:1``).
+    ``scope_seconds`` is the part of ``prefill_seconds`` the global eviction scope took to gather every layer's scores
+    to one device and decide the layer budgets (0 in the local scope, :mod:`kvlab.scopes`).
     """
 
     tokens: list[list[int]]
@@ -204,7 +217,12 @@ class GenerationResult:
     ranking_seconds: float = 0.0
     tie_share: float | None = None
     reconstruction_seconds: float = 0.0
+    kv_bytes_per_device: dict[str, int] = field(default_factory=dict)
+    kv_reserved_bytes_per_device: dict[str, int] = field(default_factory=dict)
+    peak_gpu_bytes_per_device: dict[str, int] | None = None
+    scope_seconds: float = 0.0
     read_bytes_per_token: float | None = None
+    demotion: DemotionReport | None = None
     token_seconds: list[float] = field(default_factory=list)
 
     @property
@@ -245,10 +263,15 @@ class GenerationResult:
                     "ranking_seconds",
                     "tie_share",
                     "reconstruction_seconds",
+                    "kv_bytes_per_device",
+                    "kv_reserved_bytes_per_device",
+                    "peak_gpu_bytes_per_device",
+                    "scope_seconds",
                     "read_bytes_per_token",
                     "token_seconds",
                 )
             },
+            "demotion": None if self.demotion is None else dataclasses.asdict(self.demotion),
         }
 
 
@@ -284,7 +307,7 @@ class Prefilled:
     peak_kv_bytes: int
     peak_kv_reserved_bytes: int
     seconds: float
-    peak_gpu_bytes: int | None
+    peak_gpu_bytes_per_device: dict[str, int]
 
 
 def prefill_once(
@@ -303,7 +326,7 @@ def prefill_once(
         reader.peak_kv_bytes,
         reader.peak_kv_reserved_bytes,
         reader.prefill_seconds,
-        reader.peak_gpu_bytes,
+        reader.peak_gpu_bytes_per_device,
     )
 
 
@@ -371,9 +394,10 @@ class Generation:
         #: The stored attention profile the layer budgets follow (the ``entropy`` allocation), else ``None``.
         self.profile = require_profile(loaded) if spec.policy.measures_layers() == "profile" else None
         self.layer_budgets = (
-            spec.policy.layer_budgets(
+            local_budgets(
+                spec.policy,
                 self.held_tokens,
-                arch.num_layers,
+                loaded.layer_groups,
                 capacity=self.context_tokens,
                 measured=None if self.profile is None else self.profile.entropy,
             )
@@ -410,7 +434,11 @@ class Generation:
                 query_moments=query_moments,
                 rope=self.rope,
             )
-        self.generator = torch.Generator(device=loaded.device).manual_seed(spec.seed)
+        demotion = spec.policy.demotion() if self.evicting else None
+        if demotion is not None:
+            self.cache.demotion = Demotion(demotion, arch.num_layers)
+        #: The run's random draws (noise floor, random eviction), one seeded generator per device a layer runs on.
+        self.generators = {device: torch.Generator(device=device).manual_seed(spec.seed) for device in loaded.devices}
         self.peak_kv_bytes = 0 if prefilled is None else prefilled.peak_kv_bytes
         self.peak_kv_reserved_bytes = 0 if prefilled is None else prefilled.peak_kv_reserved_bytes
         self._start_logits: torch.Tensor | None = None if prefilled is None else prefilled.logits
@@ -419,8 +447,9 @@ class Generation:
         self.reads = ReadCount(loaded.device)
         self.prefill_seconds = 0.0 if prefilled is None else prefilled.seconds
         self.reconstruction_seconds = 0.0
+        self.scope_seconds = 0.0
         self.decode_seconds = 0.0
-        self.peak_gpu_bytes: int | None = None if prefilled is None else prefilled.peak_gpu_bytes
+        self.peak_gpu_bytes_per_device = {} if prefilled is None else dict(prefilled.peak_gpu_bytes_per_device)
         self.tokens: list[list[int]] = [[] for _ in range(int(input_ids.shape[0]))]
         self._step_seconds: list[float] = []
         self._logits_to_keep = _supports(loaded.model, "logits_to_keep")
@@ -434,6 +463,11 @@ class Generation:
     @property
     def batch_size(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def peak_gpu_bytes(self) -> int | None:
+        """The peak GPU allocation so far, summed over the GPUs the model runs on (``None`` on a CPU)."""
+        return sum(self.peak_gpu_bytes_per_device.values()) if self.peak_gpu_bytes_per_device else None
 
     def _plan(self) -> tuple[list[int], int]:
         """Slots per layer, and the room a compaction leaves for the tokens still to come between evictions.
@@ -500,6 +534,7 @@ class Generation:
         the sparse reader, if any."""
         heap = self.cache if cache is None else cache
         context = ForwardContext(heap, positions, last_position, stats, observe)
+        context.decoding = decoding
         if decoding and self.reader is not None:
             context.reader, context.reads = self.reader, self.reads
         kwargs: dict[str, Any] = {
@@ -513,7 +548,7 @@ class Generation:
         with forward_context(context), sdpa_backends(self.loaded.device):
             output = self.loaded.model(input_ids=ids, **kwargs)
         heap.end_forward(int(ids.shape[1]))
-        return output.logits[:, -1, :]
+        return output.logits[:, -1, :].to(self.loaded.device)  # from the last layer's device, where split
 
     def _forward(
         self, ids: torch.Tensor, decoding: bool = False
@@ -567,13 +602,17 @@ class Generation:
                 budget,
                 uniform,
                 position,
-                self.generator,
+                self.generators[self.loaded.layer_devices[layer_idx]],
                 layer.span(self.cache.static),
                 self.rope,
                 self.cache,
             )
             for layer_idx, (layer, (budget, uniform)) in enumerate(zip(self.cache.layers, self.budgets()))
         ]
+
+    def demoted_bytes(self) -> dict[str, int] | None:
+        """Bytes demotion holds now in each tier (``gpu``: beside the heap), or ``None`` where nothing is demoted."""
+        return None if self.cache.demotion is None else self.cache.demotion.tier_bytes()
 
     def make_event(self, kind: Literal["prefill", "compress", "decode"], step: int, **extra: Any) -> Event:
         """An event describing the heap as it is now."""
@@ -588,6 +627,7 @@ class Generation:
             dead_share=self.cache.dead_share(),
             compactions=self.cache.compactions,
             positions=[layer.held_positions() for layer in self.cache.layers if layer.positions is not None],
+            demoted_bytes=self.demoted_bytes(),
             **extra,
         )
 
@@ -608,6 +648,8 @@ class Generation:
             self.allocate_by_prompt()
         if self.spec.policy.reconstructs() and (self.freezes or any(self.eviction_counts())):
             self.reconstruct()
+        if self.evicting and _global_scope(self.spec.policy) and any(self.eviction_counts()):
+            self.allocate_globally()
         if self.freezes:
             self.freeze()
         else:
@@ -619,15 +661,28 @@ class Generation:
         """KVzip's scores: the model reconstructs the context on a fork of the heap (:mod:`kvlab.reconstruction`),
         timed on its own (the device synchronised); its seconds are also part of the compression event's, so of the
         prefill's."""
-        _synchronize(self.loaded.device)
+        _synchronize(*self.loaded.devices)
         started = time.perf_counter()
         reconstruct(self)
-        _synchronize(self.loaded.device)
+        _synchronize(*self.loaded.devices)
         self.reconstruction_seconds += time.perf_counter() - started
+
+    def allocate_globally(self) -> None:
+        """The global eviction scope's layer budgets (:func:`kvlab.scopes.global_budgets`): every layer's eviction
+        scores gathered on the input device under one threshold, timed on its own (the devices synchronised; the
+        decision reads its counts on the host); its seconds are also part of the compression event's."""
+        assert self.held_tokens is not None
+        _synchronize(*self.loaded.devices)
+        started = time.perf_counter()
+        self.layer_budgets = global_budgets(
+            self.spec.policy, self.layer_views(), self.held_tokens, self.context_tokens, self.loaded.device
+        )
+        self.scope_seconds += time.perf_counter() - started
 
     def allocate_by_prompt(self) -> None:
         """CAKE's layer budgets for this prompt: each layer's preference from its observation window's attention over
-        the tokens before the window, measured once the whole context is read (the whole batch shares them)."""
+        the tokens before the window, measured once the whole context is read (the whole batch shares them); on a
+        model split over devices, each placement group splits its own total by its own layers' preferences."""
         assert self.budget_tokens is not None
         preferences = []
         for layer in self.cache.layers:
@@ -637,8 +692,12 @@ class Generation:
             positions = layer.slots(span)[2]
             before_window = (positions >= 0) & (positions < first_query)
             preferences.append(cake_preference(window_probabilities(layer, span), keys=before_window))
-        self.layer_budgets = self.spec.policy.layer_budgets(
-            self.budget_tokens, len(self.cache.layers), capacity=self.context_tokens, measured=preferences
+        self.layer_budgets = local_budgets(
+            self.spec.policy,
+            self.budget_tokens,
+            self.loaded.layer_groups,
+            capacity=self.context_tokens,
+            measured=preferences,
         )
 
     def freeze(self) -> None:
@@ -657,7 +716,8 @@ class Generation:
 
     def decode(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
         """Greedy decoding (or the forced tokens) from the prompt's last ``logits``: in static steps where they
-        apply (:mod:`kvlab.graphs`), else one eager forward pass per token."""
+        apply (:mod:`kvlab.graphs`), else one eager forward pass per token (always on a model whose layers run on
+        several devices)."""
         from kvlab.graphs import StaticDecoder
 
         decoder = StaticDecoder.for_generation(self) if self.forced_ids is None else None
@@ -666,10 +726,12 @@ class Generation:
     def events(self) -> Iterator[Event]:
         """Run the generation, yielding an event per prefill chunk, compression and decoded token, each with the
         seconds it took (the device synchronised; the consumer's time between events is not counted). A GPU that
-        runs out of memory becomes one sentence, and the memory is handed back for the next run."""
-        device = self.loaded.device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        runs out of memory becomes one sentence, and the memory is handed back for the next run. Every device the
+        model runs on is synchronised, and each GPU's peak allocation read."""
+        devices = self.loaded.devices
+        gpus = [device for device in devices if device.type == "cuda"]
+        for gpu in gpus:
+            torch.cuda.reset_peak_memory_stats(gpu)
         with torch.inference_mode(), _out_of_memory_as_error(self.cache):
             steps = self._steps()
             try:
@@ -678,13 +740,16 @@ class Generation:
                     event = next(steps, None)
                     if event is None:
                         return
-                    _synchronize(device)
+                    _synchronize(*devices)
                     event.seconds = time.perf_counter() - started
                     self._account(event)
                     yield event
             finally:  # read once, also when the consumer stops early (reading it builds the allocator's statistics)
-                if device.type == "cuda":
-                    self.peak_gpu_bytes = max(self.peak_gpu_bytes or 0, torch.cuda.max_memory_allocated(device))
+                for gpu in gpus:
+                    name, peak = device_name(gpu), torch.cuda.max_memory_allocated(gpu)
+                    self.peak_gpu_bytes_per_device[name] = max(self.peak_gpu_bytes_per_device.get(name, 0), peak)
+                if self.cache.demotion is not None:  # the offload file goes with the run; the counts stay
+                    self.cache.demotion.close()
 
     def _account(self, event: Event) -> None:
         """Add an event to the run's seconds and tokens."""
@@ -752,7 +817,7 @@ class Generation:
             prefill_seconds=self.prefill_seconds,
             decode_seconds=self.decode_seconds,
             peak_gpu_bytes=self.peak_gpu_bytes,
-            device=str(self.loaded.device),
+            device="+".join(device_name(device) for device in self.loaded.devices),
             dtype=self.loaded.dtype_name,
             layout=self.spec.layout,
             decode_graphs=self.decode_graphs,
@@ -761,6 +826,11 @@ class Generation:
             tie_share=heap.tie_share(),
             read_bytes_per_token=self.reads.per_step(),
             reconstruction_seconds=self.reconstruction_seconds,
+            kv_bytes_per_device=heap.per_device(HeapLayer.live_bytes),
+            kv_reserved_bytes_per_device=heap.per_device(HeapLayer.reserved_bytes),
+            peak_gpu_bytes_per_device=self.peak_gpu_bytes_per_device or None,
+            scope_seconds=self.scope_seconds,
+            demotion=None if heap.demotion is None else heap.demotion.report(self.reads.steps),
             token_seconds=self._step_seconds[:-1],  # the last decode event runs no step
         )
 
@@ -801,6 +871,12 @@ def _out_of_memory_as_error(cache: KVHeap) -> Iterator[None]:
         ) from None
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _synchronize(*devices: torch.device) -> None:
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+
+def _global_scope(policy: Policy) -> bool:
+    """Whether one threshold over every layer's scores decides the layer budgets (:mod:`kvlab.scopes`)."""
+    return isinstance(policy, ScoringPolicy) and policy.scope == "global"

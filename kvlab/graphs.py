@@ -53,13 +53,19 @@ class StaticDecoder:
         """The static decoder for a generation, or ``None`` where it decodes eagerly: when asked to
         (``static=False``), when statistics are observed (they are read per step), on a CPU or for a policy whose
         evictions while streaming cannot be captured unless asked (``static=True``), when an observation window is
-        not full yet (its shape would still change), and after a compression into frozen layers."""
+        not full yet (its shape would still change), after a compression into frozen layers, while evicted tokens
+        are demoted (pages are recalled from the host), and on a model whose layers run on several devices (a CUDA
+        graph is captured on one device, and accelerate's hooks move the activations between them)."""
         spec = generation.spec
         cuda = generation.loaded.device.type == "cuda"
         if spec.static is False or spec.stats is not None or (spec.static is None and not cuda):
             return None
+        if len(generation.loaded.devices) > 1:
+            return None
         if any(layer.frozen is not None for layer in generation.cache.layers):
             return None  # a frozen layer is materialised per step, with shapes of its own
+        if generation.cache.demotion is not None:
+            return None  # a recall's pages are chosen and copied from the host at every step
         # only streaming mode evicts while decoding, so only there can a policy's eviction stop a capture
         capturable = spec.mode != "streaming" or spec.policy.can_capture()
         if spec.static is None and not capturable:

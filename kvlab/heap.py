@@ -29,6 +29,7 @@ attention masks of its own for it: kvlab's attention function builds masks from 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,8 @@ import torch
 from kvlab.layouts import HeapLayout
 from kvlab.rope import Rope
 
-if TYPE_CHECKING:  # the frozen part of a layer is built from this module's slots
+if TYPE_CHECKING:  # the frozen part of a layer and the demoted pages are built from this module's slots
+    from kvlab.demotion import Demotion
     from kvlab.tiers import FrozenLayer, TierSpec
 
 #: The position stored in a slot that holds no token.
@@ -247,19 +249,31 @@ class KVHeap:
         self._tied_cuts: torch.Tensor | None = None
         self._compaction_time = ClockTotal()
         self._ranking_time = ClockTotal()
-        self._pending_positions: torch.Tensor | None = None
+        #: The positions of the tokens the current forward pass appends, per device a layer of it runs on.
+        self._pending_positions: dict[torch.device, torch.Tensor] = {}
+        #: Where evicted tokens go instead of being deleted, when the run demotes (:mod:`kvlab.demotion`).
+        self.demotion: Demotion | None = None
 
     # --- the forward pass --------------------------------------------------------------------------------------
 
     def begin_forward(self, positions: torch.Tensor) -> None:
         """Declare the original positions ``(q,)`` of the tokens the next forward pass appends (consecutive, starting
         at :attr:`seen_tokens`), converted once here for every layer's write."""
-        self._pending_positions = positions.to(torch.int32)
+        self._pending_positions = {positions.device: positions.to(torch.int32)}
 
     def end_forward(self, count: int) -> None:
         """Count the ``count`` tokens just appended as seen (no device synchronisation)."""
         self.seen_tokens += count
-        self._pending_positions = None
+        self._pending_positions = {}
+
+    def _positions_on(self, device: torch.device) -> torch.Tensor:
+        """The declared positions on ``device``: copied there once per forward pass, for the first layer that runs
+        there (a model split over devices)."""
+        assert self._pending_positions, "begin_forward() declares the positions of every forward pass"
+        pending = self._pending_positions.get(device)
+        if pending is None:
+            pending = self._pending_positions[device] = next(iter(self._pending_positions.values())).to(device)
+        return pending
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens seen so far (the next token's position), which is what models use to place new tokens."""
@@ -272,8 +286,7 @@ class KVHeap:
         (transformers' contract)."""
         layer = self.layers[layer_idx]
         batch, kv_heads, count, head_dim = key_states.shape
-        assert self._pending_positions is not None, "begin_forward() declares the positions of every forward pass"
-        new_positions = self._pending_positions.expand(batch, kv_heads, count)
+        new_positions = self._positions_on(key_states.device).expand(batch, kv_heads, count)
         if layer.keys is None:
             self._allocate(layer, key_states, max(layer.planned, count))
         elif layer.live + count > layer.capacity:
@@ -309,6 +322,11 @@ class KVHeap:
         if count == 0:
             return
         self._own(layer, "positions")
+        if self.demotion is not None and layer.sliding_window is None:  # outside a window no query sees them again
+            keys, values, positions = layer.slots(layer.capacity)
+            index = victims.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+            evicted = keys.gather(2, index), values.gather(2, index), positions.gather(2, victims)
+            self.demotion.demote(layer_idx, *evicted)
         layer.slots(layer.capacity)[2].scatter_(2, victims, FREE)
         if self.account_evict(layer, count):
             self._compact(layer)
@@ -351,7 +369,7 @@ class KVHeap:
         if tied is not None:
             if self._tied_cuts is None:
                 self._tied_cuts = torch.zeros((), device=tied.device)
-            self._tied_cuts += tied.sum()
+            self._tied_cuts += tied.sum().to(self._tied_cuts.device)  # layers may live on several devices
 
     def tie_share(self) -> float | None:
         """The share of eviction cuts where the best victim's score equalled the worst survivor's, so that the
@@ -538,6 +556,16 @@ class KVHeap:
         """Bytes of the K and V tensors allocated, over all layers, read from the tensors."""
         return sum(layer.reserved_bytes() for layer in self.layers)
 
+    def per_device(self, measure: Callable[[HeapLayer], int]) -> dict[str, int]:
+        """``measure`` of every layer (:meth:`HeapLayer.live_bytes`, :meth:`HeapLayer.reserved_bytes`) summed per
+        device its tensors live on (``cuda:0``, ``cpu``), for a model whose layers a device map split."""
+        totals: dict[str, int] = {}
+        for layer in self.layers:
+            if layer.keys is not None:
+                device = str(layer.device)
+                totals[device] = totals.get(device, 0) + measure(layer)
+        return totals
+
     def aux_bytes(self) -> int:
         """Bytes of kvlab's bookkeeping tensors (positions, scores, remembered queries), reported separately."""
         return sum(layer.aux_bytes() for layer in self.layers)
@@ -586,18 +614,21 @@ def _gather_slots(tensor: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class DeviceClock:
-    """The time of a piece of device work: CUDA events on a GPU (read later, without waiting now), the host clock
-    on a CPU (where work is synchronous)."""
+    """The time of a piece of device work: CUDA events on a GPU (read later, without waiting now), recorded on that
+    GPU's own stream (a layer of a model split over GPUs works on its GPU, whichever is current), the host clock on a
+    CPU (where work is synchronous)."""
 
     begin: Any
     end: Any = None
+    stream: Any = None
 
     @classmethod
     def start(cls, device: torch.device) -> DeviceClock:
         if device.type == "cuda":
+            stream = torch.cuda.current_stream(device)
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return cls(event)
+            event.record(stream)
+            return cls(event, stream=stream)
         return cls(time.perf_counter())
 
     def stop(self) -> DeviceClock:
@@ -605,7 +636,7 @@ class DeviceClock:
             self.end = time.perf_counter()
         else:
             self.end = torch.cuda.Event(enable_timing=True)
-            self.end.record()
+            self.end.record(self.stream)
         return self
 
     def seconds(self) -> float:

@@ -2,14 +2,22 @@
 
 A model is loaded once (by hub id, local directory or GGUF file, see :mod:`kvlab.gguf`) onto CUDA when there is one,
 else the CPU, in bf16 on CUDA and fp32 on CPU unless asked otherwise, and switched to kvlab's attention function so that
-the engine can run it under a budgeted cache. A hub id is read from the local Hugging Face cache alone when the hub
-does not answer within two seconds, so a machine without network loads cached models and refuses others at once.
-Everything a user can get wrong here (a path that does not exist, a model that is not a causal LM, no network for a
-hub id) becomes one sentence in a :class:`~kvlab.errors.KvlabError`.
+the engine can run it under a budgeted cache. With a device map (``auto``, ``balanced``, ``sequential``, or a JSON
+mapping of module names to devices) it is split over the visible GPUs by accelerate instead, layer by layer, weights
+possibly offloaded to the CPU or the disk; :func:`resolve_device_map` is the one rule that turns a map into placements,
+for a model loaded here and for one built in memory (:func:`place_model`). The loaded model says where each decoder
+layer runs and which entry of the map placed it (its *placement group*), so that each layer's cache lives where the
+layer runs and an eviction scope can decide per group (:mod:`kvlab.scopes`).
+
+A hub id is read from the local Hugging Face cache alone when the hub does not answer within two seconds, so a machine
+without network loads cached models and refuses others at once. Everything a user can get wrong here (a path that
+does not exist, a model that is not a causal LM, no network for a hub id, a device map naming a GPU this machine does
+not have) becomes one sentence in a :class:`~kvlab.errors.KvlabError`.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import inspect
@@ -17,9 +25,12 @@ import json
 import logging
 import os
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import torch
 
@@ -46,6 +57,14 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
+
+
+#: The device maps accelerate infers from the model's size and the memory of each device: ``auto`` and ``balanced``
+#: spread the layers evenly over the visible GPUs, ``sequential`` fills the first GPU before the next.
+DEVICE_MAP_STRATEGIES: tuple[str, ...] = ("auto", "balanced", "sequential")
+#: Where a device map may put a module: a GPU by index, the CPU, or the disk (weights read back at every forward).
+DeviceEntry = Union[int, str]
+DeviceMap = Union[str, dict[str, DeviceEntry]]
 
 
 def default_model() -> str:
@@ -81,7 +100,12 @@ class ModelSource:
 @dataclass
 class LoadedModel:
     """A model ready for the engine, with the facts that shape its cache. ``name`` is what it was loaded by;
-    ``source`` where it came from and the portable name its runs are stored under."""
+    ``source`` where it came from and the portable name its runs are stored under.
+
+    ``device`` is where the input ids go and the logits come back (the embedding's device). ``layer_devices`` says
+    where each decoder layer runs, and ``layer_groups`` which entry of the device map placed it (``"0"``, ``"1"``,
+    ``"cpu"``, ``"disk"``: a layer whose weights wait on the CPU or the disk runs on the map's first GPU, or on the
+    CPU without one); a model on one device has one group, named after that device."""
 
     name: str
     model: Any
@@ -91,6 +115,28 @@ class LoadedModel:
     dtype: torch.dtype
     cache_kwarg: str
     source: ModelSource
+    layer_devices: tuple[torch.device, ...] = ()
+    layer_groups: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.layer_devices:
+            self.layer_devices = (self.device,) * self.arch.num_layers
+        if not self.layer_groups:
+            self.layer_groups = (group_name(self.device),) * self.arch.num_layers
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """Every device the model computes on, the input device first, each once."""
+        return tuple(dict.fromkeys((self.device, *self.layer_devices)))
+
+    @property
+    def split(self) -> bool:
+        """Whether the layers form several placement groups (a device map placed them)."""
+        return len(set(self.layer_groups)) > 1
+
+    def placement(self) -> str:
+        """Where the model runs, in words: its device, or for a split model its :attr:`device_kind`."""
+        return self.device_kind if self.split else device_name(self.device)
 
     @property
     def kv_bytes_per_element(self) -> int:
@@ -105,10 +151,18 @@ class LoadedModel:
     @property
     def device_kind(self) -> str:
         """The kind of device the model runs on, as stored with its runs: ``cpu``, or ``cuda`` with the GPU's
-        name (timings and rounding differ between GPU models)."""
-        if self.device.type == "cuda":
-            return f"cuda ({torch.cuda.get_device_name(self.device)})"
-        return self.device.type
+        name (timings and rounding differ between GPU models). A model split by a device map names each placement
+        group in order with its number of layers (``GPU 0 (NVIDIA H100 80GB HBM3): 16 layers + GPU 1 (...): 16
+        layers``, ``cpu: 2 layers + disk: 2 layers`` for weights waiting on the CPU and the disk), since where the
+        groups split the layers changes what the local eviction scope keeps."""
+        if not self.split:
+            return _kind_of(self.device)
+        layers = dict.fromkeys(self.layer_groups, 0)
+        for group in self.layer_groups:
+            layers[group] += 1
+        return " + ".join(
+            f"{_group_kind(group)}: {count} layer{'s' if count > 1 else ''}" for group, count in layers.items()
+        )
 
     @property
     def limits(self) -> Limits:
@@ -180,6 +234,248 @@ def pick_device(device: str | None = None) -> torch.device:
     if index is not None and int(index) >= count:
         raise KvlabError(f"There is no GPU {device!r}: this machine has {count} (cuda:0 to cuda:{count - 1}).")
     return torch.device("cuda" if index is None else f"cuda:{int(index)}")
+
+
+def _kind_of(device: torch.device) -> str:
+    """One device's kind as stored with runs: ``cuda (<GPU name>)`` for a GPU, else the device type."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
+
+
+def _group_kind(group: str) -> str:
+    """A placement group in words: ``GPU <index> (<GPU name>)``, else its name (``cpu``, ``disk``)."""
+    if not group.isdigit():
+        return group
+    return f"GPU {group} ({torch.cuda.get_device_name(int(group))})"
+
+
+def device_name(device: torch.device) -> str:
+    """A device as results name it: a GPU with its index (``cuda:0``, also for the current GPU named ``cuda``), else
+    its type."""
+    if device.type == "cuda" and device.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(device)
+
+
+def group_name(device: torch.device) -> str:
+    """The placement group of a model on one device, named as a device map names it: a GPU by its index, else the
+    device type."""
+    return device_name(device).removeprefix("cuda:")
+
+
+def parse_device_map(value: str | Mapping[str, Any]) -> DeviceMap:
+    """A device map as a user gives it: ``auto``, ``balanced`` or ``sequential``; a JSON object mapping module names
+    to devices, inline or in a file; or such a mapping. Each device is checked here: a GPU index (or ``cuda:N``) this
+    machine has, ``cpu`` or ``disk``."""
+    if isinstance(value, Mapping):
+        return _checked_entries(value)
+    text = value.strip()
+    if text.lower() in DEVICE_MAP_STRATEGIES:
+        return text.lower()
+    if not text.startswith(("{", "[")):
+        path = local_model_path(text)
+        if path is None or not path.is_file():
+            raise KvlabError(
+                f"Unknown device map {text[:60]!r}; use {', '.join(DEVICE_MAP_STRATEGIES)}, or a JSON file or object "
+                "mapping module names to devices."
+            )
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise KvlabError(f"Could not read the device map {shown_name(str(path))}: {_first_line(error)}") from None
+    try:
+        mapping = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise KvlabError(f"The device map is not valid JSON ({error.msg} at character {error.pos}).") from None
+    if not isinstance(mapping, dict) or not mapping:
+        raise KvlabError(
+            'A device map is a JSON object mapping module names to devices, like {"model.layers.0": 0, '
+            '"model.layers.1": "cpu"}.'
+        )
+    return _checked_entries(mapping)
+
+
+def _checked_entries(mapping: Mapping[str, Any]) -> dict[str, DeviceEntry]:
+    """A mapping's entries with each device written as accelerate takes it (a GPU index, ``cpu``, ``disk``), every
+    GPU one this machine has."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    checked: dict[str, DeviceEntry] = {}
+    for module, device in mapping.items():
+        entry = _device_entry(device)
+        if entry is None or not isinstance(module, str):
+            raise KvlabError(
+                f"The device map puts {str(module)[:60]!r} on {str(device)[:40]!r}; a device is a GPU index, cuda:N, "
+                "cpu or disk."
+            )
+        if isinstance(entry, int) and entry >= gpus:
+            have = "no GPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''} (0 to {gpus - 1})"
+            raise KvlabError(f"The device map puts {module[:60]!r} on GPU {entry}, but this machine has {have}.")
+        checked[module] = entry
+    return checked
+
+
+def _device_entry(device: Any) -> DeviceEntry | None:
+    """A device map's value as accelerate takes it, or ``None`` for one that names no device."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device if device >= 0 else None
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        return None
+    text = device.strip().lower()
+    if text in ("cpu", "disk"):
+        return text
+    if text.isdigit():
+        return int(text)
+    match = _DEVICE.match(text)
+    return int(match.group(2) or 0) if match is not None and match.group(1) == "cuda" else None
+
+
+def resolve_device_map(model: Any, device_map: DeviceMap) -> dict[str, DeviceEntry]:
+    """Where each module of ``model`` goes: the one placement rule of :func:`load_model` (on the model's skeleton,
+    before its weights are read) and :func:`place_model` (on a model built in memory).
+
+    A strategy is inferred as transformers infers it for ``from_pretrained(device_map=...)``: accelerate's
+    ``infer_auto_device_map`` over the memory of each device, balanced over the GPUs (``get_balanced_memory``) unless
+    ``sequential``, decoder layers never split; without a GPU everything goes to the CPU. An explicit map must name
+    modules of the model and give every weight a device."""
+    from accelerate.utils import get_balanced_memory, get_max_memory, infer_auto_device_map
+
+    if isinstance(device_map, str):
+        no_split = getattr(model, "_no_split_modules", None)
+        no_split = list(no_split) if no_split else None
+        memory = (
+            get_max_memory()
+            if device_map == "sequential"
+            else get_balanced_memory(model, no_split_module_classes=no_split)
+        )
+        inferred = infer_auto_device_map(model, max_memory=memory, no_split_module_classes=no_split)
+        return {name: entry for name, device in inferred.items() if (entry := _device_entry(device)) is not None}
+    modules = dict(model.named_modules())
+    unknown = [name for name in device_map if name and name not in modules]
+    if unknown:
+        raise KvlabError(
+            f"The device map names {unknown[0][:60]!r}, which is not a module of this model (its decoder layers are "
+            f"named like {_layer_names(model)[0]!r})."
+        )
+    uncovered = [
+        tensor
+        for tensor in model.state_dict()
+        if not any(not name or tensor == name or tensor.startswith(name + ".") for name in device_map)
+    ]
+    if uncovered:
+        more = f" and {len(uncovered) - 1} more" if len(uncovered) > 1 else ""
+        raise KvlabError(f"The device map gives no device to {uncovered[0]!r}{more}; name a module that holds it.")
+    return dict(device_map)
+
+
+def place_model(model: Any, device_map: str | Mapping[str, Any], offload_folder: str | Path | None = None) -> Any:
+    """Place a model built in memory by a device map (:func:`resolve_device_map`, then accelerate's
+    ``dispatch_model``), as :func:`load_model` places a checkpoint; weights mapped to the disk are written to
+    ``offload_folder`` (a temporary directory when none is given). Returns the model, ready for :func:`wrap_model`."""
+    from accelerate import dispatch_model
+
+    resolved = resolve_device_map(model, parse_device_map(device_map))
+    try:
+        return dispatch_model(
+            model,
+            resolved,
+            offload_dir=_offload_folder(resolved, offload_folder),
+            skip_keys=getattr(model, "_skip_keys_device_placement", None),
+        )
+    except torch.OutOfMemoryError:
+        raise KvlabError("The model does not fit the memory its device map gives it; try balanced or auto.") from None
+
+
+def _offload_folder(device_map: Mapping[str, DeviceEntry], folder: str | Path | None) -> str | None:
+    """Where the weights a map puts on the disk are kept: ``folder``, or a temporary directory removed when the
+    process ends; ``None`` when the map puts nothing there."""
+    if "disk" not in device_map.values():
+        return None
+    if folder is not None:
+        return str(folder)
+    made = tempfile.mkdtemp(prefix="kvlab-offload-")
+    atexit.register(shutil.rmtree, made, ignore_errors=True)
+    return made
+
+
+def _layer_names(model: Any) -> list[str]:
+    """The module names of the decoder layers, in order: the longest ``ModuleList`` of the model whose name ends in
+    ``layers`` (``model.layers``)."""
+    lists = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.ModuleList) and name.split(".")[-1] == "layers"
+    ]
+    if not lists:
+        return []
+    name, layers = max(lists, key=lambda item: len(item[1]))
+    return [f"{name}.{index}" for index in range(len(layers))]
+
+
+def _execution_device(module: torch.nn.Module) -> torch.device | None:
+    """Where a module computes: the execution device of accelerate's hook on it or on a submodule (weights on the
+    CPU or the disk are brought there for each forward), else the device of its first weight not on the meta
+    device."""
+    for submodule in module.modules():
+        device = _hook_device(getattr(submodule, "_hf_hook", None))
+        if device is not None:
+            return device
+    for tensor in _tensors(module):
+        if tensor.device.type != "meta":
+            return tensor.device
+    return None
+
+
+def _tensors(module: torch.nn.Module) -> Iterator[torch.Tensor]:
+    yield from module.parameters()
+    yield from module.buffers()
+
+
+def _hook_device(hook: Any) -> torch.device | None:
+    """The execution device of an accelerate hook (or of the first hook of a chain that has one)."""
+    if hook is None:
+        return None
+    for inner in getattr(hook, "hooks", ()):
+        device = _hook_device(inner)
+        if device is not None:
+            return device
+    device = getattr(hook, "execution_device", None)
+    if device is None:
+        return None
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+
+
+def _placement(
+    model: Any, num_layers: int, fallback: torch.device
+) -> tuple[torch.device, tuple[torch.device, ...], tuple[str, ...]]:
+    """Where a model placed by a device map (``model.hf_device_map``) runs: the input device, and each decoder
+    layer's device and placement group (its entry in the map, the longest module name that contains it). A model no
+    map placed runs on ``fallback`` (nothing per layer: one group, :class:`LoadedModel` fills it in)."""
+    device_map = getattr(model, "hf_device_map", None)
+    names = _layer_names(model)
+    if not device_map or len(names) != num_layers:
+        return fallback, (), ()
+    embedding = model.get_input_embeddings()
+    device = (_execution_device(embedding) if embedding is not None else None) or fallback
+    modules = dict(model.named_modules())
+    devices = tuple(_execution_device(modules[name]) or device for name in names)
+    if len(set(map(str, device_map.values()))) == 1:
+        return device, devices, tuple(group_name(layer_device) for layer_device in devices)
+    groups = []
+    for name in names:
+        entry = max(
+            (key for key in device_map if not key or name == key or name.startswith(key + ".")), key=len, default=""
+        )
+        groups.append(_group_of_entry(device_map.get(entry, device)))
+    return device, devices, tuple(groups)
+
+
+def _group_of_entry(device: Any) -> str:
+    """A device map's value as a placement group's name: a GPU by its index (``"0"``), else ``cpu`` or ``disk``."""
+    entry = _device_entry(device)
+    return str(entry) if entry is not None else str(device)
 
 
 def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
@@ -292,8 +588,14 @@ def load_model(
     device: str | None = None,
     dtype: str | torch.dtype | None = None,
     trust_remote_code: bool = False,
+    device_map: str | Mapping[str, Any] | None = None,
+    offload_folder: str | Path | None = None,
 ) -> LoadedModel:
     """Load a decoder-only causal LM by hub id, local directory or GGUF file, ready for the engine.
+
+    ``device_map`` splits it over devices instead of putting it on ``device`` (:func:`parse_device_map`,
+    :func:`resolve_device_map`); weights a map puts on the disk are kept in ``offload_folder`` (a temporary
+    directory when none is given; a safetensors checkpoint is read in place).
 
     ``gguf_file`` names a GGUF file inside the directory or hub repository ``name``; a GGUF file can also be named
     directly (``path/to/model.gguf`` or ``owner/repo/model.gguf``), and a shipped or installed model by its label
@@ -306,7 +608,10 @@ def load_model(
     name = installed_name(gguf.with_gguf_file(default_model() if name is None else name, gguf_file))
     if not name.strip():
         raise NotAModel("No model was named; give a hub id, a local model directory or a GGUF file.")
-    torch_device = pick_device(device)
+    if device_map is not None and device is not None:
+        raise KvlabError("Give a device or a device map, not both: a device map places every layer itself.")
+    map_spec = parse_device_map(device_map) if device_map is not None else None
+    torch_device = pick_device(device) if map_spec is None else _map_device(map_spec)
     torch_dtype = pick_dtype(torch_device, dtype)
     shown = shown_name(name)
     if gguf.is_gguf_name(name):
@@ -339,6 +644,10 @@ def load_model(
     except Exception as error:  # tokenizers, sentencepiece and transformers raise many kinds for one cause
         _LOGGER.info("tokenizer of %s failed to load", name, exc_info=True)
         raise KvlabError(f"Could not load the tokenizer of {shown}: {_first_line(error)}") from None
+    placement: dict[str, Any] = {}
+    if map_spec is not None:
+        resolved = resolve_device_map(_skeleton(config, torch_dtype, trust_remote_code), map_spec)
+        placement = {"device_map": resolved, "offload_folder": _offload_folder(resolved, offload_folder)}
     try:
         model: Any = AutoModelForCausalLM.from_pretrained(
             source_dir,
@@ -346,26 +655,52 @@ def load_model(
             attn_implementation=ATTN_IMPLEMENTATION,
             trust_remote_code=trust_remote_code,
             local_files_only=cache_only,
+            **placement,
         )
-        model.to(torch_device)
+        if map_spec is None:
+            model.to(torch_device)
     except torch.OutOfMemoryError:
-        raise KvlabError(
-            f"{shown} does not fit in the memory of {torch_device}; try a smaller model or dtype."
-        ) from None
+        where = torch_device if map_spec is None else "the devices of its device map"
+        raise KvlabError(f"{shown} does not fit in the memory of {where}; try a smaller model or dtype.") from None
     except Exception as error:  # a truncated or damaged weights file raises safetensors' own error type
         _LOGGER.info("weights of %s failed to load", name, exc_info=True)
         raise KvlabError(f"Could not load the weights of {shown}: {_first_line(error)}") from None
     model.eval()
+    input_device, layer_devices, layer_groups = _placement(model, arch.num_layers, torch_device)
     return LoadedModel(
         name=name,
         model=model,
         tokenizer=tokenizer,
         arch=arch,
-        device=torch_device,
+        device=input_device,
         dtype=torch_dtype,
         cache_kwarg=_cache_kwarg(model),
         source=source,
+        layer_devices=layer_devices,
+        layer_groups=layer_groups,
     )
+
+
+def _map_device(device_map: DeviceMap) -> torch.device:
+    """The kind of device a map computes on, for the dtype's default: CUDA when it names a GPU (a strategy does
+    where there is one), else the CPU."""
+    if isinstance(device_map, str):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gpu = any(isinstance(entry, int) for entry in device_map.values())
+    return torch.device("cuda" if gpu else "cpu")
+
+
+def _skeleton(config: Any, dtype: torch.dtype, trust_remote_code: bool) -> Any:
+    """The model of ``config`` without weights (on the meta device), whose module sizes a device map is inferred
+    from before anything is read; its tied weights tied, so that a map keeps them on one device, as the loaded model
+    holds them."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():
+        skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    skeleton.tie_weights()  # outside: tying inside init_empty_weights leaves two meta tensors
+    return skeleton
 
 
 def _source_of(name: str, path: Path | None) -> ModelSource:
@@ -418,13 +753,17 @@ def wrap_model(model: Any, tokenizer: Any = None, name: str = "in-memory") -> Lo
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     model.eval()
     parameter = next(model.parameters())
+    arch = arch_from_config(model.config)
+    device, layer_devices, layer_groups = _placement(model, arch.num_layers, parameter.device)
     return LoadedModel(
         name=name,
         model=model,
         tokenizer=tokenizer,
-        arch=arch_from_config(model.config),
-        device=parameter.device,
+        arch=arch,
+        device=device,
         dtype=parameter.dtype,
         cache_kwarg=_cache_kwarg(model),
         source=ModelSource(label=name, origin="built in memory"),
+        layer_devices=layer_devices,
+        layer_groups=layer_groups,
     )

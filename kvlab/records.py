@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from kvlab.demotion import DemotionReport
 from kvlab.engine import GenerationResult, RunSpec, eos_token_ids
 from kvlab.models import LoadedModel
 from kvlab.profile import require_profile
@@ -161,6 +163,8 @@ def held_and_timed(result: GenerationResult, size: int = 1) -> dict[str, Any]:
     decoding."""
     read = result.read_bytes_per_token
     return {
+        **demotion_figures(result.demotion, size),
+        **device_figures(result.kv_bytes_per_device, size),
         "kept_tokens": result.mean_kept_tokens,
         "kv_bytes": result.kv_bytes // size,
         "peak_kv_bytes": result.peak_kv_bytes // size,
@@ -175,6 +179,31 @@ def held_and_timed(result: GenerationResult, size: int = 1) -> dict[str, Any]:
         "reconstruction_s": result.reconstruction_seconds / size,
         "decode_s": result.decode_seconds / size,
     }
+
+
+def demotion_figures(report: DemotionReport | None, size: int) -> dict[str, Any]:
+    """A trial's tier bytes and recalls per decoded token, per sequence (nothing where nothing was demoted)."""
+    if report is None:
+        return {}
+
+    def per_sequence(value: float | None) -> float | None:
+        return None if value is None else value / size
+
+    return {
+        "gpu_tier_bytes": report.gpu_bytes // size,
+        "cpu_tier_bytes": report.cpu_bytes // size,
+        "disk_tier_bytes": report.disk_bytes // size,
+        "recalled_pages": per_sequence(report.pages_per_token),
+        "recalled_bytes": per_sequence(report.bytes_per_token),
+        "recall_s": per_sequence(report.recall_seconds_per_token),
+    }
+
+
+def device_figures(kv_bytes_per_device: dict[str, int], size: int) -> dict[str, Any]:
+    """The K/V bytes each device held at the end, per sequence, as JSON (nothing on one device)."""
+    if len(kv_bytes_per_device) < 2:
+        return {}
+    return {"device_bytes": json.dumps({device: held // size for device, held in kv_bytes_per_device.items()})}
 
 
 def text_trial(text: TextPass, quality: Quality) -> Trial:

@@ -173,7 +173,7 @@ class ReadCount:
         """Add one layer's selection: ``selected`` slots (keys and values read) and ``metadata_elements`` elements of
         page metadata, over the batch and KV heads, at the element size of ``keys``."""
         elements = selected.sum() * (2 * keys.shape[-1]) + metadata_elements.sum()
-        self.selected_bytes += elements * keys.element_size()
+        self.selected_bytes += (elements * keys.element_size()).to(self.selected_bytes.device)
 
     def per_step(self) -> float | None:
         """Mean bytes read per decode step over the batch (``None`` before any step)."""

@@ -3,13 +3,16 @@
 Every cell of the grid answers the same items (the same haystack windows, facts and depths, drawn from the seed),
 so policies are compared like with like. A grid asks needle questions of one kind, or RULER's tasks
 (:mod:`kvlab.tasks.ruler`): then each trial is one item of one task, its needles at depths the task draws itself.
-A cell at one context length is one stored run; each answered item is one trial, stored as soon as its batch
-finishes. Re-running a sweep finds its runs by their configuration and skips the trials already stored, so an
-interrupted sweep loses at most the batch in flight and never duplicates a trial.
+A cell at one context length is one stored run; each answered item is one trial. Re-running a sweep finds its runs
+by their configuration and skips the trials already stored, so an interrupted sweep loses at most the work in flight
+and never duplicates a trial.
 
-Policies in ``prefill`` mode share one read of each batch of contexts (:func:`kvlab.engine.prefill_once`): the
-context is read once, remembering what every policy needs, and each policy compresses its own fork of that cache.
-``streaming``-mode policies evict while reading, so each reads for itself.
+The pending items are cut into work units (:class:`WorkUnit`): one batch of items of one context length for one
+cell, or for all the cells that share the batch's read. Policies in ``prefill`` mode share one read of each batch of
+contexts (:func:`kvlab.engine.prefill_once`): the context is read once, remembering what every policy needs, and
+each policy compresses its own fork of that cache. ``streaming``-mode policies evict while reading, so each reads for
+itself. A unit is computed by :meth:`InProcess.unit_trials` wherever it runs: in this process, or on the workers of
+:mod:`kvlab.cluster`, which return its trials; the :class:`SweepRunner` alone writes them to the store.
 """
 
 from __future__ import annotations
@@ -17,21 +20,22 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Literal, Protocol, cast
 
 import torch
 
 from kvlab.budget import Budget, check_budget
-from kvlab.engine import MODES, GenerationResult, Mode, Prefilled, RunSpec, generate, prefill_once
+from kvlab.engine import MODES, Mode, Prefilled, RunSpec, generate, prefill_once
 from kvlab.errors import KvlabError, shown_name
 from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
 from kvlab.limits import check_seed
 from kvlab.models import LoadedModel
 from kvlab.policies import Policy, make_policy
 from kvlab.records import batch_trials, needle_sources_hash, run_config, stops_for
-from kvlab.store import RunConfig, Store
+from kvlab.store import RunConfig, Store, Trial
 from kvlab.store.rows import canonical_json
 from kvlab.tasks.facts import TRAIN_TEMPLATES, Fact, make_fact
 from kvlab.tasks.items import TaskItem, from_needle, from_ruler
@@ -280,12 +284,193 @@ def prompt_tensors(
     return context, question
 
 
+@dataclass(frozen=True)
+class PendingRun:
+    """A cell's stored run at one context length and the items it still has to answer."""
+
+    context: int
+    cell: Cell
+    run_id: int
+    pending: list[tuple[str, TaskItem]]
+
+
+@dataclass(frozen=True)
+class UnitJob:
+    """One cell's part of a work unit: the run its trials go to, and how many of the unit's items that run still
+    needs (what progress counts; a shared read may answer items a run already holds, which the store skips)."""
+
+    cell: Cell
+    run_id: int
+    counted: int
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """What one model computes at once: one batch of same-shape items of one context length, for one cell, or for
+    every prefill-mode cell that compresses a fork of the batch's one read (``shared``). A unit is the grain of
+    scheduling and of loss: its trials are stored when it comes back, so a unit cut short is computed again whole."""
+
+    context: int
+    batch: tuple[tuple[str, TaskItem], ...]
+    jobs: tuple[UnitJob, ...]
+    shared: bool
+
+    @property
+    def label(self) -> str:
+        """The unit in words, for a sentence about it."""
+        cells = ", ".join(job.cell.label for job in self.jobs)
+        return f"{cells} at {self.context:,} tokens, {len(self.batch)} items from {self.batch[0][0]}"
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A grid as one model files it: every context length's items, and each cell's stored configuration per context
+    length, keyed by the context and the cell's index in :meth:`SweepGrid.cells`."""
+
+    items: dict[int, list[tuple[str, TaskItem]]]
+    configs: dict[tuple[int, int], RunConfig]
+
+
+#: A unit's trials as they come back: the unit, one of its jobs, and that job's trials.
+UnitResult = tuple[WorkUnit, UnitJob, list[Trial]]
+
+
+class UnitExecutor(Protocol):
+    """Where a sweep's units are computed: this process's own model (:class:`InProcess`), or workers that each hold
+    one (:class:`kvlab.cluster.SweepWorkers`). The runner, the one writer of the store, asks it for the grid's plan
+    and stores what it returns."""
+
+    def check_fits(self, grid: SweepGrid) -> None:
+        """Refuse a grid the model cannot run (:meth:`SweepGrid.check_fits`)."""
+        ...
+
+    def config(self, grid: SweepGrid, cell: Cell, context: int) -> RunConfig:
+        """The stored configuration of a cell's run at one context length."""
+        ...
+
+    def prepare(self, grid: SweepGrid) -> SweepPlan:
+        """The grid's items and configurations."""
+        ...
+
+    def results(
+        self, grid: SweepGrid, units: Sequence[WorkUnit], should_stop: Callable[[], bool]
+    ) -> Iterator[UnitResult]:
+        """Every job of every unit with its trials, each once, in any order; no unit is started once
+        ``should_stop`` has said so, and those already started still come back."""
+        ...
+
+
+class InProcess:
+    """A loaded model in this process computing a sweep's units; each worker of :mod:`kvlab.cluster` holds one too,
+    so that a unit is computed by the same code wherever it runs."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.stops = stops_for(loaded, one_line_answers=True)
+
+    def check_fits(self, grid: SweepGrid) -> None:
+        grid.check_fits(self.loaded)
+
+    def spec(self, grid: SweepGrid, cell: Cell) -> RunSpec:
+        """What the engine runs for a cell."""
+        budget = Budget(keep=cell.keep) if cell.keep is not None else None
+        return RunSpec(
+            cell.policy,
+            budget,
+            mode=cell.mode,
+            chunk=grid.chunk,
+            max_new_tokens=grid.max_new_tokens,
+            stop_token_ids=self.stops.token_ids,
+            seed=grid.seed,
+            layout=grid.layout,
+            compact_at=grid.compact_at,
+            static=grid.static,
+        )
+
+    def config(self, grid: SweepGrid, cell: Cell, context: int) -> RunConfig:
+        return run_config(
+            self.loaded,
+            self.spec(grid, cell),
+            task=grid.task,
+            task_hash=grid.task_hash,
+            stop_rule=self.stops.rule,
+            query_aware=grid.query_aware,
+            context_length=context,
+        )
+
+    def prepare(self, grid: SweepGrid) -> SweepPlan:
+        # every item first: a context too short for one of them is refused before any run is stored
+        items = {context: grid_items(self.loaded, grid, context) for context in grid.contexts}
+        configs = {
+            (context, index): self.config(grid, cell, context)
+            for context in grid.contexts
+            for index, cell in enumerate(grid.cells())
+        }
+        return SweepPlan(items, configs)
+
+    def unit_trials(self, grid: SweepGrid, unit: WorkUnit) -> Iterator[tuple[UnitJob, list[Trial]]]:
+        """The trials of each job of a unit, job by job: a shared unit reads its batch once
+        (:func:`~kvlab.engine.prefill_once`) and every job compresses a fork of that read; any other reads for
+        itself."""
+        context, question = prompt_tensors(unit.batch, grid.query_aware, self.loaded.device)
+        if not unit.shared:
+            for job in unit.jobs:
+                result = generate(self.loaded, context, self.spec(grid, job.cell), suffix_ids=question)
+                yield job, batch_trials(unit.batch, result)
+            return
+        policies = [job.cell.policy for job in unit.jobs]
+        prefilled: Prefilled = prefill_once(self.loaded, context, policies, chunk=grid.chunk)
+        for job in unit.jobs:
+            spec = self.spec(grid, job.cell)
+            result = generate(self.loaded, None, spec, suffix_ids=question, prefilled=prefilled)
+            yield job, batch_trials(unit.batch, result)
+
+    def results(
+        self, grid: SweepGrid, units: Sequence[WorkUnit], should_stop: Callable[[], bool]
+    ) -> Iterator[UnitResult]:
+        for unit in units:
+            if should_stop():
+                return
+            for job, trials in self.unit_trials(grid, unit):
+                yield unit, job, trials
+
+
+def work_units(grid: SweepGrid, runs: Sequence[PendingRun]) -> list[WorkUnit]:
+    """The units that answer every pending item, context by context: for the cells that share a read, one unit per
+    batch of the union of their pending items, naming the cells that still need some of it; for each other cell,
+    one unit per batch of its own pending items."""
+    units: list[WorkUnit] = []
+    for context in grid.contexts:
+        here = [run for run in runs if run.context == context and run.pending]
+        shared = [run for run in here if grid.shares_read(run.cell)]
+        shared_ids = {run.run_id for run in shared}
+        union: dict[str, TaskItem] = {}
+        for run in shared:
+            union.update(run.pending)
+        wanted = {run.run_id: {key for key, _ in run.pending} for run in shared}
+        for batch in shape_batches(sorted(union.items()), grid.batch_size, grid.query_aware):
+            keys = {key for key, _ in batch}
+            jobs = tuple(
+                UnitJob(run.cell, run.run_id, len(wanted[run.run_id] & keys))
+                for run in shared
+                if wanted[run.run_id] & keys
+            )
+            units.append(WorkUnit(context, tuple(batch), jobs, shared=True))
+        for run in here:
+            if run.run_id in shared_ids:
+                continue
+            for batch in shape_batches(run.pending, grid.batch_size, grid.query_aware):
+                units.append(WorkUnit(context, tuple(batch), (UnitJob(run.cell, run.run_id, len(batch)),), False))
+    return units
+
+
 class SweepRunner:
-    """Runs a grid against one model and one store."""
+    """Runs a grid against one model and one store: a loaded model in this process, or workers that each hold one
+    (:class:`kvlab.cluster.SweepWorkers`). Either way this object alone writes to the store."""
 
     def __init__(
         self,
-        loaded: LoadedModel,
+        model: LoadedModel | UnitExecutor,
         store: Store,
         grid: SweepGrid,
         *,
@@ -293,91 +478,61 @@ class SweepRunner:
         progress: Progress | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> None:
-        grid.check_fits(loaded)
-        self.loaded, self.store, self.grid = loaded, store, grid
+        self.executor: UnitExecutor = InProcess(model) if isinstance(model, LoadedModel) else model
+        self.executor.check_fits(grid)
+        self.store, self.grid = store, grid
         self.started_by = started_by
         self.progress = progress or (lambda done, total, label: None)
         self.should_stop = should_stop or (lambda: False)
-        self.stops = stops_for(loaded, one_line_answers=True)
         self.summary = SweepSummary()
         self._done = 0
         self._total = 0
 
     def config(self, cell: Cell, context: int) -> RunConfig:
         """The stored configuration of a cell's run at one context length: what finds the run again."""
-        return run_config(
-            self.loaded,
-            self._spec(cell),
-            task=self.grid.task,
-            task_hash=self.grid.task_hash,
-            stop_rule=self.stops.rule,
-            query_aware=self.grid.query_aware,
-            context_length=context,
-        )
+        return self.executor.config(self.grid, cell, context)
 
-    def _spec(self, cell: Cell) -> RunSpec:
-        budget = Budget(keep=cell.keep) if cell.keep is not None else None
-        return RunSpec(
-            cell.policy,
-            budget,
-            mode=cell.mode,
-            chunk=self.grid.chunk,
-            max_new_tokens=self.grid.max_new_tokens,
-            stop_token_ids=self.stops.token_ids,
-            seed=self.grid.seed,
-            layout=self.grid.layout,
-            compact_at=self.grid.compact_at,
-            static=self.grid.static,
-        )
+    def _store(self, job: UnitJob, trials: list[Trial]) -> None:
+        """Store a job's trials (those the run already has are skipped) and report its items done."""
+        self.summary.ran += self.store.add_trials(job.run_id, trials)
+        self._done += job.counted
+        self.progress(self._done, self._total, job.cell.label)
 
-    def _store(
-        self,
-        run_id: int,
-        batch: Sequence[tuple[str, TaskItem]],
-        result: GenerationResult,
-        label: str,
-        counted: int,
-    ) -> None:
-        """Store a batch's trials (those the run already has are skipped) and report ``counted`` more done."""
-        self.summary.ran += self.store.add_trials(run_id, batch_trials(batch, result))
-        self._done += counted
-        self.progress(self._done, self._total, label)
-
-    def run(self) -> SweepSummary:
-        """Run every pending trial of the grid; mark runs finished, or interrupted if stopped or killed."""
-        cells = self.grid.cells()
-        plan = []
-        # every item first: a context too short for one of them is refused before any run is stored
-        items_at = {context: grid_items(self.loaded, self.grid, context) for context in self.grid.contexts}
-        for context, items in items_at.items():
-            for cell in cells:
-                run_id = self.store.begin_run(self.config(cell, context), started_by=self.started_by)
+    def _pending_runs(self, plan: SweepPlan) -> list[PendingRun]:
+        """Each cell's run at each context length, begun (or found again) in the store, with the items it still
+        needs."""
+        runs = []
+        for context, items in plan.items.items():
+            for index, cell in enumerate(self.grid.cells()):
+                run_id = self.store.begin_run(plan.configs[(context, index)], started_by=self.started_by)
                 self.summary.run_ids.append(run_id)
                 stored = self.store.stored_trials(run_id)
                 _check_same_prompts(run_id, stored, items)
                 pending = [(key, item) for key, item in items if key not in stored]
                 self.summary.skipped += len(items) - len(pending)
-                plan.append((context, cell, run_id, pending))
-        self._total = sum(len(pending) for *_, pending in plan)
+                runs.append(PendingRun(context, cell, run_id, pending))
+        return runs
+
+    def run(self) -> SweepSummary:
+        """Run every pending trial of the grid; mark each run finished once its last unit is stored, or interrupted
+        if stopped or killed before."""
+        runs = self._pending_runs(self.executor.prepare(self.grid))
+        units = work_units(self.grid, runs)
+        self._total = sum(len(run.pending) for run in runs)
         self.progress(0, self._total, "starting")
-        open_runs = {run_id for *_, run_id, pending in plan if pending}
-        for *_, run_id, pending in plan:
-            if not pending:
-                self.store.finish_run(run_id)
+        open_jobs = Counter(job.run_id for unit in units for job in unit.jobs)
+        for run in runs:
+            if run.run_id not in open_jobs:
+                self.store.finish_run(run.run_id)
         try:
-            for context in self.grid.contexts:
-                cells_here = [
-                    (cell, run_id, pending) for ctx, cell, run_id, pending in plan if ctx == context and pending
-                ]
-                self._run_context(cells_here)
-                for _, run_id, _ in cells_here:
-                    if not self.summary.stopped:
-                        self.store.finish_run(run_id)
-                        open_runs.discard(run_id)
-                if self.summary.stopped:
-                    break
+            for _, job, trials in self.executor.results(self.grid, units, self._stop_requested):
+                self._store(job, trials)
+                open_jobs[job.run_id] -= 1
+                if not open_jobs[job.run_id]:
+                    del open_jobs[job.run_id]
+                    self.store.finish_run(job.run_id)
         finally:
-            for run_id in open_runs:
+            for run_id in open_jobs:
                 self.store.finish_run(run_id, "interrupted")
         return self.summary
 
@@ -385,38 +540,6 @@ class SweepRunner:
         if self.should_stop():
             self.summary.stopped = True
         return self.summary.stopped
-
-    def _run_context(self, cells: list[tuple[Cell, int, list[tuple[str, TaskItem]]]]) -> None:
-        shared = [c for c in cells if self.grid.shares_read(c[0])]
-        alone = [c for c in cells if c not in shared]
-        if shared:
-            self._run_shared(shared)
-        for cell, run_id, pending in alone:
-            for batch in shape_batches(pending, self.grid.batch_size, self.grid.query_aware):
-                if self._stop_requested():
-                    return
-                context, question = prompt_tensors(batch, self.grid.query_aware, self.loaded.device)
-                result = generate(self.loaded, context, self._spec(cell), suffix_ids=question)
-                self._store(run_id, batch, result, cell.label, len(batch))
-
-    def _run_shared(self, cells: list[tuple[Cell, int, list[tuple[str, TaskItem]]]]) -> None:
-        """Prefill-mode cells: read each batch once, then let every cell that still needs it compress a fork."""
-        union: dict[str, TaskItem] = {}
-        for _, _, pending in cells:
-            union.update(pending)
-        wanted = {run_id: {key for key, _ in pending} for _, run_id, pending in cells}
-        for batch in shape_batches(sorted(union.items()), self.grid.batch_size, self.grid.query_aware):
-            if self._stop_requested():
-                return
-            keys = {key for key, _ in batch}
-            needing = [(cell, run_id) for cell, run_id, _ in cells if wanted[run_id] & keys]
-            context, question = prompt_tensors(batch, self.grid.query_aware, self.loaded.device)
-            prefilled: Prefilled = prefill_once(
-                self.loaded, context, [cell.policy for cell, _ in needing], chunk=self.grid.chunk
-            )
-            for cell, run_id in needing:
-                result = generate(self.loaded, None, self._spec(cell), suffix_ids=question, prefilled=prefilled)
-                self._store(run_id, batch, result, cell.label, len(wanted[run_id] & keys))
 
 
 def _check_same_prompts(run_id: int, stored: dict[str, str | None], items: Sequence[tuple[str, TaskItem]]) -> None:

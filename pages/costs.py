@@ -15,6 +15,9 @@ from kvlab.ui.cost_view import (
     cost_metrics,
     fit_notices,
     formatted_costs,
+    gpu_split_table,
+    scope_note,
+    split_summary,
     stored_keep_fractions,
 )
 from kvlab.ui.inputs import KV_PRECISIONS, WEIGHT_PRECISIONS, gpu_spec, model_spec_from_json, model_spec_from_loaded
@@ -28,7 +31,8 @@ st.title("Cost calculator")
 st.caption(
     "Everything on this page is computed from the model's architecture and the GPU's datasheet figures with "
     "the formulas listed below (kvlab.costs); nothing is measured. Memory and decode time are taken at the "
-    "full context N + M, an upper bound. GPU prices are editable examples, not quotes."
+    "full context N + M, an upper bound. Several GPUs split the layers as a pipeline. GPU prices are editable "
+    "examples, not quotes."
 )
 
 model_column, scenario_column, gpu_column = st.columns(3)
@@ -108,7 +112,16 @@ with gpu_column:
     price = st.number_input(
         "Price per hour ($, example)", min_value=0.0, value=base.price_per_hour, step=0.1, key=f"price-{gpu_name}"
     )
-    gpus = int(st.number_input("GPUs (ideal tensor parallelism)", min_value=1, max_value=MOST_GPUS, value=1))
+    gpus = int(
+        st.number_input(
+            "GPUs (layers split over them)",
+            min_value=1,
+            max_value=MOST_GPUS,
+            value=1,
+            help="A pipeline: each GPU holds consecutive layers, their weights and their cache, and the GPUs work in "
+            "turn on every step. When the count does not divide the layers, the first GPUs take one more.",
+        )
+    )
     reserve = st.slider(
         "Memory kept in reserve", 0.0, 0.5, 0.10, 0.01, help="Activations, CUDA context and fragmentation."
     )
@@ -146,10 +159,16 @@ chart = st.container()
 how_to_read(chart, COST_BARS_GUIDE, key="cost-bars-guide")
 show_chart(chart, cost_bars(full, evicted), key="cost-bars", filename="cost-full-vs-evicted")
 st.table(plain_frame(formatted_costs(table).set_index("Quantity")))
+if scenario.gpu_count > 1:
+    st.subheader(f"Across {scenario.gpu_count} GPUs")
+    st.caption(plain(split_summary(evicted)))
+    st.dataframe(gpu_split_table(full, evicted), hide_index=True)
+st.info(plain(scope_note(spec.arch, evicted, scenario)))
 with st.expander("Formulas (N prompt tokens, M generated tokens)", expanded=True):
     st.table(pd.DataFrame(FORMULAS.items(), columns=["Quantity", "Formula"]).set_index("Quantity"))
     st.caption(
         "Not modelled: paged-cache block rounding, activations beyond the reserve, the transient full-prompt "
-        "peak of prefill-mode eviction, per-layer budgets, achieved (rather than datasheet) bandwidth. "
+        "peak of prefill-mode eviction, per-layer budgets, achieved (rather than datasheet) bandwidth, the "
+        "activations passed between a pipeline's GPUs, micro-batches in flight. "
         "See docs/costs.md."
     )

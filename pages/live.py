@@ -18,7 +18,14 @@ from kvlab.ui import live_figures as figures
 from kvlab.ui.allocation_figures import ALLOCATION_GUIDE, allocation_figure
 from kvlab.ui.chart_view import how_to_read, show_chart
 from kvlab.ui.device_queue import DEVICE_QUEUE
-from kvlab.ui.inputs import cache_option_fields, longest_context, policy_fields, policy_summary, read_upload
+from kvlab.ui.inputs import (
+    CACHE_OPTIONS_TITLE,
+    cache_option_fields,
+    longest_context,
+    policy_fields,
+    policy_summary,
+    read_upload,
+)
 from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt, prompt_tokens
 from kvlab.ui.live_store import LiveResult, file_live_run
 from kvlab.ui.live_view import draw_charts, param_widget, stacked_slots, wide_slots
@@ -28,12 +35,13 @@ from kvlab.ui.text import plain
 from kvlab.ui.units import format_bytes
 
 RESULT_KEY = "live_result"
-OPTIONS_TITLE = "Cache options: layer and head budgets, precision tiers, noise"
 OPTIONS_NOTE = (
     "`layer_allocation` spreads the same total budget over layers (preset, entropy, cake) and shows each layer's "
     "share here; `head_allocation` adakv lets a layer's heads share it. `hot` below 1 holds the rest of the kept "
     "tokens at `key_bits` and `value_bits`. `noise` adds seeded noise to the scores before ranking. Prefill mode "
-    "only: `hot` below 1, adakv and cake."
+    "only: `hot` below 1, adakv and cake. `cpu_tier_mib` and `disk_tier_mib` above 0 demote evicted tokens to "
+    "CPU memory and a file instead of deleting them, in pages of `page_tokens`, and every pass recalls the "
+    "`recall_pages` pages its queries score highest; the charts then show the memory by tier."
 )
 BROWSER_INT = (1 << 53) - 1  # the largest whole number a browser's number field holds exactly
 REDRAW_EVERY_DECODED = 4
@@ -104,8 +112,14 @@ def replay_page() -> None:
         column.caption(plain(replay.where_from))
         column.caption(trace.status())
         column.code(text or "…", language=None)
-        slots = wide_slots(f"replay{index}") if len(replays) == 1 else stacked_slots(column, f"replay{index}")
-        draw_charts(slots, trace, layer if layer is None or layer < trace.num_layers else None, "replay")
+        demoted = replay.trace.demotes
+        slots = (
+            wide_slots(f"replay{index}", demoted)
+            if len(replays) == 1
+            else stacked_slots(column, f"replay{index}", demoted)
+        )
+        shown = layer if layer is None or layer < trace.num_layers else None
+        draw_charts(slots, trace, shown, "replay", replay.demotion)
 
 
 def layer_budgets(
@@ -336,7 +350,7 @@ with run_column:
 
 options = cache_option_fields(policy)
 if options:
-    with st.expander(OPTIONS_TITLE):
+    with st.expander(CACHE_OPTIONS_TITLE):
         option_widgets, allocation_view = st.columns([1, 1], gap="large")
         with option_widgets:
             for pair in range(0, len(options), 2):
@@ -364,7 +378,7 @@ run = run_slot.button(
 notice = st.empty()
 status = st.empty()
 output = st.empty()
-slots = wide_slots("live")
+slots = wide_slots("live", tiers=evicts and checked is not None and checked.demotion() is not None)
 asked = (task, settings, loaded.name if loaded else None)
 
 if run and loaded is not None and task is not None:
@@ -394,7 +408,7 @@ result: LiveResult | None = st.session_state.get(RESULT_KEY)
 if result is None:
     draw_charts(slots, None, layer, "idle")
 else:
-    draw_charts(slots, result.trace, layer, "final")
+    draw_charts(slots, result.trace, layer, "final", result.outcome.result.demotion)
     outcome, prompt = result.outcome, result.prompt
     output.code(outcome.text or "(nothing generated)", language=None)
     answer = plain(repr(prompt.answer))

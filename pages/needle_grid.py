@@ -17,7 +17,11 @@ from kvlab.ui.chart_view import how_to_read, show_chart
 from kvlab.ui.grid import NeedleGridRequest, depth_label, evenly_spaced_depths, grid_policies
 from kvlab.ui.grid_estimate import grid_estimate
 from kvlab.ui.grid_figures import NEEDLE_GUIDE, at_budget, depth_accuracy, needle_grid, needle_heatmaps
-from kvlab.ui.inputs import cache_option_fields, longest_context
+from kvlab.ui.inputs import (
+    CACHE_OPTIONS_TITLE,
+    cache_option_fields,
+    longest_context,
+)
 from kvlab.ui.live_view import param_widget
 from kvlab.ui.ruler_figures import RULER_GUIDE, ruler_bars, ruler_rows, ruler_table
 from kvlab.ui.session import (
@@ -31,7 +35,6 @@ from kvlab.ui.session import (
 from kvlab.ui.sweep_jobs import SWEEP_JOBS, SweepJob, SweepView, filling_job, filling_sentence, sweep_views
 from kvlab.ui.text import plain
 
-OPTIONS_TITLE = "Cache options: layer and head budgets, precision tiers, noise"
 CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 REFRESH_S = 1.0
 PANELS = 6  # heatmap panels side by side that stay readable at 1,280 pixels
@@ -109,7 +112,7 @@ with actions:
     run_slot = st.empty()
     estimate = st.empty()
 
-with st.expander(OPTIONS_TITLE):
+with st.expander(CACHE_OPTIONS_TITLE):
     st.caption(
         "Applied to every chosen policy that ranks tokens (not the full cache). Prefill mode only: `hot` below 1, "
         "adakv and cake; the entropy allocation needs the model's attention profile (`kvlab profile`)."

@@ -12,6 +12,7 @@ from kvlab.costs import (
     FORMULAS,
     GPU_PRESETS,
     MODEL_PRESETS,
+    NO_EVICTION,
     ModelSpec,
     Scenario,
     attended_pairs,
@@ -21,10 +22,15 @@ from kvlab.costs import (
     cost_table,
     decode_step_seconds,
     estimate,
+    global_scope_count_bytes,
+    global_scope_gather_bytes,
     kept_tokens,
     kv_bytes_for_sequence,
     kv_bytes_per_token,
+    layer_split,
     prefill_flops,
+    prefill_seconds,
+    query_seconds,
     sequences_that_fit,
 )
 from kvlab.costs.gpus import GIB
@@ -216,14 +222,17 @@ def test_mixture_of_experts_reads_only_active_weights() -> None:
     scenario = Scenario(prompt_tokens=1_000, output_tokens=24, weight_precision="fp8", gpu_count=8)
     result = estimate(deepseek, h200, scenario)
     assert result.weight_bytes == 671e9
-    assert result.decode_step_seconds == pytest.approx((37e9 + 1_024 * 70_272) / (8 * 4.8e12))
+    # The eight GPUs take turns on each step, so it reads what one GPU would; the first holds 8 of the 61 layers.
+    assert result.decode_step_seconds == pytest.approx((37e9 + 1_024 * 70_272) / 4.8e12)
+    assert result.slowest_stage_seconds == pytest.approx((37e9 * 8 / 61 + 8 * 1_024 * 1_152) / 4.8e12)
 
 
 def test_weights_that_do_not_fit_leave_no_room() -> None:
     llama70 = MODEL_PRESETS["Llama-3-70B"]
     one = estimate(llama70, H100, Scenario(prompt_tokens=3_072, output_tokens=1_024))
     assert one.max_sequences == 0 and not one.batch_fits
-    # Two GPUs: (2 × 0.9 × 80 GiB − 141,107,412,992) / (327,680 × 4,096) = 13,511,409,664 / 1,342,177,280 = 10.07.
+    # Two GPUs of 40 layers: (0.9 × 80 GiB − 70,553,706,496) / (40 × 4,096 × 4,096) = 6,755,704,832 / 671,088,640
+    # = 10.07.
     two = estimate(llama70, H100, Scenario(prompt_tokens=3_072, output_tokens=1_024, gpu_count=2))
     assert two.max_sequences == 10
 
@@ -273,6 +282,8 @@ def test_presets_are_complete_and_editable() -> None:
         {"batch": 0},
         {"output_tokens": 0},
         {"gpu_count": 0},
+        {"gpu_count": 65},
+        {"gpu_count": 33},  # more GPUs than Llama-3-8B's 32 layers
         {"kv_precision": "fp4"},
         {"weight_precision": "q4_k_m"},
         {"keep_fraction": 0.0},
@@ -282,8 +293,148 @@ def test_presets_are_complete_and_editable() -> None:
     ],
 )
 def test_bad_scenarios_raise_user_errors(fields: dict) -> None:
-    with pytest.raises(KvlabError):
+    with pytest.raises(KvlabError) as refusal:
         estimate(LLAMA3_8B, H100, Scenario(**{"prompt_tokens": 100, "output_tokens": 10, **fields}))
+    assert str(refusal.value).count(". ") == 0 and str(refusal.value).endswith(".")  # one sentence
+
+
+def test_bad_gpu_counts_say_the_bounds() -> None:
+    with pytest.raises(KvlabError, match="from 1 to 64"):
+        Scenario(prompt_tokens=100, output_tokens=10, gpu_count=65)
+    with pytest.raises(KvlabError, match="24 layers take between 1 and 24 GPUs, not 25"):
+        estimate(MODEL_PRESETS["Qwen2.5-0.5B"], H100, Scenario(prompt_tokens=100, output_tokens=10, gpu_count=25))
+
+
+# --- several GPUs: the layers split as a pipeline ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layers", [1, 7, 32, 42, 61, 80, 126])
+def test_layers_are_split_as_evenly_as_possible_with_the_remainder_first(layers: int) -> None:
+    for gpus in range(1, min(layers, 64) + 1):
+        split = layer_split(layers, gpus)
+        assert [layer for part in split for layer in part] == list(range(layers))  # consecutive, each layer once
+        sizes = [len(part) for part in split]
+        assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)  # the first GPUs take more
+        assert sizes.count(max(sizes)) == (layers % gpus or gpus)
+    assert [len(part) for part in layer_split(80, 3)] == [27, 27, 26]
+    for gpus in (0, layers + 1):
+        with pytest.raises(KvlabError, match=f"{layers} layers take between 1 and {layers} GPUs"):
+            layer_split(layers, gpus)
+
+
+SPLIT_SCENARIO = Scenario(prompt_tokens=7_168, output_tokens=1_024, batch=8, keep_fraction=0.25)
+
+
+def test_one_gpu_gives_exactly_the_single_gpu_formulas() -> None:
+    """One GPU holds everything: every figure is the whole-model formula's, to the last bit."""
+    for model in (LLAMA3_8B, MODEL_PRESETS["Gemma-2-9B (alternating sliding window)"], MODEL_PRESETS["Qwen2.5-7B"]):
+        for keep in (1.0, 0.25):
+            scenario = dataclasses.replace(SPLIT_SCENARIO, keep_fraction=keep)
+            result = estimate(model, H100, scenario)
+            kv = kv_bytes_for_sequence(model.arch, 8_192, "bf16", keep)
+            weights = 2 * model.params
+            fit = sequences_that_fit(H100.memory_bytes, weights, kv, 0.10)
+            step = decode_step_seconds(2 * model.params, kv, 8, H100.bandwidth_bytes_per_s)
+            prefill = prefill_seconds(prefill_flops(model.arch, model.params, 7_168), H100.peak_flops, 0.5)
+            price = query_seconds(prefill, step, 8, 1_024) * H100.price_per_hour / 3600
+            assert (result.kv_bytes_per_sequence, result.weight_bytes, result.max_sequences) == (kv, weights, fit)
+            assert (result.decode_step_seconds, result.prefill_seconds) == (step, prefill)
+            assert result.cost_per_query == price and result.stage_seconds == (step,)
+            assert result.fullest_weight_bytes == weights and result.fullest_kv_bytes_per_sequence == kv
+    rows = cost_table(LLAMA3_8B, H100, SPLIT_SCENARIO)["Quantity"].tolist()
+    assert not any("fullest" in row or "Slowest" in row for row in rows)
+
+
+def test_two_gpus_halve_the_weights_and_cache_per_gpu_and_double_the_hourly_price() -> None:
+    one = estimate(LLAMA3_8B, H100, SPLIT_SCENARIO)
+    two = estimate(LLAMA3_8B, H100, dataclasses.replace(SPLIT_SCENARIO, gpu_count=2))
+    assert [share.layers for share in two.gpu_shares] == [range(0, 16), range(16, 32)]
+    for share in two.gpu_shares:
+        assert share.weight_bytes == one.weight_bytes / 2
+        assert share.kv_bytes_per_sequence == one.kv_bytes_per_sequence / 2
+    # Each GPU: (77,309,411,328 − 8,030,261,248) / 134,217,728 = 516.2 kept-quarter sequences, against 228 on one.
+    assert two.sequences_per_gpu == (516, 516) and two.max_sequences == 516 and one.max_sequences == 228
+    assert two.max_sequences == sequences_that_fit(
+        H100.memory_bytes, one.weight_bytes / 2, one.kv_bytes_per_sequence / 2
+    )
+    # The GPUs take turns: a step and a prefill take as long as on one GPU, and both GPUs are paid for.
+    assert two.decode_step_seconds == pytest.approx(one.decode_step_seconds, rel=1e-12)
+    assert two.prefill_seconds == one.prefill_seconds
+    assert two.cost_per_query == pytest.approx(2 * one.cost_per_query, rel=1e-12)
+    assert two.slowest_stage_seconds == pytest.approx(one.decode_step_seconds / 2, rel=1e-12)
+    # The batch two GPUs hold and one does not: priced only where it fits.
+    crowded = dataclasses.replace(SPLIT_SCENARIO, batch=300)
+    assert not estimate(LLAMA3_8B, H100, crowded).batch_fits
+    assert estimate(LLAMA3_8B, H100, dataclasses.replace(crowded, gpu_count=2)).batch_fits
+
+
+def test_the_fullest_gpu_limits_an_uneven_split() -> None:
+    llama70 = MODEL_PRESETS["Llama-3-70B"]
+    three = estimate(llama70, H100, dataclasses.replace(SPLIT_SCENARIO, gpu_count=3))
+    weights = 2 * 70_553_706_496
+    assert [len(share.layers) for share in three.gpu_shares] == [27, 27, 26]
+    assert three.fullest_gpus == (0, 1) and three.fullest_gpu == 0 and three.fullest_layers == 27
+    assert three.fullest_weight_bytes == pytest.approx(weights * 27 / 80)
+    per_layer = 2_048 * 4_096  # a kept quarter of 8,192 tokens, 4,096 bytes per token and layer
+    assert three.fullest_kv_bytes_per_sequence == 27 * per_layer
+    assert three.max_sequences == sequences_that_fit(H100.memory_bytes, weights * 27 / 80, 27 * per_layer)
+    assert three.sequences_per_gpu[2] > three.max_sequences  # the last GPU has a layer less, so more room
+    assert three.slowest_gpus == (0, 1) and three.stage_seconds is not None
+    assert three.stage_seconds[2] < three.stage_seconds[0]
+    assert three.decode_step_seconds == pytest.approx(sum(three.stage_seconds))
+    # Sliding layers make the cache uneven: Gemma-2's GPU 1 (layers 11 to 21) holds six full layers, GPU 0 five.
+    gemma = MODEL_PRESETS["Gemma-2-9B (alternating sliding window)"]
+    four = estimate(gemma, H100, Scenario(prompt_tokens=32_000, output_tokens=768, gpu_count=4))
+    per_token = 2 * 8 * 256 * 2
+    assert [share.kv_bytes_per_sequence for share in four.gpu_shares] == [
+        (6 * 4_096 + 5 * 32_768) * per_token,
+        (5 * 4_096 + 6 * 32_768) * per_token,
+        (5 * 4_096 + 5 * 32_768) * per_token,
+        (5 * 4_096 + 5 * 32_768) * per_token,
+    ]
+    assert four.fullest_gpu == 1 and four.max_sequences == four.sequences_per_gpu[1] < four.sequences_per_gpu[0]
+    assert sum(share.kv_bytes_per_sequence for share in four.gpu_shares) == four.kv_bytes_per_sequence
+
+
+def test_a_global_eviction_scope_gathers_every_layers_scores() -> None:
+    # Each held slot's int64 ranking key (float32 score and position) of every layer and KV head, per sequence.
+    assert global_scope_gather_bytes(LLAMA3_8B.arch, 7_168) == 32 * 8 * 7_168 * 8  # 14,680,064 bytes
+    assert global_scope_count_bytes(LLAMA3_8B.arch) == 32 * 4  # a float32 count per layer
+    # kvlab's heap holds every token on a sliding layer too, so the window does not shorten the gather.
+    assert global_scope_gather_bytes(arch("Gemma-2-9B (alternating sliding window)"), 10_000) == 42 * 8 * 10_000 * 8
+    assert global_scope_gather_bytes(arch("Llama-3-70B"), 1_000) == 10 * global_scope_gather_bytes(
+        arch("Llama-3-70B"), 100
+    )
+    full, evicted = compare(LLAMA3_8B, H100, dataclasses.replace(SPLIT_SCENARIO, gpu_count=2))
+    assert full.global_scope_gather_bytes is None and full.global_scope_count_bytes is None
+    assert evicted.global_scope_gather_bytes == 14_680_064 and evicted.global_scope_count_bytes == 128
+    rows = cost_table(LLAMA3_8B, H100, SPLIT_SCENARIO).set_index("Quantity")
+    gathered = rows.loc["Global scope: scores gathered per compression, per sequence"]
+    assert gathered["Full cache"] == NO_EVICTION and gathered["Evicted (keep 25%)"] == 14_680_064
+
+
+def test_the_gather_counts_the_keys_the_global_scope_ranks_by() -> None:
+    """The formula's bytes are those of the tensor :mod:`kvlab.scopes` gathers: every layer's ranking keys."""
+    import torch
+
+    from kvlab.policies.base import by_score_then_position
+
+    facts, tokens = LLAMA3_8B.arch, 100
+    positions = torch.arange(tokens).expand(1, facts.num_kv_heads, tokens)
+    keys = [
+        by_score_then_position(torch.rand(1, facts.num_kv_heads, tokens), positions) for _ in range(facts.num_layers)
+    ]
+    gathered = torch.cat(keys, dim=-1)
+    assert gathered.numel() * gathered.element_size() == global_scope_gather_bytes(facts, tokens)
+
+
+def test_the_table_of_a_split_names_the_fullest_and_slowest_gpu() -> None:
+    table = cost_table(LLAMA3_8B, H100, dataclasses.replace(SPLIT_SCENARIO, gpu_count=3)).set_index("Quantity")
+    assert table.loc["Layers on the fullest GPU", "Full cache"] == 11  # 32 layers: 11, 11 and 10
+    assert table.loc["Weights on the fullest GPU", "Full cache"] == pytest.approx(2 * 8_030_261_248 * 11 / 32)
+    assert table.loc["KV per sequence on the fullest GPU", "Evicted (keep 25%)"] == 11 * 2_048 * 4_096
+    step = table.loc["Decode step (time per token per sequence)", "Evicted (keep 25%)"]
+    assert 0 < table.loc["Slowest GPU's part of a decode step", "Evicted (keep 25%)"] < step
 
 
 def test_the_cost_calculator_prices_without_loading_torch():

@@ -22,8 +22,9 @@ from kvlab.costs import (
     compare,
     cost_table,
     estimate,
+    gpu_shares,
     gpus_that_fit,
-    sequences_that_fit,
+    sequences_per_gpu,
 )
 from kvlab.costs.gpus import GIB
 from kvlab.costs.models import ENCODER_DECODER_TYPES, ENCODER_ONLY_TYPES
@@ -34,11 +35,11 @@ H100 = GPU_PRESETS["H100 SXM 80GB"]
 LLAMA3_70B = MODEL_PRESETS["Llama-3-70B"]
 LLAMA3_8B = MODEL_PRESETS["Llama-3-8B"]
 WEIGHTS_70B = 2 * 70_553_706_496  # 141,107,412,992 bytes in bf16, 131 GiB
-KV_70B_4K = 327_680 * 4_096  # one 4,096-token sequence: 1,342,177,280 bytes
 # 4,096 tokens of Llama-3-70B on H100s; one GPU cannot hold the weights (0.9 × 80 GiB = 77,309,411,328 bytes).
 SHORT = Scenario(prompt_tokens=3_072, output_tokens=1_024, batch=8, keep_fraction=0.25)
-# 128k tokens of Llama-3-70B on two H100s: 13,511,409,664 bytes are left beside the weights, which one full
-# sequence (42,949,672,960 bytes) exceeds and one kept quarter (10,737,418,240 bytes) does not.
+# 128k tokens of Llama-3-70B on two H100s, 40 layers each: 6,755,704,832 bytes are left beside each GPU's half of
+# the weights, which its half of one full sequence (21,474,836,480 bytes) exceeds and of one kept quarter
+# (5,368,709,120 bytes) does not.
 LONG_ON_TWO = Scenario(prompt_tokens=130_048, output_tokens=1_024, batch=1, keep_fraction=0.25, gpu_count=2)
 TIMES_AND_PRICES = ("decode_step_seconds", "tokens_per_second", "prefill_seconds", "cost_per_query")
 
@@ -47,26 +48,40 @@ TIMES_AND_PRICES = ("decode_step_seconds", "tokens_per_second", "prefill_seconds
 
 
 def test_fewest_gpus_by_hand() -> None:
-    memory = 80 * GIB
-    assert gpus_that_fit(memory, WEIGHTS_70B, KV_70B_4K) == 2  # 10 sequences fit on two GPUs
-    # Three GPUs: (3 × 77,309,411,328 − 141,107,412,992) / 1,342,177,280 = 67.7, so 11 to 67 sequences need three.
-    assert gpus_that_fit(memory, WEIGHTS_70B, KV_70B_4K, sequences=11) == 3
-    assert gpus_that_fit(memory, WEIGHTS_70B, KV_70B_4K, sequences=67) == 3
-    assert gpus_that_fit(memory, WEIGHTS_70B, KV_70B_4K, sequences=68) == 4
-    assert gpus_that_fit(memory, 2 * 8_030_261_248, 2**30) == 1
-    assert gpus_that_fit(memory, WEIGHTS_70B, KV_70B_4K, most=1) is None
-    assert gpus_that_fit(memory, 1e15, KV_70B_4K) is None  # a petabyte of weights: more than MOST_GPUS
+    memory, arch = 80 * GIB, LLAMA3_70B.arch
+    assert gpus_that_fit(arch, memory, WEIGHTS_70B, 4_096, "bf16") == 2  # 10 sequences fit on two GPUs
+    # Three GPUs hold 27, 27 and 26 layers; the first: (77,309,411,328 − 141,107,412,992 × 27 / 80) / (27 × 4,096 ×
+    # 4,096) = 29,685,659,443.2 / 452,984,832 = 65.5, so 11 to 65 sequences need three (pooled memory would say 67).
+    assert gpus_that_fit(arch, memory, WEIGHTS_70B, 4_096, "bf16", sequences=11) == 3
+    assert gpus_that_fit(arch, memory, WEIGHTS_70B, 4_096, "bf16", sequences=65) == 3
+    assert gpus_that_fit(arch, memory, WEIGHTS_70B, 4_096, "bf16", sequences=66) == 4
+    assert gpus_that_fit(LLAMA3_8B.arch, memory, 2 * 8_030_261_248, 8_192, "bf16") == 1
+    assert gpus_that_fit(arch, memory, WEIGHTS_70B, 4_096, "bf16", most=1) is None
+    assert gpus_that_fit(arch, memory, 1e15, 4_096, "bf16") is None  # a petabyte of weights: more than MOST_GPUS
+    # A 24-layer model is split over 24 GPUs at most: 1e9 bytes of weights per layer exceed 0.9 GiB, which 27 GPUs'
+    # pooled memory would hold.
+    assert gpus_that_fit(MODEL_PRESETS["Qwen2.5-0.5B"].arch, 1 * GIB, 2.4e10, 1_024, "bf16") is None
 
 
 @pytest.mark.parametrize("sequences", [1, 7, 100])
 @pytest.mark.parametrize("reserve", [0.0, 0.1, 0.3])
 def test_fewest_gpus_is_the_smallest_count_that_fits(sequences: int, reserve: float) -> None:
+    arch = MODEL_PRESETS["Gemma-2-9B (alternating sliding window)"].arch  # 42 layers, half of them sliding
+
+    def room(count: int, weights: float, tokens: int) -> int:
+        shares = gpu_shares(arch, count, weights, tokens, "bf16")
+        return min(sequences_per_gpu(24 * GIB, shares, reserve))
+
     for weights in (1e9, 5e10, 3e11):
-        for kv in (1e6, 3e9):
-            count = gpus_that_fit(24 * GIB, weights, kv, reserve, sequences)
-            assert count is not None
-            assert sequences_that_fit(count * 24 * GIB, weights, kv, reserve) >= sequences
-            assert count == 1 or sequences_that_fit((count - 1) * 24 * GIB, weights, kv, reserve) < sequences
+        for tokens in (1_000, 20_000):
+            count = gpus_that_fit(
+                arch, 24 * GIB, weights, tokens, "bf16", reserve_fraction=reserve, sequences=sequences
+            )
+            if count is None:
+                assert room(arch.num_layers, weights, tokens) < sequences
+                continue
+            assert room(count, weights, tokens) >= sequences
+            assert count == 1 or room(count - 1, weights, tokens) < sequences
 
 
 def test_llama_70b_on_one_80gb_gpu_has_no_time_or_price() -> None:
@@ -90,7 +105,8 @@ def test_only_the_evicted_cache_fits() -> None:
     full, evicted = compare(LLAMA3_70B, H100, LONG_ON_TWO)
     assert full.kv_bytes_per_sequence == 42_949_672_960 and evicted.kv_bytes_per_sequence == 10_737_418_240
     assert not full.fits and evicted.fits and evicted.max_sequences == 1
-    # (141,107,412,992 + 42,949,672,960) / 77,309,411,328 = 2.38: three GPUs for the full cache.
+    # Three GPUs: the first holds 27 layers, 47,623,751,884.8 bytes of weights and 27 × 131,072 × 4,096 =
+    # 14,495,514,624 of the full cache, which its 77,309,411,328 bytes hold; two GPUs do not.
     assert full.gpus_to_fit == 3 and evicted.gpus_to_fit == 2
     assert full.cost_per_query is None and evicted.cost_per_query is not None
 
@@ -185,6 +201,66 @@ def test_notices_for_nothing_and_for_a_batch_that_does_not_fit() -> None:
     assert notice.level == "info" and notice.text.startswith("A batch of 20 fits only with eviction")
 
 
+def test_a_pipeline_that_does_not_fit_names_the_gpu_that_runs_short() -> None:
+    full_on_two = Scenario(**{**LONG_ON_TWO.__dict__, "keep_fraction": 1.0})
+    full, evicted = compare(LLAMA3_70B, H100, full_on_two)
+    (notice,) = cost_view.fit_notices(full, evicted, full_on_two, H100.name)
+    assert notice.level == "error" and notice.text.startswith(
+        "Does not fit: on 2 × H100 SXM 80GB, GPU 0 (layers 0–39 of 80) cannot hold its 65.7 GiB of weights, the 10% "
+        "reserve and its 20.0 GiB part of one sequence's cache"
+    )
+    full, evicted = compare(LLAMA3_70B, H100, LONG_ON_TWO)
+    (notice,) = cost_view.fit_notices(full, evicted, LONG_ON_TWO, H100.name)
+    assert "on GPU 0 (layers 0–39 of 80), its 20.0 GiB part of one sequence's cache does not fit beside its " in (
+        notice.text
+    )
+
+
+def test_the_split_says_which_gpus_limit_and_how_the_remainder_goes() -> None:
+    uneven = Scenario(**{**SHORT.__dict__, "gpu_count": 3})
+    full, evicted = compare(LLAMA3_70B, H100, uneven)
+    summary = cost_view.split_summary(evicted)
+    assert summary.startswith(
+        "Computed, not measured: the 80 layers are split over 3 GPUs, the first 2 hold 27 consecutive layers each and "
+        "the last holds 26 consecutive layers, since 3 does not divide 80."
+    )
+    assert f"GPUs 0 and 1 have room for the fewest sequences ({evicted.max_sequences:,} at keep 25%)" in summary
+    assert evicted.slowest_stage_seconds is not None
+    assert f"{evicted.slowest_stage_seconds * 1e3:,.2f} ms, on GPUs 0 and 1" in summary
+    table = cost_view.gpu_split_table(full, evicted)
+    assert table["Layers"].tolist() == ["0–26", "27–53", "54–79"]
+    assert table["Limits"].tolist() == ["fullest, slowest", "fullest, slowest", ""]
+    assert table["Sequences, full → keep 25%"].tolist()[2] == (
+        f"{full.sequences_per_gpu[2]} → {evicted.sequences_per_gpu[2]}"
+    )
+    even = Scenario(**{**SHORT.__dict__, "gpu_count": 2})
+    full, evicted = compare(LLAMA3_70B, H100, even)
+    assert "Limits" not in cost_view.gpu_split_table(full, evicted).columns  # every GPU limits alike
+    assert "Every GPU has room for" in cost_view.split_summary(evicted)
+    assert "Every GPU's part of a step takes" in cost_view.split_summary(evicted)
+    # 80 layers over 64 GPUs: the first 16 hold two layers, and are named as a range.
+    wide = Scenario(**{**SHORT.__dict__, "gpu_count": 64})
+    summary = cost_view.split_summary(estimate(LLAMA3_70B, H100, wide))
+    assert "the first 16 hold 2 consecutive layers each and the other 48 hold 1 consecutive layer each" in summary
+    assert "GPUs 0–15 have room for the fewest sequences" in summary
+
+
+def test_the_scope_note_gives_the_gather_in_bytes_and_nothing_for_a_local_scope() -> None:
+    on_two = Scenario(prompt_tokens=7_168, output_tokens=1_024, batch=8, keep_fraction=0.25, gpu_count=2)
+    _, evicted = compare(LLAMA3_8B, H100, on_two)
+    note = cost_view.scope_note(LLAMA3_8B.arch, evicted, on_two)
+    assert note.startswith("Computed, not measured:")
+    assert "32 layers × 8 KV heads × 7,168 prompt tokens × 8 bytes = 14.0 MiB per sequence" in note
+    assert "(112 MiB for the batch of 8)" in note and "32 per-layer counts (128 B)" in note
+    assert "With 2 GPUs" in note and "A local scope moves nothing" in note
+    one = Scenario(**{**on_two.__dict__, "gpu_count": 1})
+    assert "With one GPU the gather stays on the device" in cost_view.scope_note(
+        LLAMA3_8B.arch, estimate(LLAMA3_8B, H100, one), one
+    )
+    full = Scenario(**{**on_two.__dict__, "keep_fraction": 1.0})
+    assert "evicts nothing" in cost_view.scope_note(LLAMA3_8B.arch, estimate(LLAMA3_8B, H100, full), full)
+
+
 def test_the_chart_has_a_guide() -> None:
     guide = cost_view.COST_BARS_GUIDE
     assert "does not fit" in guide.good and "does not fit" in guide.bad and "computed" in guide.axes
@@ -276,11 +352,38 @@ def test_the_page_says_70b_does_not_fit_one_gpu_and_fits_the_count_it_names(db) 
     assert guides == ["How to read this"]
     assert any("**What is drawn.** Four panels" in text.value for text in app.markdown)
 
-    widget(app.number_input, "GPUs (ideal tensor parallelism)").set_value(2)
+    assert not app.get("arrow_data_frame")  # no per-GPU table for one GPU
+    assert "With one GPU the gather stays on the device" in shown(app.info[-1].value)
+
+    widget(app.number_input, "GPUs (layers split over them)").set_value(2)
     app.run()
     assert not app.error
     assert widget(app.metric, "Cost per query").value.startswith("$")
     assert widget(app.metric, "Sequences that fit").value != "0"
+    assert any(header.value == "Across 2 GPUs" for header in app.subheader)
+    per_gpu = app.dataframe[0].value
+    assert per_gpu["GPU"].tolist() == ["0", "1"] and per_gpu["Layers"].tolist() == ["0–39", "40–79"]
+    assert per_gpu["Weights"].tolist() == ["65.7 GiB", "65.7 GiB"]  # half of 131 GiB each
+    assert any(
+        "the 80 layers are split over 2 GPUs, 40 consecutive layers each" in shown(text.value) for text in app.caption
+    )
+    scope = shown(app.info[-1].value)
+    assert scope.startswith("Computed, not measured: a global eviction scope") and "80 layers × 8 KV heads" in scope
+    assert "A local scope moves nothing" in scope
+    rows = [shown(row) for row in app.table[0].value.index]
+    assert "Layers on the fullest GPU" in rows and "Slowest GPU's part of a decode step" in rows
+
+
+def test_the_page_refuses_more_gpus_than_layers_in_one_sentence(db) -> None:
+    app = open_page("pages/costs.py")
+    widget(app.selectbox, "Preset").set_value("Qwen2.5-0.5B")
+    widget(app.number_input, "GPUs (layers split over them)").set_value(25)
+    app.run()
+    assert not app.exception, app.exception
+    assert shown(app.error[0].value) == (
+        "A pipeline gives every GPU at least one layer, so this model's 24 layers take between 1 and 24 GPUs, not 25."
+    )
+    assert not app.metric
 
 
 def test_the_page_refuses_a_pasted_bert_config(db) -> None:

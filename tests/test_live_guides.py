@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 from test_ui_figures import trace  # noqa: F401  (the synthetic run, a fixture)
+from test_ui_tiers import tiered  # noqa: F401  (a synthetic run that demotes, a fixture)
 
 from kvlab.ui import live_figures as figures
 from kvlab.ui.guides import ChartGuide
@@ -15,6 +16,7 @@ from kvlab.ui.guides import ChartGuide
 #: Each figure builder and the guide drawn beside it.
 GUIDE_OF = {
     figures.memory_figure: figures.MEMORY_GUIDE,
+    figures.tier_figure: figures.TIER_GUIDE,
     figures.sink_figure: figures.SINK_GUIDE,
     figures.head_entropy: figures.HEAD_ENTROPY_GUIDE,
     figures.attention_landscape: figures.LANDSCAPE_GUIDE,
@@ -58,9 +60,9 @@ def test_each_guide_says_what_is_drawn_and_what_good_and_bad_runs_look_like_in_a
     assert guide.axes in markdown and guide.good in markdown and guide.bad in markdown
 
 
-def test_each_guide_names_the_axes_its_figure_draws(trace):  # noqa: F811
+def test_each_guide_names_the_axes_its_figure_draws(trace, tiered):  # noqa: F811
     for build, guide in GUIDE_OF.items():
-        figure = build(trace)
+        figure = build(tiered if build is figures.tier_figure else trace)
         titles = drawn_titles(figure)
         assert titles, build.__name__
         missing = [title for title in titles if title.lower() not in guide.axes.lower()]

@@ -432,7 +432,7 @@ def test_nothing_in_the_browser_can_switch_trust_remote_code_on(db, tmp_path, mo
     app.sidebar.text_input[0].set_value(str(remote))
     app.run()
     assert "is not a model this server can load" in shown(app.sidebar.error[0].value)
-    assert calls and all(call == {"trust_remote_code": False} for call in calls)
+    assert calls and all(call["trust_remote_code"] is False for call in calls)
     for page in PAGES:
         app.switch_page(page)
         app.run()

@@ -18,9 +18,9 @@ from kvlab import profile
 from kvlab.policies import make_policy
 from kvlab.policies.scoring import ScoringPolicy
 from kvlab.store import RunConfig, Store, Trial, open_store
-from kvlab.ui.inputs import cache_option_fields, policy_fields
+from kvlab.ui.inputs import CACHE_OPTIONS_TITLE, cache_option_fields, policy_fields
 
-OPTIONS = "Cache options: layer and head budgets, precision tiers, noise"
+OPTIONS = CACHE_OPTIONS_TITLE
 TIERED = {"hot": 0.25, "key_bits": 4, "value_bits": 4}
 VARIANT = "h2o[hot=0.25,key_bits=4,value_bits=4]"
 
@@ -51,7 +51,7 @@ def test_the_live_page_draws_the_cache_options_apart_and_runs_the_policy_they_ma
     app = live_page()
     [options] = app.expander
     assert options.label == OPTIONS
-    inside = {element.key for kind in ("selectbox", "number_input") for element in options.get(kind)}
+    inside = {element.key for kind in ("selectbox", "number_input", "checkbox") for element in options.get(kind)}
     assert inside == {f"live_h2o_{name}" for name in make_policy("h2o").cache_option_names()}
     assert app.number_input(key="live_h2o_recent_ratio") and "live_h2o_recent_ratio" not in inside
     assert app.selectbox(key="live_h2o_key_bits").options == ["16", "8", "4", "2"]

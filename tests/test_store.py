@@ -324,7 +324,7 @@ def test_migrating_a_v3_database_adds_sweeps_and_keeps_its_runs(db_path: Path) -
 
     migrated = open_store(db_path)
     try:
-        assert migrated.schema_version() == SCHEMA_VERSION == 10
+        assert migrated.schema_version() == SCHEMA_VERSION == 11
         runs = migrated.list_runs()
         assert runs[["run_id", "status", "started_by", "trials"]].values.tolist() == [[1, "interrupted", "ann", 1]]
         assert migrated.sweeps() == []

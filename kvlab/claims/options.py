@@ -14,6 +14,7 @@ from typing import Any
 #: Every cache option with its default, in the policies' order.
 CACHE_DEFAULTS: dict[str, Any] = {
     "layer_allocation": "uniform",
+    "scope": "local",
     "head_allocation": "uniform",
     "hot": 1.0,
     "key_bits": 16,
@@ -21,6 +22,13 @@ CACHE_DEFAULTS: dict[str, Any] = {
     "quant_group": 32,
     "noise": "none",
     "noise_scale": 0.0,
+    "cpu_tier_mib": 0.0,
+    "disk_tier_mib": 0.0,
+    "page_tokens": 16,
+    "recall_pages": 8,
+    "page_summary": "minmax",
+    "promote": True,
+    "prefetch": False,
 }
 
 

@@ -8,6 +8,8 @@ import functools
 import json
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,8 +28,9 @@ from kvlab.cli.options import (
 )
 
 if TYPE_CHECKING:  # the parser is built without loading torch
+    from kvlab.models import LoadedModel
     from kvlab.store import Store
-    from kvlab.sweep import GridKind
+    from kvlab.sweep import GridKind, SweepGrid, UnitExecutor
 
 GRID_KINDS: dict[str, GridKind] = {
     "needle": "single",
@@ -97,6 +100,19 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="let every prefill-mode policy read each context itself (for measuring the sharing)",
     )
+    sweep.add_argument(
+        "--workers",
+        type=whole(1, "--workers"),
+        default=None,
+        help="Ray workers, each holding the model on a GPU of its own (default: one per visible GPU; with at most one "
+        "GPU and no --ray-address, the sweep runs in this process, without Ray)",
+    )
+    sweep.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="join the Ray cluster at ADDR (host:port, ray://host:port or auto) and run the workers there",
+    )
     add_db_argument(sweep, "database file")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar and no estimate")
     sweep.add_argument(
@@ -122,13 +138,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     evaluate.set_defaults(func=run_eval)
 
 
-def _interrupt_on_sigterm() -> None:
-    """Treat SIGTERM like Ctrl-C, so a killed sweep marks its runs interrupted on the way out."""
+def _stop_on_sigterm() -> Callable[[], bool]:
+    """Make SIGTERM ask the sweep to stop once the work in flight is stored, so that a killed sweep marks its runs
+    interrupted on the way out and is never cut off inside a write to the store; a second SIGTERM interrupts at once,
+    like Ctrl-C. Returns what the runner asks before each unit of work."""
+    asked = threading.Event()
 
     def handler(signum, frame):
-        raise KeyboardInterrupt
+        if asked.is_set():
+            raise KeyboardInterrupt
+        asked.set()
 
     signal.signal(signal.SIGTERM, handler)
+    return asked.is_set
 
 
 def sweep_grid(args: argparse.Namespace):
@@ -174,14 +196,27 @@ def existing_store(path: str | None) -> Store | None:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    """Run (or resume) a sweep and report what was run and what was already stored."""
-    from tqdm import tqdm
+    """Run (or resume) a sweep, in this process or on Ray workers, and report what was run and what was already
+    stored."""
+    import importlib.util
 
-    from kvlab.estimate import measure_speed, sweep_estimate
-    from kvlab.store import open_store
-    from kvlab.sweep import SweepRunner
+    import torch
+
+    from kvlab.cluster import runs_in_process
 
     grid = sweep_grid(args)
+    gpus = 0 if args.device_map is not None else torch.cuda.device_count()  # a split model fills its GPUs itself
+    ray_installed = importlib.util.find_spec("ray") is not None
+    if args.dry_run or runs_in_process(args.workers, args.ray_address, args.device, gpus, ray_installed):
+        return _sweep_in_process(args, grid)
+    return _sweep_on_workers(args, grid)
+
+
+def _sweep_in_process(args: argparse.Namespace, grid: SweepGrid) -> int:
+    """The sweep with the model loaded here, estimated first (only estimated with ``--dry-run``)."""
+    from kvlab.estimate import measure_speed, sweep_estimate
+    from kvlab.store import open_store
+
     loaded = load_model_from_args(args)
     grid.check_fits(loaded)  # before the store is opened: a grid that cannot run creates no database
     if args.dry_run:
@@ -190,6 +225,32 @@ def run_sweep(args: argparse.Namespace) -> int:
     store = open_store(args.db)
     if not args.quiet:
         print(sweep_estimate(loaded, grid, store, functools.partial(measure_speed, loaded, grid)), file=sys.stderr)
+    return _run_and_report(loaded, store, grid, args)
+
+
+def _sweep_on_workers(args: argparse.Namespace, grid: SweepGrid) -> int:
+    """The sweep on Ray workers, each loading the model the options name; this process writes the store."""
+    from kvlab.cluster import ModelRecipe, SweepWorkers
+    from kvlab.errors import KvlabError
+    from kvlab.store import open_store
+
+    if args.device_map is not None:
+        raise KvlabError("A model split by --device-map runs in one process; leave out --workers and --ray-address.")
+    recipe = ModelRecipe(args.model, args.gguf_file, args.device, args.dtype, args.trust_remote_code)
+    with SweepWorkers(recipe, args.workers, args.ray_address) as workers:
+        workers.check_fits(grid)  # before the store is opened: a grid that cannot run creates no database
+        store = open_store(args.db)
+        if not args.quiet:
+            print(f"sweeping on {workers.describe()}", file=sys.stderr)
+        return _run_and_report(workers, store, grid, args)
+
+
+def _run_and_report(model: LoadedModel | UnitExecutor, store: Store, grid: SweepGrid, args: argparse.Namespace) -> int:
+    """Run the sweep with a progress bar; report what ran, or how to resume after an interruption."""
+    from tqdm import tqdm
+
+    from kvlab.sweep import SweepRunner
+
     bar = tqdm(total=0, unit="trial", file=sys.stderr, disable=args.quiet)
 
     def progress(done: int, total: int, label: str) -> None:
@@ -198,18 +259,19 @@ def run_sweep(args: argparse.Namespace) -> int:
         bar.set_description(label)
         bar.refresh()
 
-    _interrupt_on_sigterm()
-    runner = SweepRunner(loaded, store, grid, progress=progress)
+    runner = SweepRunner(model, store, grid, progress=progress, should_stop=_stop_on_sigterm())
     try:
         summary = runner.run()
     except KeyboardInterrupt:
-        bar.close()
+        summary = runner.summary
+        summary.stopped = True
+    bar.close()
+    if summary.stopped:
         print(
-            f"interrupted after {runner.summary.ran} new trials; run the same command again to resume ({store.path}).",
+            f"interrupted after {summary.ran} new trials; run the same command again to resume ({store.path}).",
             file=sys.stderr,
         )
         return 130
-    bar.close()
     print(
         f"ran {summary.ran} trials, {summary.skipped} were already stored; runs "
         f"{', '.join(map(str, summary.run_ids))} in {store.path}"

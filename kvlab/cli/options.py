@@ -57,6 +57,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
     parser.add_argument(
+        "--device-map",
+        default=None,
+        metavar="MAP",
+        help="split the model's layers over the visible GPUs instead of --device: auto, balanced, sequential, or a "
+        "JSON file or object mapping module names to a GPU index, cpu or disk",
+    )
+    parser.add_argument(
         "--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on CUDA, fp32 on CPU)"
     )
     parser.add_argument(
@@ -74,6 +81,7 @@ def load_model_from_args(args: argparse.Namespace) -> LoadedModel:
         args.model,
         gguf_file=args.gguf_file,
         device=args.device,
+        device_map=args.device_map,
         dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
     )

@@ -1,12 +1,14 @@
 """The memory and cost model of a KV cache: how big it is, how many sequences fit, how fast and how dear decoding is.
 
 :mod:`~kvlab.costs.formulas` holds the formulas, :mod:`~kvlab.costs.models` and :mod:`~kvlab.costs.gpus` the
-presets, :mod:`~kvlab.costs.report` turns a scenario into outputs. Everything is a pure function of its inputs.
+presets, :mod:`~kvlab.costs.report` turns a scenario into outputs; several GPUs split the layers as a pipeline.
+Everything is a pure function of its inputs.
 """
 
 from kvlab.costs.formulas import (
     MOST_GPUS,
     PRECISION_BYTES,
+    GpuShare,
     attended_pairs,
     attention_flops_per_pair,
     bytes_per_element,
@@ -15,20 +17,38 @@ from kvlab.costs.formulas import (
     cost_per_query,
     decode_step_seconds,
     decode_tokens_per_second,
+    global_scope_count_bytes,
+    global_scope_gather_bytes,
+    gpu_shares,
     gpus_that_fit,
     kept_tokens,
+    kv_bytes_for_layers,
     kv_bytes_for_sequence,
     kv_bytes_per_token,
     kv_elements_per_token_per_layer,
+    layer_share,
+    layer_split,
+    pipeline_step_seconds,
     prefill_flops,
     prefill_seconds,
     query_seconds,
+    sequences_per_gpu,
     sequences_that_fit,
+    stage_seconds,
     weight_bytes,
 )
 from kvlab.costs.gpus import GPU_PRESETS, GpuSpec
 from kvlab.costs.models import MODEL_PRESETS, ModelSpec
-from kvlab.costs.report import DOES_NOT_FIT, FORMULAS, CostEstimate, Scenario, compare, cost_table, estimate
+from kvlab.costs.report import (
+    DOES_NOT_FIT,
+    FORMULAS,
+    NO_EVICTION,
+    CostEstimate,
+    Scenario,
+    compare,
+    cost_table,
+    estimate,
+)
 
 __all__ = [
     "DOES_NOT_FIT",
@@ -36,8 +56,10 @@ __all__ = [
     "GPU_PRESETS",
     "MODEL_PRESETS",
     "MOST_GPUS",
+    "NO_EVICTION",
     "PRECISION_BYTES",
     "CostEstimate",
+    "GpuShare",
     "GpuSpec",
     "ModelSpec",
     "Scenario",
@@ -52,14 +74,23 @@ __all__ = [
     "decode_step_seconds",
     "decode_tokens_per_second",
     "estimate",
+    "global_scope_count_bytes",
+    "global_scope_gather_bytes",
+    "gpu_shares",
     "gpus_that_fit",
     "kept_tokens",
+    "kv_bytes_for_layers",
     "kv_bytes_for_sequence",
     "kv_bytes_per_token",
     "kv_elements_per_token_per_layer",
+    "layer_share",
+    "layer_split",
+    "pipeline_step_seconds",
     "prefill_flops",
     "prefill_seconds",
     "query_seconds",
+    "sequences_per_gpu",
     "sequences_that_fit",
+    "stage_seconds",
     "weight_bytes",
 ]

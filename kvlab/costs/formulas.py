@@ -8,7 +8,8 @@ currency of the price per hour.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from kvlab.arch import ArchFacts
@@ -26,6 +27,14 @@ QUANT_GROUP_META_BYTES = 4
 MOST_GPUS = 64
 """The most GPUs the calculator splits one model over; a configuration that needs more is reported as not fitting
 on any count it offers (64 is eight nodes of eight GPUs)."""
+
+KEY_BYTES = 8
+"""Bytes of one slot's ranking key, as a global eviction scope gathers it (:mod:`kvlab.scopes`): the float32 eviction
+score and the token's position packed into one int64, so that ties break by position on every device alike."""
+
+COUNT_BYTES = 4
+"""Bytes of one layer's count of kept tokens, as a global eviction scope reads it back: a float32 mean over the
+sequences and KV heads."""
 
 
 def bytes_per_element(precision: str, group_size: int | None = None) -> float:
@@ -80,6 +89,25 @@ def cached_tokens(arch: ArchFacts, layer: int, tokens: int, keep_fraction: float
     return kept
 
 
+def kv_bytes_for_layers(
+    arch: ArchFacts,
+    layers: Iterable[int],
+    tokens: int,
+    precision: str,
+    keep_fraction: float = 1.0,
+    group_size: int | None = None,
+) -> float:
+    """Cache bytes that ``layers`` hold for one sequence of ``tokens`` tokens.
+
+    ``Σ_layers cached_tokens × kv_elements_per_token_per_layer × bytes_per_element``: summed per layer because
+    sliding layers stop growing at the window while full layers keep growing, and over a subset of the layers
+    because a pipeline's GPU holds only its own layers' cache.
+    """
+    per_layer_token = kv_elements_per_token_per_layer(arch) * bytes_per_element(precision, group_size)
+    held = sum(cached_tokens(arch, layer, tokens, keep_fraction) for layer in layers)
+    return held * per_layer_token
+
+
 def kv_bytes_for_sequence(
     arch: ArchFacts,
     tokens: int,
@@ -87,14 +115,8 @@ def kv_bytes_for_sequence(
     keep_fraction: float = 1.0,
     group_size: int | None = None,
 ) -> float:
-    """Cache bytes of one sequence of ``tokens`` tokens.
-
-    ``Σ_layers cached_tokens × kv_elements_per_token_per_layer × bytes_per_element``: summed per layer because
-    sliding layers stop growing at the window while full layers keep growing.
-    """
-    per_layer_token = kv_elements_per_token_per_layer(arch) * bytes_per_element(precision, group_size)
-    held = sum(cached_tokens(arch, layer, tokens, keep_fraction) for layer in range(arch.num_layers))
-    return held * per_layer_token
+    """Cache bytes of one sequence of ``tokens`` tokens: :func:`kv_bytes_for_layers` of every layer."""
+    return kv_bytes_for_layers(arch, range(arch.num_layers), tokens, precision, keep_fraction, group_size)
 
 
 def weight_bytes(params: float, precision: str) -> float:
@@ -108,7 +130,7 @@ def sequences_that_fit(
     kv_bytes_per_sequence: float,
     reserve_fraction: float = 0.10,
 ) -> int:
-    """How many sequences' caches fit beside the weights.
+    """How many sequences' caches fit beside the weights in one GPU's memory (or one GPU's share of each).
 
     ``floor((memory × (1 − reserve_fraction) − weights) / kv_bytes_per_sequence)``, and 0 when the weights alone
     do not fit. The reserve stands for activations, the CUDA context, allocator fragmentation and the memory the
@@ -122,24 +144,98 @@ def sequences_that_fit(
     return math.floor(free / kv_bytes_per_sequence)
 
 
+def layer_split(num_layers: int, gpus: int) -> tuple[range, ...]:
+    """The layers each GPU of a pipeline holds: consecutive layers, split as evenly as possible.
+
+    Every GPU holds ``num_layers // gpus`` layers and the first ``num_layers % gpus`` GPUs one more (80 layers over 3
+    GPUs: 27, 27 and 26), so when the count does not divide the layers the first GPUs are the fullest. A pipeline
+    gives every GPU at least one layer, so a model takes at most one GPU per layer.
+    """
+    if not 1 <= gpus <= num_layers:
+        raise KvlabError(
+            f"A pipeline gives every GPU at least one layer, so this model's {num_layers} layers take between 1 and "
+            f"{num_layers} GPUs, not {gpus}."
+        )
+    size, remainder = divmod(num_layers, gpus)
+    starts = [gpu * size + min(gpu, remainder) for gpu in range(gpus + 1)]
+    return tuple(range(start, end) for start, end in zip(starts, starts[1:]))
+
+
+def layer_share(total_bytes: float, layers: range, num_layers: int) -> float:
+    """The part of the weights (held, or read per step) on the GPU that holds ``layers``: ``total × layers held /
+    layers``.
+
+    The embedding and the output head are spread in the same proportion, not placed on the first and last GPU, so
+    the end GPUs of a real split hold a little more: the two are 3 % of Llama-3-70B's weights and 13 % of
+    Llama-3-8B's.
+    """
+    return total_bytes * (len(layers) / num_layers)
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """What one GPU of a pipeline holds: its layers, their weights and their part of one sequence's cache."""
+
+    layers: range
+    weight_bytes: float
+    kv_bytes_per_sequence: float
+
+
+def gpu_shares(
+    arch: ArchFacts,
+    gpus: int,
+    weights_bytes: float,
+    tokens: int,
+    precision: str,
+    keep_fraction: float = 1.0,
+    group_size: int | None = None,
+) -> tuple[GpuShare, ...]:
+    """Each GPU's layers, weights (:func:`layer_share`) and cache (:func:`kv_bytes_for_layers`) under
+    :func:`layer_split`; one GPU holds the whole model, exactly as :func:`kv_bytes_for_sequence` sizes it."""
+    return tuple(
+        GpuShare(
+            layers,
+            layer_share(weights_bytes, layers, arch.num_layers),
+            kv_bytes_for_layers(arch, layers, tokens, precision, keep_fraction, group_size),
+        )
+        for layers in layer_split(arch.num_layers, gpus)
+    )
+
+
+def sequences_per_gpu(
+    memory_bytes: float, shares: Sequence[GpuShare], reserve_fraction: float = 0.10
+) -> tuple[int, ...]:
+    """How many sequences each GPU has room for: :func:`sequences_that_fit` of its own weights and cache.
+
+    A sequence's cache is spread over every GPU, so the pipeline holds the smallest of these: the fullest GPU
+    decides the concurrency.
+    """
+    return tuple(
+        sequences_that_fit(memory_bytes, share.weight_bytes, share.kv_bytes_per_sequence, reserve_fraction)
+        for share in shares
+    )
+
+
 def gpus_that_fit(
+    arch: ArchFacts,
     memory_bytes: float,
     weights_bytes: float,
-    kv_bytes_per_sequence: float,
+    tokens: int,
+    precision: str,
+    keep_fraction: float = 1.0,
+    group_size: int | None = None,
     reserve_fraction: float = 0.10,
     sequences: int = 1,
     most: int = MOST_GPUS,
 ) -> int | None:
     """The fewest GPUs of ``memory_bytes`` each that hold the weights, the reserve and ``sequences`` caches.
 
-    Under ideal tensor parallelism the GPUs pool their memory, so this is the smallest count ``g`` for which
-    :func:`sequences_that_fit` of ``g × memory_bytes`` reaches ``sequences``; None when even ``most`` GPUs do not.
+    The smallest count ``g`` whose :func:`gpu_shares` leave every GPU room for ``sequences`` sequences
+    (:func:`sequences_per_gpu`); None when even ``most`` GPUs (or one per layer, if fewer) do not.
     """
-    for count in range(1, most + 1):
-        if (
-            sequences_that_fit(count * memory_bytes, weights_bytes, kv_bytes_per_sequence, reserve_fraction)
-            >= sequences
-        ):
+    for count in range(1, min(most, arch.num_layers) + 1):
+        shares = gpu_shares(arch, count, weights_bytes, tokens, precision, keep_fraction, group_size)
+        if min(sequences_per_gpu(memory_bytes, shares, reserve_fraction)) >= sequences:
             return count
     return None
 
@@ -157,6 +253,35 @@ def decode_step_seconds(
     step, so this is also the time per generated token that one user sees.
     """
     return (weights_read_bytes + batch * kv_bytes_per_sequence) / bandwidth_bytes_per_s
+
+
+def stage_seconds(
+    shares: Sequence[GpuShare],
+    weights_read_bytes: float,
+    num_layers: int,
+    batch: int,
+    bandwidth_bytes_per_s: float,
+) -> tuple[float, ...]:
+    """Each GPU's part of one decode step: :func:`decode_step_seconds` of its layers' share of the weights read and
+    of the batch's cache, at its own bandwidth."""
+    return tuple(
+        decode_step_seconds(
+            layer_share(weights_read_bytes, share.layers, num_layers),
+            share.kv_bytes_per_sequence,
+            batch,
+            bandwidth_bytes_per_s,
+        )
+        for share in shares
+    )
+
+
+def pipeline_step_seconds(stages: Sequence[float]) -> float:
+    """One decode step of a pipeline with one batch in flight: the sum of its GPUs' parts.
+
+    Each GPU waits for the one before it, so a step lasts as long as one GPU reading everything. The slowest GPU's
+    part bounds how often a pipeline kept full of micro-batches could finish a step; that schedule is not priced.
+    """
+    return sum(stages, 0.0)
 
 
 def decode_tokens_per_second(batch: int, step_seconds: float) -> float:
@@ -223,11 +348,29 @@ def query_seconds(prefill_s: float, step_seconds: float, batch: int, output_toke
     return prefill_s + output_tokens * step_seconds / batch
 
 
-def cost_per_query(seconds: float, price_per_hour: float) -> float:
-    """Price of one query: ``seconds × price per hour / 3600``."""
-    return seconds * price_per_hour / 3600.0
+def cost_per_query(seconds: float, price_per_hour: float, gpus: int = 1) -> float:
+    """Price of one query: ``seconds × GPUs × price per hour / 3600``; every GPU of the pipeline is paid for the
+    whole query, working or waiting."""
+    return seconds * (gpus * price_per_hour) / 3600.0
 
 
 def cost_per_million_tokens(query_cost: float, output_tokens: int) -> float:
     """Price of a million generated tokens: ``cost per query × 10⁶ / M`` (the prompt's prefill included)."""
     return query_cost * 1_000_000 / output_tokens
+
+
+def global_scope_gather_bytes(arch: ArchFacts, tokens: int) -> float:
+    """Bytes of one sequence's ranking keys that a global eviction scope gathers on one device per compression.
+
+    One threshold over every layer needs every layer's keys in one place: ``layers × KV heads × tokens ×``
+    :data:`KEY_BYTES` (each slot's float32 score and position in one int64), for a cache that holds ``tokens`` slots
+    per layer and KV head at the compression, as kvlab's heap does on every layer, sliding or not. A local scope
+    (each device ranks its own layers) gathers nothing.
+    """
+    return float(arch.num_layers * arch.num_kv_heads * tokens * KEY_BYTES)
+
+
+def global_scope_count_bytes(arch: ArchFacts) -> int:
+    """Bytes a global eviction scope reads back per compression: one count of kept tokens per layer
+    (:data:`COUNT_BYTES`), from which each layer's budget is set."""
+    return arch.num_layers * COUNT_BYTES

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from kvlab.attention import window_attention
+from kvlab.demotion import DemotionSpec
 from kvlab.errors import KvlabError
 from kvlab.heap import FREE, DeviceClock, HeapLayer, KVHeap, position_order
 from kvlab.rope import Rope
@@ -231,6 +232,11 @@ class Policy:
 
     def removed(self, view: LayerView) -> torch.Tensor | None:
         """Which slots of a layer the ablation removes at an eviction (``(batch, kv_heads, span)``), or ``None``."""
+        return None
+
+    def demotion(self) -> DemotionSpec | None:
+        """Where evicted tokens are demoted instead of deleted, and how they are recalled (:mod:`kvlab.demotion`);
+        ``None``: deleted. A cache option of the scoring policies."""
         return None
 
     def freezes(self) -> bool:

@@ -49,10 +49,10 @@ class ChunkKV(ObservationWindow, ScoringPolicy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.reuse_layers > 1 and self.layer_allocation != "uniform":
+        if self.reuse_layers > 1 and (self.layer_allocation != "uniform" or self.scope == "global"):
             raise KvlabError(
                 f"Policy {self.name!r} reuses a layer's kept positions in the next layers, which needs the same "
-                "budget in every layer; use layer_allocation='uniform' or reuse_layers=1."
+                "budget in every layer; use layer_allocation='uniform', scope='local' or reuse_layers=1."
             )
 
     def heads_share_ranking(self) -> bool:
@@ -62,7 +62,7 @@ class ChunkKV(ObservationWindow, ScoringPolicy):
         first = view.layer_idx - view.layer_idx % self.reuse_layers
         if first != view.layer_idx:
             assert view.heap is not None, "a reused layer reads the positions its group's first layer kept"
-            return held_in(view.positions, view.heap.layers[first].held_positions()).float()
+            return held_in(view.positions, view.heap.layers[first].held_positions().to(view.positions.device)).float()
         recent = view.most_recent(self.window)
         candidates = (view.positions >= 0) & ~recent
         votes = view.window_attention().masked_fill(~candidates, 0.0)

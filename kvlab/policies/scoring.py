@@ -3,8 +3,8 @@ for the tokens it keeps, and a noise floor.
 
 These are parameters of every policy that ranks tokens by a score (all but the full cache and the first-token
 ablation), declared once here, so that any policy takes any of them and they are checked, stored and drawn like its
-own parameters. At their defaults (uniform budgets, everything at 16 bits, no noise) they are left out of a policy's
-stored parameters: a run that uses none of them is the same run it was before they existed.
+own parameters. At their defaults (uniform budgets in the local scope, everything at 16 bits, no noise) they are left
+out of a policy's stored parameters: a run that uses none of them is the same run it was before they existed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import ClassVar
 import torch
 
 from kvlab.allocation import cake_budgets, entropy_budgets, preset_budgets
+from kvlab.demotion import MIB, SUMMARIES, DemotionSpec
 from kvlab.errors import KvlabError
 from kvlab.noise import NOISE_KINDS, add_noise, unit_noise
 from kvlab.policies.base import KEEP, LayerView, Policy, param
@@ -24,6 +25,8 @@ from kvlab.tiers import ADAKV_SAFEGUARD, TierSpec
 
 LAYER_ALLOCATIONS: tuple[str, ...] = ("uniform", "preset", "entropy", "cake")
 HEAD_ALLOCATIONS: tuple[str, ...] = ("uniform", "adakv")
+#: Who decides the layer budgets of a model split over devices (:mod:`kvlab.scopes`).
+SCOPES: tuple[str, ...] = ("local", "global")
 #: The bit widths a key or value can be held at, widest first.
 WIDTHS: tuple[int, ...] = tuple(reversed(BITS))
 
@@ -34,6 +37,9 @@ class ScoringPolicy(Policy):
 
     ``layer_allocation`` spreads the total budget (budget x layers) over layers: evenly, by the articles' preset, by
     the model's measured attention entropy, or by CAKE's per-prompt layer preferences (:mod:`kvlab.allocation`).
+    ``scope`` says who decides it on a model whose layers a device map split into placement groups: each group over its
+    own layers (``local``), or one threshold over every layer's scores at prefill mode's compression (``global``,
+    :mod:`kvlab.scopes`).
     ``head_allocation='adakv'`` lets the heads of a layer share its budget by one top-k over all of them (Ada-KV),
     each head then holding its own number of tokens. ``hot`` is the share of the kept tokens held at 16 bits; the
     rest are held at ``key_bits``/``value_bits`` (KIVI's grouping, ``quant_group`` tokens per key group and channels
@@ -43,6 +49,11 @@ class ScoringPolicy(Policy):
     #: Parameters of every scoring policy, separate from the policy's own (see :meth:`cache_option_names`).
     layer_allocation: str = param(
         "uniform", choices=LAYER_ALLOCATIONS, help="how the total budget is spread over layers"
+    )
+    scope: str = param(
+        "local",
+        choices=SCOPES,
+        help="local: each device's layers share their own budgets; global: one threshold over all layers (prefill)",
     )
     head_allocation: str = param(
         "uniform", choices=HEAD_ALLOCATIONS, help="adakv: one top-k over the KV heads of a layer (prefill mode)"
@@ -55,6 +66,19 @@ class ScoringPolicy(Policy):
     quant_group: int = param(32, minimum=1, maximum=4096, help="tokens per key group, channels per value group")
     noise: str = param("none", choices=NOISE_KINDS, help="noise added to the scores before ranking")
     noise_scale: float = param(0.0, minimum=0.0, help="noise scale, relative to the spread of the scores")
+    cpu_tier_mib: float = param(
+        0.0, minimum=0.0, help="MiB of pinned CPU memory that evicted tokens are demoted to instead of deleted"
+    )
+    disk_tier_mib: float = param(
+        0.0, minimum=0.0, help="MiB of an offload file that demoted tokens move to once CPU memory is full"
+    )
+    page_tokens: int = param(16, minimum=1, maximum=4096, help="demoted tokens per page, per sequence and KV head")
+    recall_pages: int = param(
+        8, minimum=1, maximum=1 << 20, help="demoted pages a forward pass recalls per layer and KV head"
+    )
+    page_summary: str = param("minmax", choices=SUMMARIES, help="what the GPU keeps of a demoted page to choose it")
+    promote: bool = param(True, help="recalled pages stay on the GPU while the queries keep choosing them")
+    prefetch: bool = param(False, help="fetch the next pass's pages while the current one computes (speculative)")
 
     #: Whether the policy spreads its budget over layers itself (PyramidKV), so takes no other layer allocation.
     own_layer_budgets: ClassVar[bool] = False
@@ -66,10 +90,20 @@ class ScoringPolicy(Policy):
                 f"Policy {self.name!r} holds every kept token at 16 bits while hot is 1; set hot below 1 to hold "
                 "the rest at the key and value bits."
             )
+        if self.demotion() is not None and (self.tiered or self.head_allocation == "adakv"):
+            raise KvlabError(
+                f"Policy {self.name!r} cannot demote evicted tokens and also hold its kept ones in frozen layers "
+                "(precision tiers or adakv); choose one."
+            )
         if self.own_layer_budgets and self.layer_allocation != "uniform":
             raise KvlabError(
                 f"Policy {self.name!r} spreads its budget over layers itself; use layer_allocation with another "
                 "policy (snapkv scores as pyramidkv does)."
+            )
+        if self.scope == "global" and (self.layer_allocation != "uniform" or self.own_layer_budgets):
+            raise KvlabError(
+                f"Policy {self.name!r} with scope='global' lets one threshold over every layer's scores decide the "
+                "layer budgets, so it takes layer_allocation='uniform' and no budgets of its own."
             )
 
     @classmethod
@@ -81,6 +115,21 @@ class ScoringPolicy(Policy):
         """The policy's parameters, the cache options only where they differ from their defaults."""
         defaults = {item.name: item.default for item in fields(ScoringPolicy)}
         return {name: value for name, value in super().params().items() if defaults.get(name, object()) != value}
+
+    def demotion(self) -> DemotionSpec | None:
+        """Where evicted tokens are demoted and how they are recalled (:mod:`kvlab.demotion`), or ``None`` where
+        they are deleted (both tiers at 0 MiB)."""
+        if self.cpu_tier_mib == 0.0 and self.disk_tier_mib == 0.0:
+            return None
+        return DemotionSpec(
+            cpu_bytes=int(self.cpu_tier_mib * MIB),
+            disk_bytes=int(self.disk_tier_mib * MIB),
+            page_tokens=self.page_tokens,
+            recall_pages=self.recall_pages,
+            summary=self.page_summary,
+            promote=self.promote,
+            prefetch=self.prefetch,
+        )
 
     @property
     def tiered(self) -> bool:
@@ -116,6 +165,7 @@ class ScoringPolicy(Policy):
                 ("precision tiers (hot below 1)", self.tiered),
                 ("head-adaptive budgets (adakv)", self.head_allocation == "adakv"),
                 ("CAKE's layer allocation", self.layer_allocation == "cake"),
+                ("the global eviction scope", self.scope == "global"),
             )
             if used
         ]
@@ -134,8 +184,8 @@ class ScoringPolicy(Policy):
         return ADAKV_SAFEGUARD if self.head_allocation == "adakv" else None
 
     def can_capture(self) -> bool:
-        """Noise draws from a generator that a CUDA graph would not advance."""
-        return super().can_capture() and self.noise == "none"
+        """Noise draws from a generator that a CUDA graph would not advance; demotion moves pages from the host."""
+        return super().can_capture() and self.noise == "none" and self.demotion() is None
 
     def perturb(self, view: LayerView, scores: torch.Tensor) -> torch.Tensor:
         """The scores with the noise floor added (unchanged without noise or at scale 0). One draw per held token

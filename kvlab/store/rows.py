@@ -84,7 +84,11 @@ class Trial:
     ``recall`` the fraction of the expected strings its output contains (RULER's score; 1 or 0 for one answer);
     ``read_bytes`` the K/V bytes attention read per decoded token, per sequence (the bytes held, except for policies
     that read a subset of the cache); ``reconstruction_s`` the seconds of KVzip's reconstruction of the context, per
-    sequence, which ``prefill_s`` includes (0 for every other policy).
+    sequence, which ``prefill_s`` includes (0 for every other policy). A run that demotes evicted tokens
+    (:mod:`kvlab.demotion`) records the bytes of its tiers at the end (``gpu_tier_bytes`` beside the heap,
+    ``cpu_tier_bytes``, ``disk_tier_bytes``) and per decoded token the pages and bytes it fetched back and the seconds
+    its recalls took (``recalled_pages``, ``recalled_bytes``, ``recall_s``), per sequence; a model split over several
+    devices records the K/V bytes each held (``device_bytes``, JSON: device to bytes).
     """
 
     trial_key: str
@@ -114,6 +118,13 @@ class Trial:
     recall: float | None = None
     read_bytes: float | None = None
     reconstruction_s: float | None = None
+    gpu_tier_bytes: int | None = None
+    cpu_tier_bytes: int | None = None
+    disk_tier_bytes: int | None = None
+    recalled_pages: float | None = None
+    recalled_bytes: float | None = None
+    recall_s: float | None = None
+    device_bytes: str | None = None
 
 
 @dataclass(frozen=True)

@@ -281,6 +281,26 @@ def v10_uncertainty_and_reads(cursor: Cursor) -> None:
     )
 
 
+def v11_tiers_and_devices(cursor: Cursor) -> None:
+    """What a run beyond one GPU's memory records per trial, per sequence: the bytes demotion held at the end on the
+    GPU beside the heap (page summaries, partial and recalled pages), in CPU memory and in the offload file
+    (``gpu_tier_bytes``, ``cpu_tier_bytes``, ``disk_tier_bytes``), per decoded token the demoted pages and bytes
+    fetched back and the seconds recalls took (``recalled_pages``, ``recalled_bytes``, ``recall_s``), and the K/V
+    bytes held on each device of a model split over several (``device_bytes``, JSON). Older trials and runs that
+    demote nothing or run on one device: NULL."""
+    cursor.execute(
+        """
+        ALTER TABLE trials ADD COLUMN gpu_tier_bytes BIGINT;
+        ALTER TABLE trials ADD COLUMN cpu_tier_bytes BIGINT;
+        ALTER TABLE trials ADD COLUMN disk_tier_bytes BIGINT;
+        ALTER TABLE trials ADD COLUMN recalled_pages DOUBLE;
+        ALTER TABLE trials ADD COLUMN recalled_bytes DOUBLE;
+        ALTER TABLE trials ADD COLUMN recall_s DOUBLE;
+        ALTER TABLE trials ADD COLUMN device_bytes VARCHAR;
+        """
+    )
+
+
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
 MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v1_initial,
@@ -293,6 +313,7 @@ MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v8_replays,
     v9_heap_management,
     v10_uncertainty_and_reads,
+    v11_tiers_and_devices,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The first version with the marker; older kvlab databases are recognised by their tables and columns.

@@ -15,7 +15,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvlab.costs import DOES_NOT_FIT, MOST_GPUS, CostEstimate, Scenario
+from kvlab.arch import ArchFacts
+from kvlab.costs import DOES_NOT_FIT, CostEstimate, Scenario
+from kvlab.costs.formulas import KEY_BYTES
 from kvlab.ui.guides import ChartGuide
 from kvlab.ui.tables import present, run_label, short_model_name
 from kvlab.ui.units import byte_axis, format_bytes
@@ -188,50 +190,87 @@ class Notice:
     text: str
 
 
-def _gpus(count: int | None) -> str:
-    """``2 GPUs``; ``more than 64 GPUs`` when no count the calculator offers is enough."""
+def _gpus(count: int | None, limit: int) -> str:
+    """``2 GPUs``; ``more than 64 GPUs`` when no count up to ``limit`` is enough."""
     if count is None:
-        return f"more than {MOST_GPUS} GPUs"
+        return f"more than {limit} GPUs"
     return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
 def _needed(full: CostEstimate, evicted: CostEstimate) -> str:
     """How many GPUs of this kind would fit one sequence, with eviction and without."""
     if evicted.gpus_to_fit is None:
-        return f"Not even {MOST_GPUS} GPUs of this kind would fit it."
+        return f"Not even {evicted.gpu_limit} GPUs of this kind, layers split over them, would fit it."
     if evicted.gpus_to_fit == full.gpus_to_fit:
-        return f"{_gpus(evicted.gpus_to_fit)} of this kind (ideal tensor parallelism) would fit it."
+        return f"{_gpus(evicted.gpus_to_fit, evicted.gpu_limit)} of this kind (layers split over them) would fit it."
     return (
-        f"{_gpus(evicted.gpus_to_fit)} of this kind (ideal tensor parallelism) would fit it with eviction "
-        f"(keep {evicted.keep_fraction:.0%}), {_gpus(full.gpus_to_fit)} with the full cache."
+        f"{_gpus(evicted.gpus_to_fit, evicted.gpu_limit)} of this kind (layers split over them) would fit it with "
+        f"eviction (keep {evicted.keep_fraction:.0%}), {_gpus(full.gpus_to_fit, full.gpu_limit)} with the full cache."
+    )
+
+
+def _span(first: int, last: int) -> str:
+    """``0–26``, or ``5`` when first and last are one."""
+    return str(first) if first == last else f"{first}–{last}"
+
+
+def _layers(layers: range) -> str:
+    """``layers 0–26``, or ``layer 5`` for a GPU that holds one."""
+    return f"{'layer' if len(layers) == 1 else 'layers'} {_span(layers.start, layers.stop - 1)}"
+
+
+class _Shortfall(NamedTuple):
+    """Where memory runs short, as a notice says it: the GPU (empty for one), its weights and its part of a cache."""
+
+    where: str
+    weights: str
+    cache: str
+
+
+def _shortfall(estimate: CostEstimate) -> _Shortfall:
+    """The fullest GPU's load in words: the whole model on one GPU, its own layers' share on a pipeline's."""
+    if estimate.gpu_count == 1:
+        return _Shortfall(
+            "",
+            f"{format_bytes(estimate.weight_bytes)} of weights",
+            f"one sequence's {format_bytes(estimate.kv_bytes_per_sequence)} cache",
+        )
+    share = estimate.gpu_shares[estimate.fullest_gpu]
+    layers = sum(len(other.layers) for other in estimate.gpu_shares)
+    return _Shortfall(
+        f"GPU {estimate.fullest_gpu} ({_layers(share.layers)} of {layers})",
+        f"its {format_bytes(share.weight_bytes)} of weights",
+        f"its {format_bytes(share.kv_bytes_per_sequence)} part of one sequence's cache",
     )
 
 
 def fit_notices(full: CostEstimate, evicted: CostEstimate, scenario: Scenario, gpu_name: str) -> list[Notice]:
     """What the page says about memory: a configuration that does not fit at all (and the GPUs that would fit it),
-    one that fits only because of eviction, and a batch that does not fit."""
+    one that fits only because of eviction, and a batch that does not fit. With several GPUs the one that runs
+    short is named with its layers, its weights and its part of the cache."""
     on = f"{scenario.gpu_count} × {gpu_name}"
-    weights = f"{format_bytes(evicted.weight_bytes)} of weights"
     reserve = f"the {scenario.memory_reserve:.0%} reserve"
     notices: list[Notice] = []
     if not evicted.fits:
+        short = _shortfall(evicted)
+        holder = f"on {on}, {short.where}" if short.where else on
         notices.append(
             Notice(
                 "error",
-                f"Does not fit: {on} cannot hold {weights}, {reserve} and one sequence's "
-                f"{format_bytes(evicted.kv_bytes_per_sequence)} cache, so there is no decode time or price. "
-                + _needed(full, evicted),
+                f"Does not fit: {holder} cannot hold {short.weights}, {reserve} and {short.cache}, so there is no "
+                "decode time or price. " + _needed(full, evicted),
             )
         )
     elif not full.fits:
+        short = _shortfall(full)
+        where = f"on {short.where}, " if short.where else ""
         notices.append(
             Notice(
                 "info",
-                f"The full cache does not fit on {on}: one sequence's {format_bytes(full.kv_bytes_per_sequence)} "
-                f"cache does not fit beside {weights} and {reserve} ({_gpus(full.gpus_to_fit)} would hold it). "
-                f"The evicted cache (keep {evicted.keep_fraction:.0%}, {format_bytes(evicted.kv_bytes_per_sequence)} "
-                f"a sequence) fits {evicted.max_sequences:,}: here eviction is what lets the model run on these GPUs "
-                "at all.",
+                f"The full cache does not fit on {on}: {where}{short.cache} does not fit beside {short.weights} and "
+                f"{reserve} ({_gpus(full.gpus_to_fit, full.gpu_limit)} would hold it). The evicted cache (keep "
+                f"{evicted.keep_fraction:.0%}, {format_bytes(evicted.kv_bytes_per_sequence)} a sequence) fits "
+                f"{evicted.max_sequences:,}: here eviction is what lets the model run on these GPUs at all.",
             )
         )
     if evicted.fits and not evicted.batch_fits:
@@ -240,7 +279,7 @@ def fit_notices(full: CostEstimate, evicted: CostEstimate, scenario: Scenario, g
                 "warning",
                 f"A batch of {scenario.batch:,} does not fit: only {evicted.max_sequences:,} sequences fit beside the "
                 "weights, so the decode time and prices are for a batch this memory cannot hold; "
-                f"{_gpus(evicted.gpus_to_fit_batch)} of this kind would hold it.",
+                f"{_gpus(evicted.gpus_to_fit_batch, evicted.gpu_limit)} of this kind would hold it.",
             )
         )
     elif evicted.batch_fits and full.fits and not full.batch_fits:
@@ -249,10 +288,133 @@ def fit_notices(full: CostEstimate, evicted: CostEstimate, scenario: Scenario, g
                 "info",
                 f"A batch of {scenario.batch:,} fits only with eviction: the full cache leaves room for "
                 f"{full.max_sequences:,} sequences, so its decode time and prices are for a batch this memory cannot "
-                f"hold ({_gpus(full.gpus_to_fit_batch)} would hold it).",
+                f"hold ({_gpus(full.gpus_to_fit_batch, full.gpu_limit)} would hold it).",
             )
         )
     return notices
+
+
+def _counts(values: list[int]) -> str:
+    """``27, 27 and 26``."""
+    words = [f"{value:,}" for value in values]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def _which(gpus: tuple[int, ...], count: int) -> str:
+    """``GPU 0``, ``GPUs 0 and 1``, ``GPUs 0–15``, or ``Every GPU`` when all ``count`` are meant."""
+    if len(gpus) == count:
+        return "Every GPU"
+    if len(gpus) == 1:
+        return f"GPU {gpus[0]}"
+    if len(gpus) > 2 and gpus[-1] - gpus[0] == len(gpus) - 1:
+        return f"GPUs {_span(gpus[0], gpus[-1])}"
+    return f"GPUs {_counts(list(gpus))}"
+
+
+def _layer_counts(layers: int, gpus: int) -> str:
+    """How many consecutive layers each GPU holds, the remainder going to the first ones (:func:`layer_split`)."""
+    size, remainder = divmod(layers, gpus)
+
+    def holding(count: int, each: bool) -> str:
+        return f"{count} consecutive {'layer' if count == 1 else 'layers'}{' each' if each else ''}"
+
+    if remainder == 0:
+        return holding(size, each=True)
+    first = f"{'the first GPU holds' if remainder == 1 else f'the first {remainder} hold'} "
+    rest = gpus - remainder
+    others = f"{'the last holds' if rest == 1 else f'the other {rest} hold'} "
+    first += holding(size + 1, remainder > 1)
+    others += holding(size, rest > 1)
+    return f"{first} and {others}, since {gpus} does not divide {layers}"
+
+
+def split_summary(evicted: CostEstimate) -> str:
+    """How the layers are split over the GPUs and which GPUs limit what, for a scenario on several GPUs."""
+    count, kept = len(evicted.gpu_shares), f"keep {evicted.keep_fraction:.0%}"
+    total = sum(len(share.layers) for share in evicted.gpu_shares)
+    split = f"the {total} layers are split over {count} GPUs"
+    fullest = _which(evicted.fullest_gpus, count)
+    room = (
+        f"Every GPU has room for {evicted.max_sequences:,} sequences at {kept}, which the pipeline holds."
+        if fullest == "Every GPU"
+        else f"{fullest} {'has' if len(evicted.fullest_gpus) == 1 else 'have'} room for the fewest sequences "
+        f"({evicted.max_sequences:,} at {kept}), and that is what the pipeline holds."
+    )
+    text = (
+        f"Computed, not measured: {split}, {_layer_counts(total, count)}. Each GPU holds its layers' weights and "
+        f"cache; the GPUs work in turn on every step, so a step takes as long as on one GPU while the price counts "
+        f"all {count}. {room}"
+    )
+    if evicted.slowest_stage_seconds is None:
+        return text
+    slowest = _which(evicted.slowest_gpus, count)
+    longest = _milliseconds(evicted.slowest_stage_seconds)
+    part = (
+        f"Every GPU's part of a step takes {longest}"
+        if slowest == "Every GPU"
+        else f"The longest part of a step is {longest}, on {slowest}"
+    )
+    return (
+        f"{text} {part}: a pipeline kept full of micro-batches could finish a step no more often than that (not "
+        "priced here)."
+    )
+
+
+def gpu_split_table(full: CostEstimate, evicted: CostEstimate) -> pd.DataFrame:
+    """One row per GPU of the pipeline: its layers, weights, part of one sequence's cache and the sequences it has
+    room for (full cache → evicted), its part of a decode step, and, when not every GPU does, which GPUs limit the
+    evicted cache: the fullest (fewest sequences) and the slowest (longest part of a step)."""
+    kept = f"keep {evicted.keep_fraction:.0%}"
+    count = len(evicted.gpu_shares)
+    marks = [
+        (name, gpus)
+        for name, gpus in (("fullest", evicted.fullest_gpus), ("slowest", evicted.slowest_gpus))
+        if 0 < len(gpus) < count
+    ]
+    rows = []
+    for gpu, (full_share, share) in enumerate(zip(full.gpu_shares, evicted.gpu_shares)):
+        row = {
+            "GPU": str(gpu),
+            "Layers": _span(share.layers.start, share.layers.stop - 1),
+            "Weights": format_bytes(share.weight_bytes),
+            f"KV per sequence, full → {kept}": (
+                f"{format_bytes(full_share.kv_bytes_per_sequence)} → {format_bytes(share.kv_bytes_per_sequence)}"
+            ),
+            f"Sequences, full → {kept}": (
+                f"{_count(full.sequences_per_gpu[gpu])} → {_count(evicted.sequences_per_gpu[gpu])}"
+            ),
+            f"Step part, {kept}": (
+                DOES_NOT_FIT if evicted.stage_seconds is None else _milliseconds(evicted.stage_seconds[gpu])
+            ),
+        }
+        if marks:
+            row["Limits"] = ", ".join(name for name, gpus in marks if gpu in gpus)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def scope_note(arch: ArchFacts, evicted: CostEstimate, scenario: Scenario) -> str:
+    """What each eviction scope moves between GPUs per compression, from the architecture and the prompt."""
+    if evicted.global_scope_gather_bytes is None or evicted.global_scope_count_bytes is None:
+        return "The full cache evicts nothing, so neither eviction scope moves anything between GPUs."
+    batch = (
+        f" ({format_bytes(evicted.global_scope_gather_bytes * scenario.batch)} for the batch of {scenario.batch:,})"
+        if scenario.batch > 1
+        else ""
+    )
+    where = (
+        "With one GPU the gather stays on the device."
+        if scenario.gpu_count == 1
+        else f"With {scenario.gpu_count} GPUs, every GPU but the gathering one sends its layers' share."
+    )
+    return (
+        "Computed, not measured: a global eviction scope ranks every layer's tokens under one threshold, so each "
+        "compression gathers every layer's eviction scores on one GPU, each slot's float32 score and position as one "
+        f"int64 key: {arch.num_layers} layers × {arch.num_kv_heads} KV heads × {scenario.prompt_tokens:,} prompt "
+        f"tokens × {KEY_BYTES} bytes = {format_bytes(evicted.global_scope_gather_bytes)} per sequence{batch}; it "
+        f"reads back {arch.num_layers} per-layer counts ({format_bytes(evicted.global_scope_count_bytes)}). {where} "
+        "A local scope moves nothing: each GPU ranks its own layers."
+    )
 
 
 def stored_keep_fractions(runs: pd.DataFrame) -> dict[str, float]:

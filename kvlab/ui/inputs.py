@@ -69,6 +69,10 @@ def policy_fields(policy: str) -> list[ParamField]:
     return _fields(POLICIES[policy], cache_options=False)
 
 
+#: The title of the expander where pages draw the cache options (:func:`cache_option_fields`).
+CACHE_OPTIONS_TITLE = "Cache options: layer and head budgets, eviction scope, precision tiers, noise, demotion"
+
+
 def cache_option_fields(policy: str | None = None) -> list[ParamField]:
     """The cache options (:class:`~kvlab.policies.scoring.ScoringPolicy`) as the page draws them: those ``policy``
     takes (none for a policy that ranks no tokens), or with no policy named, those every scoring policy takes."""

@@ -233,7 +233,8 @@ class ObservedStep:
 class MemoryPoint:
     """The heap after one event: ``kv_bytes`` in the slots holding a token and ``kv_reserved_bytes`` in its
     tensors (both measured from the tensors held), ``kv_bytes_full`` computed; the dead share and the compactions
-    so far."""
+    so far; and ``demoted_bytes``, what demotion holds in each of :data:`kvlab.demotion.TIERS` (``None`` in a run that
+    deletes what it evicts)."""
 
     kind: str
     seen_tokens: int
@@ -242,6 +243,7 @@ class MemoryPoint:
     kv_reserved_bytes: int = 0
     dead_share: float = 0.0
     compactions: int = 0
+    demoted_bytes: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,11 @@ class LiveTrace:
         if self.token_ids:
             return f"Decoding: {len(self.token_ids)} of at most {self.max_new_tokens} tokens generated."
         return f"Reading the prompt: {min(self.seen_tokens, self.prompt_tokens):,} of {self.prompt_tokens:,} tokens."
+
+    @property
+    def demotes(self) -> bool:
+        """Whether the run demotes what it evicts (its events carry the tiers' bytes)."""
+        return any(point.demoted_bytes is not None for point in self.memory)
 
     def redraw_due(self, every: int) -> bool:
         """Whether the page should redraw after the latest event: after every prefill pass and compression, and
@@ -342,6 +349,7 @@ class LiveTrace:
                 event.kv_reserved_bytes,
                 event.dead_share,
                 event.compactions,
+                None if event.demoted_bytes is None else dict(event.demoted_bytes),
             )
         )
         self.survivors = [positions[0].numpy() for positions in event.survivors()]

@@ -1,4 +1,5 @@
-"""Figures of a live run, pure functions of a :class:`~kvlab.ui.live.LiveTrace`.
+"""Figures of a live run, pure functions of a :class:`~kvlab.ui.live.LiveTrace`, and the table of what moved between
+a demoting run's tiers (a function of its :class:`~kvlab.demotion.DemotionReport`).
 
 Every figure has a bounded number of points whatever the context length (rows of queries and columns of key
 positions are pooled to fixed maxima), labelled axes with units, and draws what the cache did not hold as absent
@@ -13,11 +14,14 @@ chart.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 
+from kvlab.demotion import TIERS, DemotionReport
 from kvlab.ui.guides import ChartGuide
 from kvlab.ui.live import LiveTrace, ObservedStep
 from kvlab.ui.units import byte_axis, format_bytes
@@ -34,6 +38,10 @@ HELD_COLOUR = "#1f4e9c"
 SINK_COLOUR = "#e45756"
 PILLAR_COLOUR = "#f58518"
 NEEDLE_COLOUR = "#54a24b"
+
+#: Where a demoting run's bytes are, bottom to top of the tier chart: the heap, then :data:`TIERS`.
+TIER_NAMES: dict[str, str] = {"gpu": "GPU beside heap", "cpu": "CPU memory", "disk": "disk file"}
+TIER_COLOURS: dict[str, str] = {"heap": HELD_COLOUR, "gpu": "#8fb3e0", "cpu": "#4c9f9b", "disk": "#9d755d"}
 
 IDLE = "Press Run to start."
 WAITING = "Waiting for the first pass…"
@@ -631,9 +639,122 @@ def memory_figure(trace: LiveTrace | None) -> go.Figure:
     return figure
 
 
+TIER_GUIDE = ChartGuide(
+    axes=(
+        "Tokens read (x) against bytes (y, binary units) after every prefill chunk and generated token, stacked by "
+        "where they are held: the heap's slots on the GPU (blue), demotion's page summaries, partial and recalled "
+        "pages beside the heap on the GPU (light blue), pinned CPU memory (teal), the offload file (brown). Grey "
+        "dashes: a full cache of the same dtype and shapes after the same tokens, computed."
+    ),
+    good=(
+        "Blue stays flat at the budget, light blue grows only slowly (a summary per demoted page, the recalled "
+        "pages) and teal grows with every eviction: the evicted tokens wait off the GPU to be recalled. Once CPU "
+        "memory is full, brown takes the rest; while nothing is dropped the top runs a little above grey "
+        "(summaries, positions and recalled copies)."
+    ),
+    bad=(
+        "The top falling below grey: both tiers are full and pages are dropped for good (the table beside counts "
+        "them; sliding-window layers also delete what leaves their window). A light blue band as thick as the "
+        "blue one: the recalled pages take back on the GPU much of what eviction saved (fewer recall_pages shrinks "
+        "it)."
+    ),
+)
+NOT_DEMOTING = "Nothing was demoted in this run."
+
+
+def tier_figure(trace: LiveTrace | None) -> go.Figure:
+    """Where a demoting run's bytes are after every event, stacked fastest tier first: the heap's slots (measured
+    from its tensors), then demotion's bytes on the GPU beside the heap, in CPU memory and in the offload file, with
+    a full cache's bytes (computed) as a line for scale. A tier that held nothing all run is left out; a run that
+    demotes nothing gets no stack at all."""
+    title = "Memory by tier"
+    if trace is None or not trace.memory:
+        return _placeholder(title, IDLE if trace is None else WAITING)
+    if not trace.demotes:
+        return _placeholder(title, NOT_DEMOTING)
+    points = trace.memory
+    seen = [point.seen_tokens for point in points]
+    layers = [("GPU heap", TIER_COLOURS["heap"], np.asarray([point.kv_bytes for point in points], dtype=np.int64))]
+    for tier in TIERS:
+        held = np.asarray([(point.demoted_bytes or {}).get(tier, 0) for point in points], dtype=np.int64)
+        if held.any():
+            layers.append((TIER_NAMES[tier], TIER_COLOURS[tier], held))
+    total = np.sum([held for _, _, held in layers], axis=0)
+    figure = go.Figure()
+    top = np.zeros(len(points), dtype=np.int64)
+    for index, (name, colour, held) in enumerate(layers):
+        top = top + held
+        figure.add_trace(
+            go.Scatter(
+                x=seen,
+                y=top.tolist(),
+                name=name,
+                mode="lines",
+                line=dict(color=colour, width=1),
+                fill="tozeroy" if index == 0 else "tonexty",
+                fillcolor=colour,
+                customdata=[
+                    [format_bytes(own), format_bytes(whole), point.kind]
+                    for own, whole, point in zip(held, total, points)
+                ],
+                hovertemplate=(
+                    f"{name}: %{{customdata[0]}}<br>all tiers: %{{customdata[1]}} after %{{x:,}} tokens"
+                    "<br>%{customdata[2]}<extra></extra>"
+                ),
+            )
+        )
+    full = [point.kv_bytes_full for point in points]
+    computed = [f"{point.kind}; computed, not measured" for point in points]
+    figure.add_trace(  # after the stack: a filled band fills down to the trace drawn before it
+        _bytes_trace(
+            seen, full, computed, "full cache (computed)", mode="lines", line=dict(dash="dash", color="#888888")
+        )
+    )
+    figure.update_layout(
+        **_chart_frame(title),
+        xaxis=dict(title="tokens read", range=[0, trace.span], nticks=5),
+        yaxis=dict(title="bytes", rangemode="tozero", **byte_axis(0, max(*full, *total, 1), log=False, max_ticks=5)),
+    )
+    figure.update_layout(margin_r=24)  # room for the last tick's label: the filled bands reach the axis's end
+    return figure
+
+
+def demotion_table(report: DemotionReport) -> pd.DataFrame:
+    """What moved between a finished run's tiers, one measure a row with its value and what it counts: pages and
+    bytes fetched back per generated token, the recall's time per token (measured, the device synchronised), and
+    pages demoted, moved from CPU memory to the file, and dropped. A page is ``page_tokens`` tokens of one layer,
+    sequence and KV head."""
+
+    def per_token(value: float | None, shown: Callable[[float], str]) -> str:
+        return "— (nothing generated)" if value is None else shown(value)
+
+    rows = [
+        (
+            "pages fetched per token",
+            per_token(report.pages_per_token, lambda pages: f"{pages:,.1f}"),
+            "pages copied back to the GPU per generated token, over layers and KV heads",
+        ),
+        (
+            "bytes fetched per token",
+            per_token(report.bytes_per_token, format_bytes),
+            "their keys, values and positions",
+        ),
+        (
+            "recall time per token",
+            per_token(report.recall_seconds_per_token, lambda seconds: f"{seconds * 1e3:,.2f} ms"),
+            "choosing, gathering and copying pages (measured, the device synchronised)",
+        ),
+        ("pages demoted", f"{report.demoted_pages:,}", "evicted from the heap into the tiers"),
+        ("pages moved to disk", f"{report.to_disk_pages:,}", "from CPU memory to the offload file, once it was full"),
+        ("pages dropped", f"{report.dropped_pages:,}", "deleted: they fit in neither tier"),
+    ]
+    return pd.DataFrame(rows, columns=["measure", "value", "what it counts"])
+
+
 #: Each live chart's guide, by the short name the live page keys that chart with.
 GUIDES: dict[str, ChartGuide] = {
     "memory": MEMORY_GUIDE,
+    "tiers": TIER_GUIDE,
     "sinks": SINK_GUIDE,
     "heads": HEAD_ENTROPY_GUIDE,
     "landscape": LANDSCAPE_GUIDE,

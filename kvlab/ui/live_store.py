@@ -100,9 +100,8 @@ def store_live_run(store: Store, live: LiveRun, outcome: LiveOutcome, started_by
         return None
     run_id = store.begin_run(live_config(live), started_by=started_by)
     store.add_trial(run_id, scored)
-    store.add_replay(
-        run_id, live.prompt.trial_key, pack(live.trace, generated_texts(live), replay_about(live, outcome))
-    )
+    payload = pack(live.trace, generated_texts(live), replay_about(live, outcome), outcome.result.demotion)
+    store.add_replay(run_id, live.prompt.trial_key, payload)
     store.finish_run(run_id)
     return run_id
 

@@ -3,7 +3,8 @@ each chart goes, its "How to read this" beside it, and drawing a trace into thos
 parameter, drawn from its declaration, which the needle grid's cache options share.
 
 A running page redraws every chart after each event, so the charts live in ``st.empty`` slots made once per page
-run; their guides are drawn once, above the slots, and are not redrawn with them.
+run; their guides are drawn once, above the slots, and are not redrawn with them. A run that demotes what it evicts
+gets one more row: its memory by tier, and beside it what moved between the tiers, counted when the run ends.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
+from kvlab.demotion import DemotionReport
 from kvlab.ui import live_figures as figures
 from kvlab.ui.chart_view import how_to_read, show_chart
 from kvlab.ui.inputs import ParamField
@@ -21,7 +23,8 @@ from kvlab.ui.live import LiveTrace
 
 @dataclass(frozen=True)
 class ChartSlots:
-    """One place per live chart, and the key prefix that keeps two sets of them on one page apart."""
+    """One place per live chart, and the key prefix that keeps two sets of them on one page apart; for a run that
+    demotes, the places of its memory by tier and of what moved between the tiers (``None`` otherwise)."""
 
     memory: DeltaGenerator
     sinks: DeltaGenerator
@@ -30,6 +33,8 @@ class ChartSlots:
     cache: DeltaGenerator
     entropy: DeltaGenerator
     name: str
+    tiers: DeltaGenerator | None = None
+    moves: DeltaGenerator | None = None
 
 
 def _guided(where: DeltaGenerator, guide_name: str, name: str) -> DeltaGenerator:
@@ -38,10 +43,12 @@ def _guided(where: DeltaGenerator, guide_name: str, name: str) -> DeltaGenerator
     return where.empty()
 
 
-def wide_slots(name: str) -> ChartSlots:
+def wide_slots(name: str, tiers: bool = False) -> ChartSlots:
     """The page-wide arrangement: the three small charts in a row first (a browser draws a redraw's charts in page
-    order, and the 3D view is the slowest to draw), then the 3D view beside the cache map and the entropy."""
+    order, and the 3D view is the slowest to draw), then, with ``tiers``, the memory by tier under the memory chart
+    with what moved beside it, then the 3D view beside the cache map and the entropy."""
     memory, sinks, heads = st.columns(3)
+    tier_places = st.columns([1, 2]) if tiers else None
     landscape, side = st.columns([3, 2])
     return ChartSlots(
         memory=_guided(memory, "memory", name),
@@ -51,28 +58,59 @@ def wide_slots(name: str) -> ChartSlots:
         cache=_guided(side, "cache", name),
         entropy=_guided(side, "entropy", name),
         name=name,
+        tiers=None if tier_places is None else _guided(tier_places[0], "tiers", name),
+        moves=None if tier_places is None else tier_places[1].empty(),
     )
 
 
-def stacked_slots(column: DeltaGenerator, name: str) -> ChartSlots:
-    """Every chart one under the other in ``column``, for two runs side by side."""
+def stacked_slots(column: DeltaGenerator, name: str, tiers: bool = False) -> ChartSlots:
+    """Every chart one under the other in ``column``, for two runs side by side (with ``tiers``, the memory by tier
+    and what moved right after the memory chart)."""
     with column:
+        memory = _guided(column, "memory", name)
+        tier_chart = _guided(column, "tiers", name) if tiers else None
+        moves = column.empty() if tiers else None
         return ChartSlots(
-            memory=_guided(column, "memory", name),
+            memory=memory,
             cache=_guided(column, "cache", name),
             sinks=_guided(column, "sinks", name),
             entropy=_guided(column, "entropy", name),
             heads=_guided(column, "heads", name),
             landscape=_guided(column, "landscape", name),
             name=name,
+            tiers=tier_chart,
+            moves=moves,
         )
 
 
-def draw_charts(slots: ChartSlots, trace: LiveTrace | None, layer: int | None, tag: str) -> None:
-    """Every chart of ``trace`` in its slot (empty charts before a run); ``tag`` keeps each redraw's elements
+def draw_moves(where: DeltaGenerator, trace: LiveTrace | None, report: DemotionReport | None) -> None:
+    """What moved between a demoting run's tiers (:func:`~kvlab.ui.live_figures.demotion_table`) in ``where``;
+    before the run has ended, what will be shown there."""
+    box = where.container()
+    box.markdown("**What moved between the tiers** (at the end of the run)")
+    if report is None and trace is not None and trace.memory and not trace.demotes:
+        box.caption(figures.NOT_DEMOTING)
+    elif report is None:
+        box.caption(
+            "Counted when the run ends: pages and bytes fetched back per generated token, the recall's time per "
+            "token, and pages demoted, moved to disk and dropped."
+        )
+    else:
+        box.table(figures.demotion_table(report).set_index("measure"))  # a table wraps the notes a data frame cuts
+
+
+def draw_charts(
+    slots: ChartSlots, trace: LiveTrace | None, layer: int | None, tag: str, demotion: DemotionReport | None = None
+) -> None:
+    """Every chart of ``trace`` in its slot (empty charts before a run), and for a demoting run what moved between
+    its tiers (``demotion``, from the finished run; ``None`` while it runs); ``tag`` keeps each redraw's elements
     distinct."""
     prefix = f"{slots.name}-{tag}"
     show_chart(slots.memory, figures.memory_figure(trace), f"{prefix}-memory", "kvlab-kv-bytes")
+    if slots.tiers is not None:
+        show_chart(slots.tiers, figures.tier_figure(trace), f"{prefix}-tiers", "kvlab-memory-by-tier")
+    if slots.moves is not None:
+        draw_moves(slots.moves, trace, demotion)
     show_chart(slots.sinks, figures.sink_figure(trace), f"{prefix}-sinks", "kvlab-sinks")
     show_chart(slots.heads, figures.head_entropy(trace), f"{prefix}-heads", "kvlab-head-entropy")
     show_chart(slots.landscape, figures.attention_landscape(trace, layer), f"{prefix}-landscape", "kvlab-attention-3d")

@@ -4,12 +4,16 @@ A live run's :class:`~kvlab.ui.live.LiveTrace` holds everything its charts draw,
 writes it as one compressed ``.npz`` payload: the observed passes' statistics stacked into arrays (float32, as
 measured), the heap's bytes after every event, which positions each KV head held after every event (bit masks,
 each XOR'd with the previous event's so that a run that changes little costs little), and the generated text after
-each token (so a replay needs no tokenizer). :func:`unpack` gives back an equal trace; :class:`Replay` picks the
-event a scrubber points at. The store keeps one payload per stored live run (``Store.add_replay``).
+each token (so a replay needs no tokenizer). A run that demoted what it evicted also keeps its tiers' bytes after
+every event and what moved between them (its :class:`~kvlab.demotion.DemotionReport`); a payload written before runs
+could demote has neither, and replays as a run that deleted what it evicted. :func:`unpack` gives back an equal
+trace; :class:`Replay` picks the event a scrubber points at. The store keeps one payload per stored live run
+(``Store.add_replay``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import zipfile
@@ -20,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvlab.demotion import TIERS, DemotionReport
 from kvlab.errors import KvlabError
 from kvlab.policies import EVICTING
 from kvlab.ui.live import EventMark, LiveTrace, MemoryPoint, ObservedStep
@@ -37,12 +42,14 @@ _MEMORY_FIELDS = ("seen_tokens", "kv_bytes", "kv_bytes_full", "kv_reserved_bytes
 
 @dataclass(frozen=True)
 class Replay:
-    """A stored live run: its trace, the generated text after each token (``texts[n]`` after ``n`` tokens), and a
-    few words about it (``about``: model, policy, device, question, answer, verdict) for the page to show."""
+    """A stored live run: its trace, the generated text after each token (``texts[n]`` after ``n`` tokens), a few
+    words about it (``about``: model, policy, device, question, answer, verdict) for the page to show, and, for a run
+    that demoted, what moved between its tiers by its end (``demotion``)."""
 
     trace: LiveTrace
     texts: list[str]
     about: dict[str, str] = field(default_factory=dict)
+    demotion: DemotionReport | None = None
 
     @property
     def positions(self) -> list[int]:
@@ -75,8 +82,16 @@ class Replay:
         return trace, self.texts[len(trace.token_ids)]
 
 
-def pack(trace: LiveTrace, texts: list[str], about: dict[str, str]) -> bytes:
-    """``trace`` as one compressed payload, with the text after each generated token and the words ``about`` it."""
+def _tier_row(point: MemoryPoint) -> list[int]:
+    """An event's bytes in each of :data:`~kvlab.demotion.TIERS` as the payload keeps them: -1 for an event
+    that carried none."""
+    held = point.demoted_bytes
+    return [-1] * len(TIERS) if held is None else [held[tier] for tier in TIERS]
+
+
+def pack(trace: LiveTrace, texts: list[str], about: dict[str, str], demotion: DemotionReport | None = None) -> bytes:
+    """``trace`` as one compressed payload, with the text after each generated token, the words ``about`` it and,
+    for a run that demoted, what moved between its tiers (``demotion``, the result's)."""
     if len(texts) != len(trace.token_ids) + 1:
         raise ValueError("texts must give the output after 0, 1, ... every generated token")
     steps = trace.observed
@@ -88,6 +103,8 @@ def pack(trace: LiveTrace, texts: list[str], about: dict[str, str]) -> bytes:
     arrays["memory"] = np.asarray(
         [[getattr(point, name) for name in _MEMORY_FIELDS] for point in trace.memory], dtype=np.float64
     )
+    if trace.demotes:
+        arrays["demoted"] = np.asarray([_tier_row(point) for point in trace.memory], dtype=np.int64)
     arrays["marks"] = np.asarray([[mark.observed, mark.tokens] for mark in trace.history], dtype=np.int64)
     held = np.stack([mark.held for mark in trace.history]) if trace.history else np.zeros((0, 0, 0, 0), np.uint8)
     arrays["held_delta"] = np.concatenate([held[:1], held[1:] ^ held[:-1]]) if len(held) else held
@@ -104,6 +121,7 @@ def pack(trace: LiveTrace, texts: list[str], about: dict[str, str]) -> bytes:
         "memory_kinds": [point.kind for point in trace.memory],
         "texts": texts,
         "about": about,
+        "demotion": None if demotion is None else dataclasses.asdict(demotion),
     }
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     buffer = io.BytesIO()
@@ -133,16 +151,22 @@ def unpack(payload: bytes) -> Replay:
         first, end = arrays["step_positions"][index]
         values = {name: arrays[f"step_{name}"][index] for name in _STEP_ARRAYS}
         trace.observed.append(ObservedStep(kind=kind, first_position=int(first), end_position=int(end), **values))
-    for kind, row in zip(meta["memory_kinds"], arrays["memory"]):
+    none = np.full((len(arrays["memory"]), len(TIERS)), -1, dtype=np.int64)  # a run that demoted nothing
+    demoted = arrays.get("demoted", none)
+    for kind, row, tiers in zip(meta["memory_kinds"], arrays["memory"], demoted):
         seen, kv, full, reserved, dead, compactions = row.tolist()
-        trace.memory.append(MemoryPoint(kind, int(seen), int(kv), int(full), int(reserved), dead, int(compactions)))
+        demoted_bytes = None if (tiers < 0).all() else dict(zip(TIERS, map(int, tiers)))
+        trace.memory.append(
+            MemoryPoint(kind, int(seen), int(kv), int(full), int(reserved), dead, int(compactions), demoted_bytes)
+        )
     held = np.bitwise_xor.accumulate(arrays["held_delta"], axis=0)
     trace.history = [EventMark(int(o), int(t), bits) for (o, t), bits in zip(arrays["marks"], held)]
     trace.token_ids = arrays["token_ids"].tolist()
     if trace.history:
         last = trace.at(-1)
         trace.survivors, trace.seen_tokens = last.survivors, last.seen_tokens
-    return Replay(trace, meta["texts"], meta["about"])
+    report = meta.get("demotion")
+    return Replay(trace, meta["texts"], meta["about"], None if report is None else DemotionReport(**report))
 
 
 def replay_choices(replays: pd.DataFrame) -> dict[tuple[int, str], str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import streamlit as st
+import torch
 from streamlit.delta_generator import DeltaGenerator
 from streamlit.runtime.pages_manager import PagesManager
 
@@ -48,6 +49,14 @@ APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
 MODEL_KEY = "kvlab_model_name"
 PICK_KEY = "kvlab_model_pick"
 LOADED_KEY = "kvlab_loaded_model"
+DEVICE_MAP_KEY = "kvlab_device_map"
+#: How the picker may place a model on a machine with several GPUs: on one GPU, or split by a device map
+#: (:func:`kvlab.models.resolve_device_map`).
+DEVICE_MAP_CHOICES: dict[str | None, str] = {
+    None: "one GPU",
+    "balanced": "balanced over the GPUs",
+    "sequential": "sequential (fill the first GPU first)",
+}
 
 
 def page_setup() -> None:
@@ -146,21 +155,49 @@ def access_sidebar() -> None:
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)
-def cached_model(name: str) -> LoadedModel:
-    """Load a model once per server process, and run it once on a few tokens so that the one-time setup of its
-    kernels is not charged to the first live run.
+def cached_model(name: str, device_map: str | None = None) -> LoadedModel:
+    """Load a model once per server process (once per device map), and run it once on a few tokens so that the
+    one-time setup of its kernels is not charged to the first live run.
 
     Never with ``trust_remote_code``: a browser must not be able to make the server run code from the hub.
     """
-    loaded = load_model(name, trust_remote_code=False)
+    loaded = load_model(name, trust_remote_code=False, device_map=device_map)
     warm_up(loaded)
     return loaded
 
 
 def allowed_model(name: str) -> LoadedModel:
-    """The model ``name`` if this server may load it (``$KVLAB_ALLOWED_MODELS``), loaded once per process."""
+    """The model ``name`` if this server may load it (``$KVLAB_ALLOWED_MODELS``), loaded once per process and
+    placed as the picker's device map says."""
     check_model_allowed(name, allowed_models())
-    return cached_model(name.strip())
+    return cached_model(name.strip(), picked_device_map())
+
+
+def several_gpus() -> bool:
+    """Whether this server sees more than one GPU, so that a model can be split over them."""
+    return torch.cuda.is_available() and torch.cuda.device_count() > 1
+
+
+def picked_device_map() -> str | None:
+    """The device map picked in the sidebar (``None``: one device); none where the server has fewer than two
+    GPUs."""
+    picked = st.session_state.get(DEVICE_MAP_KEY)
+    return picked if picked in DEVICE_MAP_CHOICES and several_gpus() else None
+
+
+def device_map_picker(sidebar: DeltaGenerator) -> None:
+    """The device-map choice, drawn only on a server with several GPUs: one GPU, or the model's layers split over
+    all of them (each layer's cache then lives on its layer's GPU)."""
+    if not several_gpus():
+        return
+    sidebar.selectbox(
+        "Placement",
+        list(DEVICE_MAP_CHOICES),
+        format_func=lambda choice: DEVICE_MAP_CHOICES[choice],
+        key=DEVICE_MAP_KEY,
+        help="Split the model's decoder layers over this server's GPUs by accelerate's device map; each GPU holds "
+        "the cache of its own layers. A model is loaded once per placement.",
+    )
 
 
 def model_name() -> str:
@@ -197,6 +234,7 @@ def model_sidebar() -> LoadedModel | None:
         help="A Hugging Face hub id (e.g. Qwen/Qwen2.5-0.5B), a local model directory, or a GGUF file (a path, or "
         "owner/repo/file.gguf). It is loaded once and shared by every session of this server." + only,
     )
+    device_map_picker(sidebar)
     loaded: LoadedModel | None = None
     name = model_name()
     try:
@@ -223,7 +261,7 @@ def model_sidebar() -> LoadedModel | None:
                 f"heads · head dim {arch.head_dim}"
             )
             + f"  \n{plain(loaded.source.label)}: {plain(loaded.source.describe())}"
-            + f"  \nRunning on **{plain(loaded.device)}** in {loaded.dtype_name}"
+            + f"  \nRunning on **{plain(loaded.placement())}** in {loaded.dtype_name}"
         )
     sidebar.caption(f"Runs are stored in {plain(default_db_path())}")
     st.session_state[LOADED_KEY] = loaded
