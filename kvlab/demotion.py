@@ -112,7 +112,6 @@ class DemotedLayer:
 
     shape: PageShape
     device: torch.device
-    spec: DemotionSpec
     host: HostStore
     region: FileRegion | None
     disk_capacity: int
@@ -140,10 +139,9 @@ class DemotedLayer:
 class Demotion:
     """The demotion tiers of one generation's heap (:attr:`kvlab.heap.KVHeap.demotion`)."""
 
-    def __init__(self, spec: DemotionSpec, num_layers: int, directory: str | None = None) -> None:
+    def __init__(self, spec: DemotionSpec, num_layers: int) -> None:
         self.spec = spec
         self.num_layers = num_layers
-        self.directory = directory
         self.layers: list[DemotedLayer | None] = [None] * num_layers
         self.moves = Moves()
         self.file: OffloadFile | None = None
@@ -181,10 +179,10 @@ class Demotion:
         share = self.num_layers * shape.page_bytes()
         cpu_capacity, disk_capacity = self.spec.cpu_bytes // share, self.spec.disk_bytes // share
         if self.file is None and disk_capacity:
-            self.file = OffloadFile([shape] * self.num_layers, disk_capacity, self.directory)
+            self.file = OffloadFile([shape] * self.num_layers, disk_capacity)
         region = self.file.regions[layer_idx] if self.file is not None else None
         host = HostStore(shape, cpu_capacity, pinned=like.device.type == "cuda")
-        layer = DemotedLayer(shape, like.device, self.spec, host, region, disk_capacity)
+        layer = DemotedLayer(shape, like.device, host, region, disk_capacity)
         self.layers[layer_idx] = layer
         return layer
 
@@ -207,7 +205,8 @@ class Demotion:
         layer.pages += count
         ids = np.arange(first, first + count)
         layer.last_used[ids] = self._clock
-        on_host = [t.permute(2, 0, 1, 3, *range(4, t.dim())).cpu() for t in paged]
+        # page-major and contiguous on the device (one layer's pages at a time), so the host copy is one block
+        on_host = [t.permute(2, 0, 1, 3, *range(4, t.dim())).contiguous().cpu() for t in paged]
         self.moves.demoted_pages += count * s.rows
         self.moves.demoted_bytes += count * s.page_bytes()
         self._place(layer, ids, on_host)
