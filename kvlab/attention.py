@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kvlab.heap import MOMENTS_SKIP, HeapLayer, KVHeap, QueryMoments
+from kvlab.heap import MOMENTS_SKIP, HeapLayer, KVHeap, QueryMoments, on_device
 from kvlab.rope import Rope
 from kvlab.sparse import ReadCount, SparseRead
 
@@ -123,16 +123,15 @@ class ForwardContext:
     reads: ReadCount | None = None
     #: Whether the pass decodes a token (what demoted pages it recalls is then counted per decoded token).
     decoding: bool = False
-    #: ``query_positions`` copied to each other device a split model's layers run on, once per forward pass.
+    #: ``query_positions`` by device: copied to each other device a split model's layers run on, once per pass.
     moved_positions: dict[torch.device, torch.Tensor] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        self.moved_positions[self.query_positions.device] = self.query_positions
+
     def positions_on(self, device: torch.device) -> torch.Tensor:
-        """The query positions on ``device`` (the layer's), copied there once per forward pass."""
-        if self.query_positions.device == device:
-            return self.query_positions
-        if device not in self.moved_positions:
-            self.moved_positions[device] = self.query_positions.to(device)
-        return self.moved_positions[device]
+        """The query positions on ``device`` (the layer's, :func:`kvlab.heap.on_device`)."""
+        return on_device(self.moved_positions, device)
 
 
 _CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("kvlab_forward", default=None)

@@ -267,13 +267,9 @@ class KVHeap:
         self._pending_positions = {}
 
     def _positions_on(self, device: torch.device) -> torch.Tensor:
-        """The declared positions on ``device``: copied there once per forward pass, for the first layer that runs
-        there (a model split over devices)."""
+        """The declared positions on ``device`` (:func:`on_device`)."""
         assert self._pending_positions, "begin_forward() declares the positions of every forward pass"
-        pending = self._pending_positions.get(device)
-        if pending is None:
-            pending = self._pending_positions[device] = next(iter(self._pending_positions.values())).to(device)
-        return pending
+        return on_device(self._pending_positions, device)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens seen so far (the next token's position), which is what models use to place new tokens."""
@@ -592,6 +588,15 @@ class KVHeap:
         layer.frozen = freeze(keys, values, positions, hot, cold, tier)
         if layer.live:
             self.evict(layer_idx, position_order(positions)[..., : layer.live])
+
+
+def on_device(copies: dict[torch.device, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The tensor ``copies`` holds, on ``device``: copied there (and kept in ``copies``) the first time a layer on that
+    device asks, so that a forward pass of a model split over devices copies it once per device."""
+    found = copies.get(device)
+    if found is None:
+        found = copies[device] = next(iter(copies.values())).to(device)
+    return found
 
 
 def position_order(positions: torch.Tensor) -> torch.Tensor:
