@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.ui.chart_view import image_format_sidebar
-from kvlab.ui.session import (
+from kvlab.dashboard.chart_view import image_format_sidebar
+from kvlab.dashboard.session import (
     access_sidebar,
     guarded,
     logged_in,

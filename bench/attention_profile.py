@@ -6,7 +6,7 @@ with the full cache through kvlab's own attention (its statistics hook, the one 
 chunks, and averages each layer's first-token share and entropy over the queries of every chunk but the first:
 queries near the start of a text see only a few keys, and their share of the first token says nothing about sinks.
 
-    python bench/attention_profile.py --model data/models/kvlab-tiny-llama
+    python bench/attention_profile.py --model kvlab/data/models/kvlab-tiny-llama
     python bench/attention_profile.py --model path/to/SmolLM2-135M-Instruct.Q4_1.gguf
 
 Writes ``bench/results/attention/<model label>.json``: model, device, command, tokens, and per layer the mean
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from kvlab.attention import StatsRequest
-from kvlab.engine import Generation, RunSpec
-from kvlab.models import load_model
+from kvlab.attention.function import StatsRequest
+from kvlab.engine.generation import Generation, RunSpec
+from kvlab.models.loading import load_model
 from kvlab.policies import make_policy
 from kvlab.tasks.items import text_ids
 from kvlab.tasks.needle import HAYSTACK_DIR
@@ -78,7 +78,7 @@ def main() -> None:
         "command": "python bench/attention_profile.py " + shlex.join(sys.argv[1:]),
         "tokens": int(ids.shape[1]),
         "chunk": args.chunk,
-        "text": "data/haystacks (Python documentation), read as plain text",
+        "text": "kvlab/data/haystacks (Python documentation), read as plain text",
         "layers": layers,
     }
     out = args.out or RESULTS / f"{loaded.source.label}.json"

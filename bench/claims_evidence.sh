@@ -7,7 +7,7 @@
 #   overhead  eviction below 4K tokens: `bench/short_context_overhead.py` (time with and without eviction)
 #   profile   attention on the first token and entropy per layer: `bench/attention_profile.py`
 #   claims    `kvlab claims`: every claim evaluated against the store and the JSONs, written into the store
-# Every run goes into one store (default data/runs/claims.duckdb, the evidence the Claims page shows), every JSON
+# Every run goes into one store (default kvlab/data/runs/claims.duckdb, the evidence the Claims page shows), every JSON
 # under bench/results (or $KVLAB_RESULTS). Name steps as arguments to run only those (default: all, in that order).
 # Environment: PYTHON (default .venv/bin/python), KVLAB_CLAIMS_DB, KVLAB_RESULTS, KVLAB_CLAIM_MODELS (labels as
 # `kvlab models` prints them), KVLAB_NEEDLE_TRIALS (trials per cell, default 100), KVLAB_DEVICE (default: cuda

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = ROOT / "data" / "models" / "kvlab-tiny-llama"
+DEFAULT_MODEL = ROOT / "kvlab" / "data" / "models" / "kvlab-tiny-llama"
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 A Llama-3-8B-shaped model with random bf16 weights (built from a config, nothing downloaded; the shape of
 ``heap_gpu.py``) reads one context of ``--context`` tokens (131,072 by default) once
-(:func:`kvlab.engine.prefill_once`),
+(:func:`kvlab.engine.generation.prefill_once`),
 then SnapKV keeps 10% of it on the GPU (the GPU budget) and each configuration compresses its own fork of that read:
 evicted tokens deleted (plain SnapKV), or demoted to pinned CPU memory or to the offload file and recalled page by
 page, with and without promotion and prefetching. Each configuration then reads a 32-token question and decodes
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from heap_gpu import LLAMA3_8B, build, steady_ms  # noqa: E402
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine import Generation, RunSpec, prefill_once  # noqa: E402
+from kvlab.engine.generation import Generation, RunSpec, prefill_once  # noqa: E402
 from kvlab.policies import make_policy  # noqa: E402
 
 KEEP = 0.1

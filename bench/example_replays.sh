@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The live runs shipped for replaying (data/runs/examples.duckdb; the dashboard's Overview and the live page's
+# The live runs shipped for replaying (kvlab/data/runs/examples.duckdb; the dashboard's Overview and the live page's
 # replays read them): one 4,096-token needle prompt (seed 0, depth 0.5) read by the shipped model under every
 # policy at 10 % in prefill mode, and by H2O and StreamingLLM in streaming mode, each stored with its replay.
 # Recorded on one H100 80GB HBM3; run it on a GPU (a CPU works too, and names itself as the device).

@@ -21,7 +21,7 @@
 #   KVLAB_CLAIM_MODELS=SmolLM2-135M-Instruct.Q4_1.gguf bash bench/heap_claims.sh budgets precision
 #   KVLAB_CLAIM_MODELS=SmolLM2-135M-Instruct.Q4_1.gguf bash bench/heap_claims.sh generational pillars quality
 # Sweeps resume (a part cut short runs again without repeating a stored trial); text passes are measured again.
-# Environment: PYTHON (default .venv/bin/python, else python3), KVLAB_CLAIMS_DB (default data/runs/claims.duckdb),
+# Environment: PYTHON (default .venv/bin/python, else python3), KVLAB_CLAIMS_DB (default kvlab/data/runs/claims.duckdb),
 # KVLAB_RESULTS (default bench/results), KVLAB_CLAIM_MODELS (labels as `kvlab models` prints them; default both
 # shipped models), KVLAB_DEVICE (default: cuda when available), KVLAB_WHEELS (a folder of wheels, e.g. duckdb and the
 # published model's package, installed first into a folder of their own on PYTHONPATH, for a machine without them).

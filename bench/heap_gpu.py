@@ -2,8 +2,8 @@
 H2O's observation, peak memory, and a fixed-budget stream over millions of tokens.
 
 A Llama-3-8B-shaped model with random bf16 weights (built from a config, nothing downloaded), batch 1, keep 10%.
-Everything is measured in one process on one device, through ``kvlab.engine.generate`` as users run it, beside
-transformers' own ``generate`` (dynamic cache, SDPA without cuDNN) and its static cache compiled with
+Everything is measured in one process on one device, through ``kvlab.engine.generation.generate`` as users run it,
+beside transformers' own ``generate`` (dynamic cache, SDPA without cuDNN) and its static cache compiled with
 ``torch.compile`` (``cache_implementation="static"``), and the device's copy bandwidth measured with a large copy.
 
 Parts (each fits one call of ten minutes):
@@ -40,9 +40,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine import Mode, RunSpec, generate  # noqa: E402
-from kvlab.layouts import LAYOUTS  # noqa: E402
-from kvlab.models import wrap_model  # noqa: E402
+from kvlab.cache.layouts import LAYOUTS  # noqa: E402
+from kvlab.engine.generation import Mode, RunSpec, generate  # noqa: E402
+from kvlab.models.loading import wrap_model  # noqa: E402
 from kvlab.policies import POLICIES, make_policy  # noqa: E402
 
 LLAMA3_8B = dict(
@@ -394,7 +394,7 @@ def part_profile(device: str, context: int, layers: int | None, policy_name: str
     profiler, with the model's forward and the eviction marked, for ``policy_name`` in streaming mode."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from kvlab.engine import Generation
+    from kvlab.engine.generation import Generation
     from kvlab.policies import POLICIES as REGISTRY
 
     model, loaded = build(LLAMA3_8B, context + 1024, torch.bfloat16, device, layers)

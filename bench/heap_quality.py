@@ -1,5 +1,5 @@
 """Quality passes of several cache configurations over one held-out text, in one process: each the pass
-``kvlab quality`` makes (:mod:`kvlab.tasks.quality`: perplexity of the scored tokens and KL divergence from the full
+``kvlab quality`` makes (:mod:`kvlab.runs.quality`: perplexity of the scored tokens and KL divergence from the full
 cache's predictions), stored as its run in ``--db`` with the same settings, so the same run the command would file.
 
 Each ``--pass MODE:BUDGET:POLICIES`` runs the comma-separated policies (``kvlab sweep --policies`` syntax, cache
@@ -23,14 +23,14 @@ from typing import cast
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine import MODES, Mode, RunSpec  # noqa: E402
+from kvlab.cache.layouts import DEFAULT_LAYOUT, LAYOUTS  # noqa: E402
+from kvlab.engine.generation import MODES, Mode, RunSpec  # noqa: E402
 from kvlab.errors import KvlabError  # noqa: E402
-from kvlab.layouts import DEFAULT_LAYOUT, LAYOUTS  # noqa: E402
-from kvlab.models import load_model  # noqa: E402
+from kvlab.models.loading import load_model  # noqa: E402
 from kvlab.policies import Policy  # noqa: E402
+from kvlab.runs.quality import DEFAULT_TEXT, model_pass, run_quality  # noqa: E402
+from kvlab.runs.sweep import parse_policies  # noqa: E402
 from kvlab.store import open_store  # noqa: E402
-from kvlab.sweep import parse_policies  # noqa: E402
-from kvlab.tasks.quality import DEFAULT_TEXT, model_pass, run_quality  # noqa: E402
 from kvlab.tasks.texts import DEFAULT_PREFIX, read_text, scored_tokens  # noqa: E402
 
 

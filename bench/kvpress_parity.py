@@ -3,7 +3,7 @@ budgets, in prefill mode (kvpress's presses compress the prefill).
 
 Each kvlab policy is set as close to its press's defaults as it allows (SnapKV: window 64, kernel 5, average
 pooling; H2O: ``accumulate=mean``, the smallest recent share; ChunkKV: window 64, chunks of 20) and compresses a fork
-of one shared prefill (``kvlab.engine.prefill_once``) to the number of tokens the press keeps
+of one shared prefill (``kvlab.engine.generation.prefill_once``) to the number of tokens the press keeps
 (``kvpress.utils.compute_n_kept``). On the kvpress side the model is the same checkpoint loaded by transformers
 alone (SDPA attention; eager for ``ObservedAttentionPress``, which reads the attention weights); a forward hook on
 every attention layer hands each press the layer's inputs and its full cache, as kvpress's own hook does, calls the
@@ -366,7 +366,7 @@ class Kept:
 def kvlab_side(loaded: Any, prompt: Prompt, pairs: Sequence[Pair], budgets: dict[float, int]) -> dict[Any, Kept]:
     """kvlab's kept positions and ranked scores for every pair and budget, each compressing a fork of one prefill."""
     from kvlab.budget import Budget
-    from kvlab.engine import Generation, RunSpec, prefill_once
+    from kvlab.engine.generation import Generation, RunSpec, prefill_once
     from kvlab.policies import make_policy
 
     policies = {pair.policy: make_policy(pair.policy, **pair.params) for pair in pairs}
@@ -583,7 +583,7 @@ def run_model(
     from transformers import AutoModelForCausalLM
 
     from kvlab.budget import kept_tokens
-    from kvlab.models import load_model
+    from kvlab.models.loading import load_model
 
     loaded = load_model(name, device="cpu", dtype="float32")
     model = AutoModelForCausalLM.from_pretrained(

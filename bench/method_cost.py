@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine import GenerationResult, RunSpec, generate  # noqa: E402
-from kvlab.models import LoadedModel, load_model  # noqa: E402
+from kvlab.engine.generation import GenerationResult, RunSpec, generate  # noqa: E402
+from kvlab.models.loading import LoadedModel, load_model  # noqa: E402
 from kvlab.policies import Policy  # noqa: E402
-from kvlab.sweep import parse_policies  # noqa: E402
+from kvlab.runs.sweep import parse_policies  # noqa: E402
 from kvlab.tasks.facts import TRAIN_TEMPLATES, make_fact  # noqa: E402
 from kvlab.tasks.needle import build_needle, load_haystacks  # noqa: E402
 

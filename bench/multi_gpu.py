@@ -3,8 +3,8 @@
 Parts (each fits one call of ten minutes on a machine with two GPUs):
 
 * ``decode``: a Llama-3-8B-shaped model with random bf16 weights (``bench/heap_gpu.py``'s ``LLAMA3_8B`` and its
-  ``build``), placed over the GPUs by :func:`kvlab.models.place_model` (``--device-map``, default ``balanced``: the
-  placement ``load_model(device_map=...)`` uses), batch 1, ``--context`` tokens (default 32,768), prefill mode, keep
+  ``build``), placed over the GPUs by :func:`kvlab.models.loading.place_model` (``--device-map``, default ``balanced``:
+  the placement ``load_model(device_map=...)`` uses), batch 1, ``--context`` tokens (default 32,768), prefill mode, keep
   10%: ``full``, SnapKV in the local scope and SnapKV in the global scope. Per configuration: decode ms per token (the
   median of the steady half of the per-token times; decoding on several devices is always eager), the compression
   event's seconds and, for the global scope, the gather of every layer's scores and the decision
@@ -14,8 +14,8 @@ Parts (each fits one call of ten minutes on a machine with two GPUs):
   reported (the JSON says so). Before splitting, the same configurations run on the first GPU alone (eagerly, as a
   split model decodes) for comparison, unless ``--no-baseline``.
 * ``needle``: a needle grid on the published SmolLM2 (``--model``, default ``SmolLM2-135M-Instruct.Q4_1.gguf``; see
-  ``kvlab models``) loaded with ``device_map="balanced"`` over the GPUs, through :class:`kvlab.sweep.SweepRunner` as
-  ``kvlab sweep`` runs it: ``full``, SnapKV and H2O each in the local scope and in the global one
+  ``kvlab models``) loaded with ``device_map="balanced"`` over the GPUs, through :class:`kvlab.runs.sweep.SweepRunner`
+  as ``kvlab sweep`` runs it: ``full``, SnapKV and H2O each in the local scope and in the global one
   (``snapkv[scope=global]``), prefill mode; accuracy per run with its Wilson interval, and local against global on
   the same items by McNemar's test. The runs are kept in ``needle.duckdb`` beside the JSON.
 
@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from heap_gpu import LLAMA3_8B, build, steady_ms  # noqa: E402
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine import Generation, GenerationResult, RunSpec  # noqa: E402
-from kvlab.models import LoadedModel, load_model, place_model, wrap_model  # noqa: E402
+from kvlab.engine.generation import Generation, GenerationResult, RunSpec  # noqa: E402
+from kvlab.models.loading import LoadedModel, load_model, place_model, wrap_model  # noqa: E402
 from kvlab.policies import make_policy  # noqa: E402
 
 KEEP = 0.1
@@ -187,9 +187,9 @@ def part_needle(
     against global on the same items."""
     import pandas as pd
 
+    from kvlab.runs.sweep import SweepGrid, SweepRunner, parse_policies
     from kvlab.stats import mcnemar, pair_by_item, wilson_interval
     from kvlab.store import RunFilter, open_store
-    from kvlab.sweep import SweepGrid, SweepRunner, parse_policies
 
     loaded = load_model(model_name, device_map=device_map)
     print(json.dumps({"placement": loaded.placement(), "layer_groups": loaded.layer_groups}), flush=True)

@@ -24,9 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.claims import PRUNING, side_by_side  # noqa: E402
-from kvlab.models import load_model  # noqa: E402
+from kvlab.models.loading import load_model  # noqa: E402
+from kvlab.runs.sweep import SweepGrid, SweepRunner, parse_policies  # noqa: E402
 from kvlab.store import open_store  # noqa: E402
-from kvlab.sweep import SweepGrid, SweepRunner, parse_policies  # noqa: E402
 
 POLICIES = "full,h2o,streaming,random,snapkv,pyramidkv,tova,knorm"
 

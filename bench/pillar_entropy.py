@@ -24,11 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvlab.attention import StatsRequest  # noqa: E402
-from kvlab.engine import Generation, RunSpec  # noqa: E402
-from kvlab.models import LoadedModel, load_model  # noqa: E402
+from kvlab.attention.function import StatsRequest  # noqa: E402
+from kvlab.engine.generation import Generation, RunSpec  # noqa: E402
+from kvlab.models.loading import LoadedModel, load_model  # noqa: E402
 from kvlab.policies import Policy, make_policy  # noqa: E402
-from kvlab.sweep import SweepGrid, needle_items, prompt_tensors, shape_batches  # noqa: E402
+from kvlab.runs.sweep import SweepGrid, needle_items, prompt_tensors, shape_batches  # noqa: E402
 
 
 def question_entropy(loaded: LoadedModel, grid: SweepGrid, policy: Policy, batch_size: int) -> list[float]:

@@ -9,7 +9,7 @@
 #   cost        bench/method_cost.py on both models: prefill (KVzip's reconstruction), decode per token, bytes held
 #               and read, medians of 3 runs after one at the same shapes
 # Sweeps resume: a step cut short runs again without repeating a stored trial.
-# Environment: PYTHON (default .venv/bin/python, else python3), KVLAB_RULER_DB (default data/runs/ruler.duckdb),
+# Environment: PYTHON (default .venv/bin/python, else python3), KVLAB_RULER_DB (default kvlab/data/runs/ruler.duckdb),
 # KVLAB_RESULTS (default bench/results), KVLAB_DEVICE (default: cuda when available), KVLAB_RULER_TRIALS (items per
 # task, default 10), KVLAB_RULER_BATCH (default 32).
 set -euo pipefail

@@ -3,7 +3,7 @@ before or after compression), a row per policy and a column per kept fraction, e
 (:func:`kvlab.tasks.ruler_score.ruler_scores`), and the device the runs were measured on.
 
 Usage:
-    python bench/ruler_table.py --db data/runs/ruler.duckdb > bench/results/ruler/table.md
+    python bench/ruler_table.py --db kvlab/data/runs/ruler.duckdb > bench/results/ruler/table.md
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pandas as pd  # noqa: E402
 
+from kvlab.runs.tables import policy_name  # noqa: E402
 from kvlab.store import open_store  # noqa: E402
 from kvlab.tasks.ruler_score import ruler_scores  # noqa: E402
-from kvlab.ui.tables import policy_name  # noqa: E402
 
 
 def tables(runs: pd.DataFrame, trials: pd.DataFrame) -> str:
@@ -49,7 +49,7 @@ def tables(runs: pd.DataFrame, trials: pd.DataFrame) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", default="data/runs/ruler.duckdb")
+    parser.add_argument("--db", default="kvlab/data/runs/ruler.duckdb")
     args = parser.parse_args()
     with open_store(args.db, read_only=True) as store:
         print(tables(store.list_runs(), store.trials_frame()))

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from kvlab.budget import Budget
-from kvlab.engine import RunSpec, generate
-from kvlab.models import load_model
+from kvlab.engine.generation import RunSpec, generate
+from kvlab.models.loading import load_model
 from kvlab.policies import make_policy
 from kvlab.tasks.items import text_ids
 from kvlab.tasks.needle import HAYSTACK_DIR

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The side-channel experiment on a GPU (`kvlab sidechannel`, kvlab/sidechannel.py): an attacker who knows the prompt
+# The side-channel experiment on a GPU (`kvlab sidechannel`, kvlab/experiments/sidechannel.py): an attacker who knows the prompt
 # template tries to tell from outside whether a secret canary is still cached after eviction, from the decode time
 # per token, the KV bytes and kept tokens an API could report, and the answer to a probing question, with and
 # without noise on the policy's ranking. Two policies at 30 % of a 1,024-token context, prefill mode:

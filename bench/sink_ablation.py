@@ -1,7 +1,7 @@
 """The attention-sink ablation on one model: the perplexity of a held-out text, and the KL divergence of each
 next-token distribution from the full cache's, with the full cache, with only the first token removed
 (``drop_first``), and with StreamingLLM keeping 0, 1, 4, 8 and 32 sinks at one budget, in streaming mode over at
-least 1,000 scored tokens past the budget. Every pass is the one ``kvlab quality`` runs (``kvlab.tasks.quality``),
+least 1,000 scored tokens past the budget. Every pass is the one ``kvlab quality`` runs (``kvlab.runs.quality``),
 stored as a run in ``--db``; the summary goes to ``--out`` as JSON.
 
 Usage (the shipped model on a CPU; any hub id, local directory or GGUF file as --model):
@@ -22,11 +22,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine import RunSpec  # noqa: E402
-from kvlab.models import load_model  # noqa: E402
+from kvlab.engine.generation import RunSpec  # noqa: E402
+from kvlab.models.loading import load_model  # noqa: E402
 from kvlab.policies import make_policy  # noqa: E402
+from kvlab.runs.quality import DEFAULT_TEXT, model_pass, run_quality  # noqa: E402
 from kvlab.store import open_store  # noqa: E402
-from kvlab.tasks.quality import DEFAULT_TEXT, model_pass, run_quality  # noqa: E402
 from kvlab.tasks.texts import DEFAULT_PREFIX, read_text, scored_tokens  # noqa: E402
 
 SINK_COUNTS = (0, 1, 4, 8, 32)

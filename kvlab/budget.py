@@ -2,8 +2,8 @@
 
 A budget is the number of tokens each layer's cache holds per KV head after eviction, sinks and windows included; or
 a kept fraction of the context, turned into tokens as ``ceil(keep * context_tokens)``. Frontiers compare like with
-like only because every policy obeys the same meaning. A sparse reader (Quest, RocketKV, :mod:`kvlab.sparse`) holds
-more than it reads: its budget counts the same tokens per layer and KV head, read for each decoded token.
+like only because every policy obeys the same meaning. A sparse reader (Quest, RocketKV, :mod:`kvlab.cache.sparse`)
+holds more than it reads: its budget counts the same tokens per layer and KV head, read for each decoded token.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def pyramid_shares(spare: float, beta: float, num_layers: int) -> list[float]:
 
 def split_budget(shares: Sequence[float], base: int, total: int, capacity: int | None = None) -> list[int]:
     """Whole per-layer budgets: ``base`` tokens for every layer plus its share of the rest of ``total``. The one rule
-    that PyramidKV and the layer allocations (:mod:`kvlab.allocation`) share, so that they differ only in their
+    that PyramidKV and the layer allocations (:mod:`kvlab.cache.allocation`) share, so that they differ only in their
     shares: a share is capped at what a context of ``capacity`` tokens lets the layer hold and the surplus handed on
     (:func:`fill_up_to`); shares are rounded down and the tokens left over go to the largest fractional parts (the
     lower layer first on ties), so the budgets sum to ``total``, or less only when every layer holds the context.

@@ -5,11 +5,11 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.claims import ARTICLES, EVIDENCE_DB, VERDICTS, refresh
+from kvlab.dashboard.claims import MARKS, claims_of, claims_view, verdict_badge, verdict_counts
+from kvlab.dashboard.session import page_setup, writing_store
+from kvlab.dashboard.text import plain
 from kvlab.errors import KvlabError
 from kvlab.store import default_db_path
-from kvlab.ui.claims import MARKS, claims_of, claims_view, verdict_badge, verdict_counts
-from kvlab.ui.session import page_setup, writing_store
-from kvlab.ui.text import plain
 
 page_setup()
 st.title("Claims")

@@ -7,9 +7,8 @@ import streamlit as st
 
 from kvlab.costs import FORMULAS, GPU_PRESETS, MODEL_PRESETS, MOST_GPUS, Scenario, compare, cost_table
 from kvlab.costs.gpus import GIB
-from kvlab.errors import KvlabError
-from kvlab.ui.chart_view import how_to_read, show_chart
-from kvlab.ui.cost_view import (
+from kvlab.dashboard.chart_view import how_to_read, show_chart
+from kvlab.dashboard.cost_view import (
     COST_BARS_GUIDE,
     cost_bars,
     cost_metrics,
@@ -20,9 +19,16 @@ from kvlab.ui.cost_view import (
     split_summary,
     stored_keep_fractions,
 )
-from kvlab.ui.inputs import KV_PRECISIONS, WEIGHT_PRECISIONS, gpu_spec, model_spec_from_json, model_spec_from_loaded
-from kvlab.ui.session import current_model, page_setup, reading_store
-from kvlab.ui.text import plain, plain_frame
+from kvlab.dashboard.inputs import (
+    KV_PRECISIONS,
+    WEIGHT_PRECISIONS,
+    gpu_spec,
+    model_spec_from_json,
+    model_spec_from_loaded,
+)
+from kvlab.dashboard.session import current_model, page_setup, reading_store
+from kvlab.dashboard.text import plain, plain_frame
+from kvlab.errors import KvlabError
 
 NOTICE_CALLS = {"error": st.error, "warning": st.warning, "info": st.info}
 

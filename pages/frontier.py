@@ -11,13 +11,13 @@ import streamlit as st
 
 from kvlab.claims import CLAIM_CONTEXT, side_by_side
 from kvlab.claims.needle import article_rows_left_out
-from kvlab.store import RunFilter
-from kvlab.ui.chart_view import how_to_read, show_chart
-from kvlab.ui.downloads import MIME_TYPES, report_file
-from kvlab.ui.report import PAIRED_TITLE, Selection, frontier_report, paired_note
-from kvlab.ui.session import page_setup, reading_store
-from kvlab.ui.store_figures import FRONTIER_GUIDE, axis_frontier_figure
-from kvlab.ui.tables import (
+from kvlab.dashboard.chart_view import how_to_read, show_chart
+from kvlab.dashboard.downloads import MIME_TYPES, report_file
+from kvlab.dashboard.report import PAIRED_TITLE, Selection, frontier_report, paired_note
+from kvlab.dashboard.session import page_setup, reading_store
+from kvlab.dashboard.store_figures import FRONTIER_GUIDE, axis_frontier_figure
+from kvlab.dashboard.text import plain, plain_frame
+from kvlab.runs.tables import (
     FRONTIER_AXES,
     METRICS,
     SHARE_COLUMNS,
@@ -31,7 +31,7 @@ from kvlab.ui.tables import (
     point_trials,
     short_model_name,
 )
-from kvlab.ui.text import plain, plain_frame
+from kvlab.store import RunFilter
 
 page_setup()
 st.title("Frontier")

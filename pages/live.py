@@ -6,19 +6,12 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.budget import Budget
-from kvlab.errors import KvlabError
-from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
-from kvlab.models import LoadedModel
-from kvlab.policies import POLICIES, Policy
-from kvlab.profile import load_profile
-from kvlab.store import default_db_path, open_store
-from kvlab.tasks.facts import TEMPLATES
-from kvlab.tasks.items import has_chat_template
-from kvlab.ui import live_figures as figures
-from kvlab.ui.allocation_figures import ALLOCATION_GUIDE, allocation_figure
-from kvlab.ui.chart_view import how_to_read, show_chart
-from kvlab.ui.device_queue import DEVICE_QUEUE
-from kvlab.ui.inputs import (
+from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
+from kvlab.dashboard import live_figures as figures
+from kvlab.dashboard.allocation_figures import ALLOCATION_GUIDE, allocation_figure
+from kvlab.dashboard.chart_view import how_to_read, show_chart
+from kvlab.dashboard.device_queue import DEVICE_QUEUE
+from kvlab.dashboard.inputs import (
     CACHE_OPTIONS_TITLE,
     cache_option_fields,
     longest_context,
@@ -26,13 +19,20 @@ from kvlab.ui.inputs import (
     policy_summary,
     read_upload,
 )
-from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt, prompt_tokens
-from kvlab.ui.live_store import LiveResult, file_live_run
-from kvlab.ui.live_view import draw_charts, param_widget, stacked_slots, wide_slots
-from kvlab.ui.replay import EXAMPLES_DB, replay_choices, replay_stores
-from kvlab.ui.session import current_model, current_user, page_setup, stored_replay, waiting_notice
-from kvlab.ui.text import plain
-from kvlab.ui.units import format_bytes
+from kvlab.dashboard.live_view import draw_charts, param_widget, stacked_slots, wide_slots
+from kvlab.dashboard.session import current_model, current_user, page_setup, stored_replay, waiting_notice
+from kvlab.dashboard.text import plain
+from kvlab.engine.profile import load_profile
+from kvlab.errors import KvlabError
+from kvlab.models.loading import LoadedModel
+from kvlab.policies import POLICIES, Policy
+from kvlab.runs.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt, prompt_tokens
+from kvlab.runs.live_store import LiveResult, file_live_run
+from kvlab.runs.replay import EXAMPLES_DB, replay_choices, replay_stores
+from kvlab.store import default_db_path, open_store
+from kvlab.tasks.facts import TEMPLATES
+from kvlab.tasks.items import has_chat_template
+from kvlab.units import format_bytes
 
 RESULT_KEY = "live_result"
 OPTIONS_NOTE = (

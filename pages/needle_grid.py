@@ -7,24 +7,18 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from kvlab.errors import KvlabError
-from kvlab.models import LoadedModel
-from kvlab.policies import POLICIES
-from kvlab.store import RunFilter, Store, SweepRecord, open_store
-from kvlab.tasks.ruler import RULER_TASKS
-from kvlab.tasks.ruler_score import ruler_scores
-from kvlab.ui.chart_view import how_to_read, show_chart
-from kvlab.ui.grid import NeedleGridRequest, depth_label, evenly_spaced_depths, grid_policies
-from kvlab.ui.grid_estimate import grid_estimate
-from kvlab.ui.grid_figures import NEEDLE_GUIDE, at_budget, depth_accuracy, needle_grid, needle_heatmaps
-from kvlab.ui.inputs import (
+from kvlab.dashboard.chart_view import how_to_read, show_chart
+from kvlab.dashboard.grid import NeedleGridRequest, depth_label, evenly_spaced_depths, grid_policies
+from kvlab.dashboard.grid_estimate import grid_estimate
+from kvlab.dashboard.grid_figures import NEEDLE_GUIDE, at_budget, depth_accuracy, needle_grid, needle_heatmaps
+from kvlab.dashboard.inputs import (
     CACHE_OPTIONS_TITLE,
     cache_option_fields,
     longest_context,
 )
-from kvlab.ui.live_view import param_widget
-from kvlab.ui.ruler_figures import RULER_GUIDE, ruler_bars, ruler_rows, ruler_table
-from kvlab.ui.session import (
+from kvlab.dashboard.live_view import param_widget
+from kvlab.dashboard.ruler_figures import RULER_GUIDE, ruler_bars, ruler_rows, ruler_table
+from kvlab.dashboard.session import (
     allowed_model,
     current_model,
     current_user,
@@ -32,8 +26,14 @@ from kvlab.ui.session import (
     reading_store,
     writing_store,
 )
-from kvlab.ui.sweep_jobs import SWEEP_JOBS, SweepJob, SweepView, filling_job, filling_sentence, sweep_views
-from kvlab.ui.text import plain
+from kvlab.dashboard.sweep_jobs import SWEEP_JOBS, SweepJob, SweepView, filling_job, filling_sentence, sweep_views
+from kvlab.dashboard.text import plain
+from kvlab.errors import KvlabError
+from kvlab.models.loading import LoadedModel
+from kvlab.policies import POLICIES
+from kvlab.store import RunFilter, Store, SweepRecord, open_store
+from kvlab.tasks.ruler import RULER_TASKS
+from kvlab.tasks.ruler_score import ruler_scores
 
 CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 REFRESH_S = 1.0

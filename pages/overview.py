@@ -1,20 +1,20 @@
 """Overview: what kvlab found, at first sight and without a model: the needle frontier and the published claim beside
 kvlab's measurement, and a live run replayed with its cache, its memory and its attention sinks, all from the
-example runs shipped in ``data/runs/``, measured on a GPU."""
+example runs shipped in ``kvlab/data/runs/``, measured on a GPU."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from kvlab.claims import CLAIM_CONTEXT, EVIDENCE_DB
+from kvlab.dashboard import live_figures as figures
+from kvlab.dashboard.chart_view import how_to_read, show_chart
+from kvlab.dashboard.session import page_setup, shipped_needle_evidence, stored_replay
+from kvlab.dashboard.store_figures import FRONTIER_GUIDE, frontier_figure
+from kvlab.dashboard.text import plain
+from kvlab.runs.replay import EXAMPLES_DB, EXAMPLES_LABEL, replay_choices, showcase
+from kvlab.runs.tables import FRONTIER_AXES, METRICS, short_model_name
 from kvlab.store import open_store
-from kvlab.ui import live_figures as figures
-from kvlab.ui.chart_view import how_to_read, show_chart
-from kvlab.ui.replay import EXAMPLES_DB, EXAMPLES_LABEL, replay_choices, showcase
-from kvlab.ui.session import page_setup, shipped_needle_evidence, stored_replay
-from kvlab.ui.store_figures import FRONTIER_GUIDE, frontier_figure
-from kvlab.ui.tables import FRONTIER_AXES, METRICS, short_model_name
-from kvlab.ui.text import plain
 
 page_setup()
 st.title("Overview")
@@ -28,7 +28,7 @@ st.markdown(
     "exports every stored run. Each chart has a *How to read this* button; the camera in its tool bar saves it."
 )
 if not EVIDENCE_DB.is_file() or not EXAMPLES_DB.is_file():
-    st.info("This installation has no shipped example runs (data/runs/); open Live run to make some.")
+    st.info("This installation has no shipped example runs (kvlab/data/runs/); open Live run to make some.")
     st.stop()
 
 with open_store(EXAMPLES_DB, read_only=True) as examples:
@@ -37,8 +37,8 @@ with open_store(EXAMPLES_DB, read_only=True) as examples:
 first_replay = showcase(listed)
 evidence = shipped_needle_evidence(EVIDENCE_DB)
 st.caption(
-    f"Below: runs shipped with kvlab (`data/runs/claims.duckdb` and `data/runs/examples.duckdb`), measured on "
-    f"{plain(', '.join(evidence.devices) or 'an unrecorded device')} with the commands in "
+    "Below: runs shipped with kvlab (`kvlab/data/runs/claims.duckdb` and `kvlab/data/runs/examples.duckdb`), "
+    f"measured on {plain(', '.join(evidence.devices) or 'an unrecorded device')} with the commands in "
     "`bench/claims_evidence.sh` and `bench/example_replays.sh`."
 )
 replayed = listed["model"].iloc[first_replay] if len(listed) else None  # the replay's model, shown first

@@ -7,12 +7,12 @@ from functools import partial
 
 import streamlit as st
 
-from kvlab.store import RunFilter, default_db_path
-from kvlab.ui.chart_view import how_to_read, show_chart
-from kvlab.ui.downloads import MIME_TYPES, export_bytes, report_file
-from kvlab.ui.report import runs_report
-from kvlab.ui.session import page_setup, reading_store
-from kvlab.ui.tables import (
+from kvlab.dashboard.chart_view import how_to_read, show_chart
+from kvlab.dashboard.downloads import MIME_TYPES, export_bytes, report_file
+from kvlab.dashboard.report import runs_report
+from kvlab.dashboard.session import page_setup, reading_store
+from kvlab.dashboard.text import plain, plain_frame
+from kvlab.runs.tables import (
     METRICS,
     choices,
     compare_runs,
@@ -21,7 +21,7 @@ from kvlab.ui.tables import (
     short_model_name,
     with_shares,
 )
-from kvlab.ui.text import plain, plain_frame
+from kvlab.store import RunFilter, default_db_path
 
 page_setup()
 st.title("Runs")

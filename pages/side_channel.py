@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.errors import KvlabError
-from kvlab.sidechannel import CHANNELS, SideChannelResult, parse_result
-from kvlab.ui.chart_view import how_to_read, show_chart
-from kvlab.ui.session import page_setup
-from kvlab.ui.sidechannel_view import (
+from kvlab.dashboard.chart_view import how_to_read, show_chart
+from kvlab.dashboard.session import page_setup
+from kvlab.dashboard.sidechannel_view import (
     ACCURACY_GUIDE,
     OBSERVABLE_GUIDE,
     RETRIEVAL_GUIDE,
@@ -21,7 +19,9 @@ from kvlab.ui.sidechannel_view import (
     retrieval_figure,
     shipped_results,
 )
-from kvlab.ui.text import plain
+from kvlab.dashboard.text import plain
+from kvlab.errors import KvlabError
+from kvlab.experiments.sidechannel import CHANNELS, SideChannelResult, parse_result
 
 page_setup()
 st.title("Side channels")

@@ -137,8 +137,8 @@ say "the published model, from its package in the image, answers: $(head -n 1 "$
 in_image kvlab sweep --policies h2o --keep 0.5 --contexts 256 --depths 0.5 --trials 1 --quiet \
   >"$work/sweep.log" 2>&1 || { cat "$work/sweep.log"; fail "the generation inside the image failed."; }
 say "stored a run: $(tail -n 1 "$work/sweep.log")"
-[ -f "$data/runs.duckdb" ] || fail "no runs.duckdb in the host directory mounted as /data."
-owner="$(stat -c %u "$data/runs.duckdb")"
+[ -f "$kvlab/data/runs.duckdb" ] || fail "no runs.duckdb in the host directory mounted as /data."
+owner="$(stat -c %u "$kvlab/data/runs.duckdb")"
 [ "$owner" = "10001" ] || fail "runs.duckdb on the host belongs to uid $owner, not the image's user."
 say "the host directory holds runs.duckdb, owned by uid $owner"
 stop_server

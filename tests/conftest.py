@@ -32,8 +32,8 @@ settings.load_profile("kvlab")
 import pytest  # noqa: E402
 from tiny_models import save_tiny_checkpoint  # noqa: E402
 
-from kvlab.catalog import package_models  # noqa: E402
-from kvlab.models import LoadedModel, load_model  # noqa: E402
+from kvlab.models.catalog import package_models  # noqa: E402
+from kvlab.models.loading import LoadedModel, load_model  # noqa: E402
 from kvlab.store import Store, open_store  # noqa: E402
 
 #: The GGUF file of the published model that scripts/published_models.txt installs.

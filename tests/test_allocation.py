@@ -8,7 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlab.allocation import (
+from kvlab.budget import PYRAMID_BETA, pyramid_shares, split_budget
+from kvlab.cache.allocation import (
     allocate,
     cake_budgets,
     cake_dispersion_and_shift,
@@ -19,7 +20,6 @@ from kvlab.allocation import (
     preset_weights,
     uniform_budgets,
 )
-from kvlab.budget import PYRAMID_BETA, pyramid_shares, split_budget
 from kvlab.errors import KvlabError
 from kvlab.policies.snapkv import PyramidKV
 

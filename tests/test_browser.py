@@ -77,8 +77,8 @@ CLIPPED = """() => {
 @pytest.fixture(scope="module")
 def database(tmp_path_factory, shipped) -> Path:
     """A store with a small sweep on the shipped model, so the frontier and runs pages have real measurements."""
+    from kvlab.runs.sweep import SweepGrid, SweepRunner, parse_policies
     from kvlab.store import open_store
-    from kvlab.sweep import SweepGrid, SweepRunner, parse_policies
 
     path = tmp_path_factory.mktemp("browser") / "runs.duckdb"
     store = open_store(path)

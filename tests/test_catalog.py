@@ -10,13 +10,13 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 from kvlab.budget import Budget
-from kvlab.catalog import available_models, hub_cache_models, package_models, readme_licence, shipped_models
-from kvlab.engine import RunSpec
-from kvlab.models import DEFAULT_MODEL_DIR, load_model
+from kvlab.dashboard.access import pickable_models
+from kvlab.engine.generation import RunSpec
+from kvlab.models.catalog import available_models, hub_cache_models, package_models, readme_licence, shipped_models
+from kvlab.models.loading import DEFAULT_MODEL_DIR, load_model
 from kvlab.policies import make_policy
-from kvlab.records import run_config
+from kvlab.runs.records import run_config
 from kvlab.store import run_key
-from kvlab.ui.access import pickable_models
 
 
 def test_shipped_and_published_models_are_found():
@@ -110,7 +110,7 @@ def test_picking_the_published_model_shows_its_quantisation_and_licence(publishe
 
 
 def test_installed_models_load_by_their_label(tmp_path, monkeypatch):
-    from kvlab.catalog import installed_name
+    from kvlab.models.catalog import installed_name
 
     assert installed_name("kvlab-tiny-llama") == str(DEFAULT_MODEL_DIR)
     assert installed_name("owner/kvlab-tiny-llama") == "owner/kvlab-tiny-llama"  # a hub id stays one

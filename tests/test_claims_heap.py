@@ -14,6 +14,7 @@ import pytest
 import torch
 from tiny_models import prompt, tiny_model
 
+from kvlab.cache.heap import FREE, HeapLayer
 from kvlab.claims import BY_ID, Evidence
 from kvlab.claims.commands import (
     ALLOCATIONS,
@@ -33,17 +34,16 @@ from kvlab.claims.needle import measured_table, needle_cells, plain
 from kvlab.claims.options import CACHE_DEFAULTS, cache_options, variant
 from kvlab.claims.pillars import ABLATION
 from kvlab.claims.verdicts import FAILS, HOLDS, UNMEASURABLE, verdict_of
-from kvlab.engine import Generation, RunSpec
+from kvlab.engine.generation import Generation, RunSpec
 from kvlab.errors import KvlabError
-from kvlab.heap import FREE, HeapLayer
-from kvlab.models import wrap_model
+from kvlab.models.loading import wrap_model
 from kvlab.policies import LayerView, make_policy
 from kvlab.policies.drop_pillars import DropPillars
 from kvlab.policies.scoring import ScoringPolicy
+from kvlab.runs.sweep import parse_policies
 from kvlab.stats import wilson_interval
 from kvlab.store import RunConfig, Store, Trial
 from kvlab.store.rows import canonical_json
-from kvlab.sweep import parse_policies
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "m"
@@ -144,7 +144,7 @@ def test_the_gpu_script_runs_what_the_claims_commands_name():
 
 
 def test_names_read_without_torch_are_those_of_the_modules_that_write_them():
-    from kvlab.sidechannel import RESULT_FORMAT
+    from kvlab.experiments.sidechannel import RESULT_FORMAT
 
     assert SIDE_CHANNEL_FORMAT == RESULT_FORMAT and ABLATION == DropPillars.name
 
@@ -389,7 +389,7 @@ def test_pillars_that_cost_no_needles_refute_the_claim(store, tmp_path):
 
 def side_channel_file(results: Path, timing: dict[str, int], retrieved: dict[str, int]) -> None:
     """A result as ``kvlab sidechannel --out`` writes it: levels with the timing channel's test score (of 20)."""
-    from kvlab.sidechannel import ChannelScore, LevelSummary, SideChannelResult, TrialRecord
+    from kvlab.experiments.sidechannel import ChannelScore, LevelSummary, SideChannelResult, TrialRecord
 
     def score(channel: str, correct: int | None) -> ChannelScore:
         if correct is None:  # a constant observable, or too few trials of one class

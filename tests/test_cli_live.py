@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from test_cli import run
 
+from kvlab.runs.replay import unpack
 from kvlab.store import open_store
-from kvlab.ui.replay import unpack
 
 
 def test_a_live_run_is_stored_with_its_replay(tmp_path, capsys):

@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 import transformers
 
-from kvlab.arch import arch_from_config
 from kvlab.costs import (
     FORMULAS,
     GPU_PRESETS,
@@ -35,6 +34,7 @@ from kvlab.costs import (
 )
 from kvlab.costs.gpus import GIB
 from kvlab.errors import KvlabError
+from kvlab.models.arch import arch_from_config
 
 H100 = GPU_PRESETS["H100 SXM 80GB"]
 LLAMA3_8B = MODEL_PRESETS["Llama-3-8B"]
@@ -414,7 +414,7 @@ def test_a_global_eviction_scope_gathers_every_layers_scores() -> None:
 
 
 def test_the_gather_counts_the_keys_the_global_scope_ranks_by() -> None:
-    """The formula's bytes are those of the tensor :mod:`kvlab.scopes` gathers: every layer's ranking keys."""
+    """The formula's bytes are those of the tensor :mod:`kvlab.cache.scopes` gathers: every layer's ranking keys."""
     import torch
 
     from kvlab.policies.base import by_score_then_position

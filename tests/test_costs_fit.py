@@ -28,8 +28,8 @@ from kvlab.costs import (
 )
 from kvlab.costs.gpus import GIB
 from kvlab.costs.models import ENCODER_DECODER_TYPES, ENCODER_ONLY_TYPES
+from kvlab.dashboard import cost_view, inputs
 from kvlab.errors import KvlabError
-from kvlab.ui import cost_view, inputs
 
 H100 = GPU_PRESETS["H100 SXM 80GB"]
 LLAMA3_70B = MODEL_PRESETS["Llama-3-70B"]

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from kvlab.models import DEFAULT_MODEL_DIR as DEFAULT_MODEL
+from kvlab.models.loading import DEFAULT_MODEL_DIR as DEFAULT_MODEL
 from kvlab.tasks.facts import TRAIN_TEMPLATES, make_fact
 from kvlab.tasks.needle import build_needle, load_haystacks, score
 
@@ -54,7 +54,7 @@ def test_retrieves_a_needle_at_1k_with_the_full_cache(transformers_model):
 
 def test_kvlab_finds_the_needle_with_the_full_cache_and_loses_it_when_the_middle_is_evicted(shipped):
     from kvlab.budget import Budget
-    from kvlab.engine import RunSpec, generate
+    from kvlab.engine.generation import RunSpec, generate
     from kvlab.policies import make_policy
     from kvlab.tasks.items import stop_token_ids
 

@@ -1,5 +1,5 @@
 """Demotion tiers: evicted tokens kept in CPU memory and an offload file, recalled page by page
-(:mod:`kvlab.demotion`, :mod:`kvlab.offload`), run end to end on tiny random models."""
+(:mod:`kvlab.cache.demotion`, :mod:`kvlab.cache.offload`), run end to end on tiny random models."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import torch
 from tiny_models import prompt, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.demotion import Demotion, DemotionSpec
-from kvlab.engine import RunSpec, generate
+from kvlab.cache.demotion import Demotion, DemotionSpec
+from kvlab.cache.offload import HostStore, OffloadFile, PageShape
+from kvlab.engine.generation import RunSpec, generate
 from kvlab.errors import KvlabError
-from kvlab.models import wrap_model
-from kvlab.offload import HostStore, OffloadFile, PageShape
+from kvlab.models.loading import wrap_model
 from kvlab.policies import make_policy
 
 BUDGET = 12

@@ -15,13 +15,13 @@ from tiny_models import prompt, save_tiny_checkpoint, tiny_model
 from transformers import AutoConfig, LlamaForCausalLM
 
 from kvlab.budget import Budget
+from kvlab.cache.scopes import UNHELD, eviction_rankings, local_budgets, split_counts, threshold_counts
 from kvlab.cli import main
-from kvlab.engine import Event, Generation, RunSpec, generate
+from kvlab.engine.generation import Event, Generation, RunSpec, generate
 from kvlab.errors import KvlabError
-from kvlab.models import LoadedModel, load_model, parse_device_map, place_model, wrap_model
+from kvlab.models.loading import LoadedModel, load_model, parse_device_map, place_model, wrap_model
 from kvlab.policies import make_policy
-from kvlab.records import device_figures
-from kvlab.scopes import UNHELD, eviction_rankings, local_budgets, split_counts, threshold_counts
+from kvlab.runs.records import device_figures
 
 LAYERS = 4
 BUDGET = 12

@@ -9,8 +9,8 @@ import torch
 from tiny_models import ARCHITECTURES, prompt, runs_in, small_policy, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.engine import Generation, RunSpec, generate, prefill_once
-from kvlab.models import wrap_model
+from kvlab.engine.generation import Generation, RunSpec, generate, prefill_once
+from kvlab.models.loading import wrap_model
 from kvlab.policies import EVICTING, make_policy
 
 NEW_TOKENS = 8

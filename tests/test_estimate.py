@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from kvlab.cli import main
-from kvlab.estimate import (
+from kvlab.policies import make_policy
+from kvlab.runs.estimate import (
     Speed,
     SweepWork,
     duration_text,
@@ -21,8 +22,7 @@ from kvlab.estimate import (
     sweep_estimate,
     sweep_work,
 )
-from kvlab.policies import make_policy
-from kvlab.sweep import SweepGrid, SweepRunner
+from kvlab.runs.sweep import SweepGrid, SweepRunner
 
 #: How far an estimate may be from the sweep it estimates, either way, on a busy machine.
 FACTOR = 6

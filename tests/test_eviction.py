@@ -7,10 +7,10 @@ import pytest
 import torch
 from tiny_models import prompt, runs_in, small_policy, tiny_model
 
-from kvlab.attention import StatsRequest
+from kvlab.attention.function import StatsRequest
 from kvlab.budget import Budget
-from kvlab.engine import Generation, RunSpec, generate
-from kvlab.models import wrap_model
+from kvlab.engine.generation import Generation, RunSpec, generate
+from kvlab.models.loading import wrap_model
 from kvlab.policies import EVICTING, POLICIES, make_policy
 
 
@@ -262,7 +262,7 @@ def test_compression_interval_evicts_every_few_tokens_within_budget_plus_chunk(l
 
 @pytest.mark.parametrize("chunk", [None, 9])
 def test_one_shared_prefill_gives_each_policy_the_result_of_its_own_run(llama, chunk):
-    from kvlab.engine import prefill_once
+    from kvlab.engine.generation import prefill_once
 
     _, loaded = llama
     ids, question = prompt(batch=2, length=40, seed=4), prompt(batch=2, length=5, seed=6)

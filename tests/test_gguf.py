@@ -10,14 +10,14 @@ import pytest
 import torch
 from tiny_models import write_tiny_llama_gguf
 
-from kvlab import gguf
 from kvlab.budget import Budget
 from kvlab.cli import main
-from kvlab.engine import RunSpec, generate
+from kvlab.engine.generation import RunSpec, generate
 from kvlab.errors import KvlabError, NotAModel
-from kvlab.models import load_model
+from kvlab.models import gguf
+from kvlab.models.loading import load_model
 from kvlab.policies import make_policy
-from kvlab.records import run_config
+from kvlab.runs.records import run_config
 from kvlab.store import run_key
 
 IDS = torch.tensor([[0, 5, 6, 7, 8, 9, 10, 11, 3, 4]])
@@ -171,8 +171,8 @@ def test_cache_dir_follows_the_environment(tmp_path):
 
 
 def test_a_live_text_follows_the_chat_template_switch(published):
-    from kvlab.records import stops_for
-    from kvlab.ui.live import TextTask, build_prompt
+    from kvlab.runs.live import TextTask, build_prompt
+    from kvlab.runs.records import stops_for
 
     wrapped = build_prompt(published, TextTask("Paris is in France.", "Where is Paris?", "France"))
     raw = build_prompt(published, TextTask("Paris is in France.", "Where is Paris?", "France", chat=False))

@@ -9,11 +9,11 @@ import torch
 from tiny_models import ARCHITECTURES, prompt, runs_in, small_policy, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.engine import Generation, RunSpec, generate, prefill_once
+from kvlab.cache.heap import FREE
+from kvlab.cache.layouts import LAYOUTS, HeapLayout
+from kvlab.engine.generation import Generation, RunSpec, generate, prefill_once
 from kvlab.errors import KvlabError
-from kvlab.heap import FREE
-from kvlab.layouts import LAYOUTS, HeapLayout
-from kvlab.models import wrap_model
+from kvlab.models.loading import wrap_model
 from kvlab.policies import EVICTING, POLICIES, make_policy
 
 
@@ -217,7 +217,7 @@ class _FakeEvent:
 
 
 def test_clock_totals_read_device_clocks_in_bounded_memory():
-    from kvlab.heap import PENDING_CLOCKS, ClockTotal, DeviceClock
+    from kvlab.cache.heap import PENDING_CLOCKS, ClockTotal, DeviceClock
 
     total = ClockTotal()
     for _ in range(3 * PENDING_CLOCKS):

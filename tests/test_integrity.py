@@ -12,19 +12,19 @@ import pytest
 import torch
 from tiny_models import prompt, save_tiny_checkpoint, tiny_model
 
-from kvlab import models
 from kvlab.budget import Budget
 from kvlab.cli import main
-from kvlab.engine import RunSpec, generate
+from kvlab.engine.generation import RunSpec, generate
 from kvlab.errors import KvlabError
-from kvlab.models import wrap_model
+from kvlab.models import loading as models
+from kvlab.models.loading import wrap_model
 from kvlab.policies import make_policy
+from kvlab.runs.live import LiveRun, LiveSettings, TextTask, build_prompt
+from kvlab.runs.live_store import store_live_run
+from kvlab.runs.sweep import SweepGrid, SweepRunner
 from kvlab.store import open_store
-from kvlab.sweep import SweepGrid, SweepRunner
 from kvlab.tasks.items import load_jsonl
 from kvlab.tasks.needle import score
-from kvlab.ui.live import LiveRun, LiveSettings, TextTask, build_prompt
-from kvlab.ui.live_store import store_live_run
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

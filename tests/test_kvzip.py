@@ -8,12 +8,12 @@ import torch
 from tiny_models import prompt, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.engine import Generation, GenerationResult, RunSpec, generate, prefill_once
+from kvlab.engine.generation import Generation, GenerationResult, RunSpec, generate, prefill_once
+from kvlab.engine.reconstruction import QUOTED_TOKENS, RepeatRequest, chunks, reconstruct
 from kvlab.errors import KvlabError
-from kvlab.models import wrap_model
+from kvlab.models.loading import wrap_model
 from kvlab.policies import make_policy
 from kvlab.policies.base import KEEP
-from kvlab.reconstruction import QUOTED_TOKENS, RepeatRequest, chunks, reconstruct
 
 CONTEXT, CHUNK, SINKS = 20, 8, 4
 

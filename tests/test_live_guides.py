@@ -10,8 +10,8 @@ import pytest
 from test_ui_figures import trace  # noqa: F401  (the synthetic run, a fixture)
 from test_ui_tiers import tiered  # noqa: F401  (a synthetic run that demotes, a fixture)
 
-from kvlab.ui import live_figures as figures
-from kvlab.ui.guides import ChartGuide
+from kvlab.dashboard import live_figures as figures
+from kvlab.dashboard.guides import ChartGuide
 
 #: Each figure builder and the guide drawn beside it.
 GUIDE_OF = {

@@ -10,14 +10,14 @@ import torch
 from tiny_models import prompt, small_policy, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.engine import Generation, RunSpec, generate
+from kvlab.cache.heap import FREE, HeapLayer, QueryMoments
+from kvlab.engine.generation import Generation, RunSpec, generate
 from kvlab.errors import KvlabError
-from kvlab.heap import FREE, HeapLayer, QueryMoments
-from kvlab.models import wrap_model
+from kvlab.models.loading import wrap_model
+from kvlab.models.rope import Rope
 from kvlab.policies import make_policy
 from kvlab.policies.base import KEEP, LayerView
 from kvlab.policies.chunkkv import chunk_ids
-from kvlab.rope import Rope
 
 METHODS = ("keydiff", "expected_attention", "chunkkv")
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-from kvlab.arch import arch_from_config
 from kvlab.errors import KvlabError
-from kvlab.models import load_model
+from kvlab.models.arch import arch_from_config
+from kvlab.models.loading import load_model
 
 
 def test_loads_a_local_checkpoint_on_cpu_in_fp32_without_remote_code(checkpoint):
@@ -115,7 +115,7 @@ def test_a_config_that_is_not_a_transformer_is_refused():
 def test_tokenizer_identity_ignores_a_calls_truncation_settings(checkpoint):
     from transformers import AutoTokenizer
 
-    from kvlab.models import tokenizer_hash
+    from kvlab.models.loading import tokenizer_hash
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     before = tokenizer_hash(tokenizer)

@@ -1,5 +1,5 @@
-"""The noise floor on eviction scores (kvlab/noise.py and the noise parameters of every scoring policy): scale 0 is
-the policy itself, the seed decides the kept set, infinite scores are left alone, draws have the scale they claim,
+"""The noise floor on eviction scores (kvlab/cache/noise.py and the noise parameters of every scoring policy): scale 0
+is the policy itself, the seed decides the kept set, infinite scores are left alone, draws have the scale they claim,
 and the spread they are scaled by is each row's own."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from tiny_models import prompt, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.engine import Generation, RunSpec
-from kvlab.models import wrap_model
-from kvlab.noise import add_noise, score_spread, unit_noise
+from kvlab.cache.noise import add_noise, score_spread, unit_noise
+from kvlab.engine.generation import Generation, RunSpec
+from kvlab.models.loading import wrap_model
 from kvlab.policies import make_policy
 
 BUDGET = 12

@@ -18,9 +18,9 @@ import pytest
 from huggingface_hub import constants
 from tiny_models import write_tiny_llama_gguf
 
-from kvlab.catalog import hub_cache_dir, hub_reachable, in_hub_cache
 from kvlab.errors import KvlabError
-from kvlab.models import load_model
+from kvlab.models.catalog import hub_cache_dir, hub_reachable, in_hub_cache
+from kvlab.models.loading import load_model
 
 REPO = Path(__file__).resolve().parent.parent
 #: Well under the 23 s huggingface_hub spends retrying one file, with room for a slow test machine.

@@ -13,12 +13,12 @@ from streamlit import config
 from streamlit.testing.v1 import AppTest
 from test_ui_tables import add_run
 
-from kvlab.engine import Generation
-from kvlab.models import default_model
+from kvlab.dashboard import session
+from kvlab.dashboard.device_queue import DEVICE_QUEUE
+from kvlab.dashboard.sweep_jobs import SWEEP_JOBS
+from kvlab.engine.generation import Generation
+from kvlab.models.loading import default_model
 from kvlab.store import open_store
-from kvlab.ui import session
-from kvlab.ui.device_queue import DEVICE_QUEUE
-from kvlab.ui.sweep_jobs import SWEEP_JOBS
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = {
@@ -440,7 +440,7 @@ def test_nothing_in_the_browser_can_switch_trust_remote_code_on(db, tmp_path, mo
             for element in app.get(kind):
                 named = f"{getattr(element, 'label', '')} {getattr(element, 'key', '') or ''}".lower()
                 assert "remote" not in named and "trust" not in named, (page, named)
-    sources = [REPO / "app.py", *(REPO / "pages").glob("*.py"), *(REPO / "kvlab" / "ui").glob("*.py")]
+    sources = [REPO / "app.py", *(REPO / "pages").glob("*.py"), *(REPO / "kvlab" / "dashboard").glob("*.py")]
     settings = [
         value
         for source in sources

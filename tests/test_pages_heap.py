@@ -14,11 +14,11 @@ from test_grid_page import grid_page
 from test_pages import charts, click, open_page, shown, sweep_job, widget
 from test_ui_tables import MODEL, PROVENANCE
 
-from kvlab import profile
+from kvlab.dashboard.inputs import CACHE_OPTIONS_TITLE, cache_option_fields, policy_fields
+from kvlab.engine import profile
 from kvlab.policies import make_policy
 from kvlab.policies.scoring import ScoringPolicy
 from kvlab.store import RunConfig, Store, Trial, open_store
-from kvlab.ui.inputs import CACHE_OPTIONS_TITLE, cache_option_fields, policy_fields
 
 OPTIONS = CACHE_OPTIONS_TITLE
 TIERED = {"hot": 0.25, "key_bits": 4, "value_bits": 4}

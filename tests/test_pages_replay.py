@@ -9,8 +9,8 @@ import json
 from streamlit.testing.v1 import AppTest
 from test_pages import click, open_page, shown, widget
 
+from kvlab.runs.replay import EXAMPLES_DB
 from kvlab.store import open_store
-from kvlab.ui.replay import EXAMPLES_DB
 
 GUIDE = "How to read this"
 

@@ -17,12 +17,13 @@ from test_ui_tables import add_run
 from tiny_models import save_tiny_checkpoint
 
 from kvlab import store as store_package
+from kvlab.dashboard import access, session
 from kvlab.errors import KvlabError
-from kvlab.models import default_model
+from kvlab.models.loading import default_model
+from kvlab.runs import tables
 from kvlab.store import open_store
 from kvlab.store.connection import close
 from kvlab.store.errors import disk_full
-from kvlab.ui import access, session, tables
 
 
 @pytest.fixture

@@ -9,11 +9,10 @@ import torch
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
-from kvlab.allocation import CAKE_WINDOW
+from kvlab.cache.allocation import CAKE_WINDOW
 from kvlab.cli import main
-from kvlab.errors import KvlabError
-from kvlab.models import load_model, wrap_model
-from kvlab.profile import (
+from kvlab.dashboard.allocation_figures import ALLOCATION_GUIDE, allocation_figure, profile_budgets
+from kvlab.engine.profile import (
     SHIPPED_PROFILES_DIR,
     Profile,
     load_profile,
@@ -22,7 +21,8 @@ from kvlab.profile import (
     save_profile,
     user_profiles_dir,
 )
-from kvlab.ui.allocation_figures import ALLOCATION_GUIDE, allocation_figure, profile_budgets
+from kvlab.errors import KvlabError
+from kvlab.models.loading import load_model, wrap_model
 
 TEXT = "The cache keeps the tokens that matter, and evicts the rest when the budget is spent. " * 40
 

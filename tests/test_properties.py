@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvlab import models
 from kvlab.cli import main
 from kvlab.errors import KvlabError
-from kvlab.limits import Limits
+from kvlab.models import loading as models
+from kvlab.models.limits import Limits
 from kvlab.tasks.items import TaskItem, load_jsonl
 
 COMMANDS = ("generate", "policies", "sweep", "eval", "runs", "export")

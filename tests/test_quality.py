@@ -14,17 +14,18 @@ from tiny_models import prompt, tiny_model
 
 from kvlab.budget import Budget, check_budget
 from kvlab.cli import main
-from kvlab.engine import Generation, RunSpec, generate
+from kvlab.dashboard import grid_figures
+from kvlab.dashboard.store_figures import frontier_figure
+from kvlab.engine.generation import Generation, RunSpec, generate
 from kvlab.errors import KvlabError
-from kvlab.models import load_model, wrap_model
+from kvlab.models.loading import load_model, wrap_model
 from kvlab.policies import EVICTING, is_full_cache, make_policy
 from kvlab.provenance import Provenance
-from kvlab.records import run_config
+from kvlab.runs import tables
+from kvlab.runs.quality import DEFAULT_TEXT, measure, run_quality
+from kvlab.runs.records import run_config
 from kvlab.store import RunConfig, RunFilter, Store, Trial, export_trials, run_key
-from kvlab.tasks.quality import DEFAULT_TEXT, measure, run_quality
 from kvlab.tasks.texts import DEFAULT_TOKENS, read_text, scored_tokens, text_pass
-from kvlab.ui import grid_figures, tables
-from kvlab.ui.store_figures import frontier_figure
 
 PREFIX, SCORED = 8, 40
 

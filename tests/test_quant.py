@@ -9,8 +9,7 @@ import math
 import pytest
 import torch
 
-from kvlab.errors import KvlabError
-from kvlab.quant import (
+from kvlab.cache.quant import (
     BITS,
     Quantized,
     check_bits,
@@ -20,6 +19,7 @@ from kvlab.quant import (
     unpack,
     value_group,
 )
+from kvlab.errors import KvlabError
 
 PACKED = (2, 4, 8)
 HEAD_DIM = 64

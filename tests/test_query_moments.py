@@ -8,12 +8,12 @@ from typing import ClassVar
 import torch
 
 from kvlab.budget import Budget
-from kvlab.engine import Generation, RunSpec
-from kvlab.heap import MOMENTS_SKIP
-from kvlab.models import wrap_model
+from kvlab.cache.heap import MOMENTS_SKIP
+from kvlab.engine.generation import Generation, RunSpec
+from kvlab.models.loading import wrap_model
+from kvlab.models.rope import Rope
 from kvlab.policies.base import LayerView
 from kvlab.policies.scoring import ScoringPolicy
-from kvlab.rope import Rope
 from tests.tiny_models import prompt, tiny_model
 
 

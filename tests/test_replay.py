@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 
 from kvlab.budget import Budget
+from kvlab.dashboard import live_figures
 from kvlab.errors import KvlabError
+from kvlab.runs.live import LiveRun, LiveSettings, LiveTrace, NeedleTask, build_prompt
+from kvlab.runs.live_store import generated_texts, store_live_run
+from kvlab.runs.replay import Replay, pack, showcase, unpack
 from kvlab.store import open_store
-from kvlab.ui import live_figures
-from kvlab.ui.live import LiveRun, LiveSettings, LiveTrace, NeedleTask, build_prompt
-from kvlab.ui.live_store import generated_texts, store_live_run
-from kvlab.ui.replay import Replay, pack, showcase, unpack
 
 
 def finished(shipped, policy: str, chunk: int = 64, keep: float = 0.25) -> LiveRun:

@@ -11,11 +11,11 @@ from html.parser import HTMLParser
 import pandas as pd
 import pytest
 
+from kvlab.dashboard.report import Selection, frontier_report, report_html, run_sources, runs_report
+from kvlab.dashboard.store_figures import FRONTIER_GUIDE, RUN_QUALITY_GUIDE
 from kvlab.provenance import Provenance
+from kvlab.runs.tables import frontier_points, run_label
 from kvlab.store import RunConfig, RunFilter, Store, Trial
-from kvlab.ui.report import Selection, frontier_report, report_html, run_sources, runs_report
-from kvlab.ui.store_figures import FRONTIER_GUIDE, RUN_QUALITY_GUIDE
-from kvlab.ui.tables import frontier_points, run_label
 
 MADE_AT = datetime(2025, 3, 4, 5, 6)
 #: Elements without an end tag.

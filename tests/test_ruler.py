@@ -14,12 +14,14 @@ import pytest
 
 from kvlab.cli import build_parser
 from kvlab.cli.evaluation import sweep_grid
+from kvlab.dashboard.grid import NeedleGridRequest
+from kvlab.dashboard.ruler_figures import ruler_bars, ruler_rows, ruler_table
 from kvlab.errors import KvlabError
-from kvlab.models import load_model
+from kvlab.models.loading import load_model
 from kvlab.policies import make_policy
+from kvlab.runs.sweep import SweepGrid, SweepRunner, trial_slots
 from kvlab.stats import wilson_interval
 from kvlab.store import open_store
-from kvlab.sweep import SweepGrid, SweepRunner, trial_slots
 from kvlab.tasks.items import from_ruler
 from kvlab.tasks.ruler import MAX_NEW_TOKENS, RULER_TASKS, check_tasks, ruler_item, task_set_name
 from kvlab.tasks.ruler_lists import CWE_QUESTION, FWE_QUESTION, VT_QUESTION
@@ -34,8 +36,6 @@ from kvlab.tasks.ruler_score import (
     split_answers,
     task_of,
 )
-from kvlab.ui.grid import NeedleGridRequest
-from kvlab.ui.ruler_figures import ruler_bars, ruler_rows, ruler_table
 
 SOME_TASKS = ("niah_single_1", "niah_multivalue", "fwe")
 

@@ -1,7 +1,7 @@
-"""The side-channel experiment (kvlab/sidechannel.py, `kvlab sidechannel`, the Side channels page): ground truth from
-the heap, the attacker's threshold on separable and constant observables, the command end to end on a tiny model,
-bad input as one sentence, and the page drawn from a result file. Timing values are never asserted: only that they
-were measured."""
+"""The side-channel experiment (kvlab/experiments/sidechannel.py, `kvlab sidechannel`, the Side channels page): ground
+truth from the heap, the attacker's threshold on separable and constant observables, the command end to end on a tiny
+model, bad input as one sentence, and the page drawn from a result file. Timing values are never asserted: only that
+they were measured."""
 
 from __future__ import annotations
 
@@ -16,11 +16,9 @@ from tiny_models import VOCAB, tiny_model
 
 from kvlab.budget import Budget
 from kvlab.cli import main
-from kvlab.engine import Generation, RunSpec
+from kvlab.engine.generation import Generation, RunSpec
 from kvlab.errors import KvlabError
-from kvlab.models import wrap_model
-from kvlab.policies import make_policy
-from kvlab.sidechannel import (
+from kvlab.experiments.sidechannel import (
     CHANNELS,
     NO_NOISE,
     CanaryPrompt,
@@ -35,6 +33,8 @@ from kvlab.sidechannel import (
     split_roles,
     summarise,
 )
+from kvlab.models.loading import wrap_model
+from kvlab.policies import make_policy
 
 CONTEXT = 40
 BUDGET = 12

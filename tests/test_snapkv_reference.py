@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.budget import Budget
-from kvlab.engine import Generation, RunSpec
-from kvlab.models import wrap_model
+from kvlab.engine.generation import Generation, RunSpec
+from kvlab.models.loading import wrap_model
 from kvlab.policies import make_policy
 from tests.tiny_models import prompt, tiny_model
 

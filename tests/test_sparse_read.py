@@ -8,14 +8,14 @@ import torch
 from tiny_models import prompt, tiny_model
 
 from kvlab.budget import Budget, check_budget
-from kvlab.engine import Generation, RunSpec, generate
+from kvlab.cache.sparse import page_key_bounds, page_of_slots, quest_bounds
+from kvlab.engine.generation import Generation, RunSpec, generate
 from kvlab.errors import KvlabError
-from kvlab.models import load_model, wrap_model
+from kvlab.models.loading import load_model, wrap_model
 from kvlab.policies import EVICTING, POLICIES, SPARSE_READERS, make_policy
 from kvlab.policies.quest import QuestRead
-from kvlab.sparse import page_key_bounds, page_of_slots, quest_bounds
+from kvlab.runs.sweep import SweepGrid, SweepRunner
 from kvlab.store import open_store
-from kvlab.sweep import SweepGrid, SweepRunner
 
 NEW_TOKENS = 6
 

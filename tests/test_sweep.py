@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from kvlab.errors import KvlabError
-from kvlab.models import load_model
+from kvlab.models.loading import load_model
 from kvlab.policies import make_policy
+from kvlab.runs.sweep import SweepGrid, SweepRunner, needle_items, parse_policies
 from kvlab.store import RunFilter, open_store
-from kvlab.sweep import SweepGrid, SweepRunner, needle_items, parse_policies
 
 REPO = Path(__file__).resolve().parent.parent
 

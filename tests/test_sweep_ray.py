@@ -13,7 +13,10 @@ import pytest
 from test_sweep import grid as sweep_grid
 
 from kvlab.cli import main
-from kvlab.cluster import (
+from kvlab.errors import KvlabError
+from kvlab.models.loading import LoadedModel, load_model
+from kvlab.policies import make_policy
+from kvlab.runs.cluster import (
     CRASH_ONCE_ENV_VAR,
     MAX_ATTEMPTS,
     ModelRecipe,
@@ -21,11 +24,8 @@ from kvlab.cluster import (
     check_reachable,
     runs_in_process,
 )
-from kvlab.errors import KvlabError
-from kvlab.models import LoadedModel, load_model
-from kvlab.policies import make_policy
+from kvlab.runs.sweep import PendingRun, SweepGrid, SweepRunner, needle_items, work_units
 from kvlab.store import Store, open_store
-from kvlab.sweep import PendingRun, SweepGrid, SweepRunner, needle_items, work_units
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed")
 CELLS = 5  # full once; h2o and streaming in two modes at one keep

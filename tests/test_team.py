@@ -17,12 +17,12 @@ import pytest
 from browser import Server, idle, launch, needs_chromium
 
 from kvlab.budget import Budget
+from kvlab.dashboard.device_queue import DeviceQueue, Ticket, Waiting
+from kvlab.dashboard.grid import NeedleGridRequest
+from kvlab.dashboard.sweep_jobs import SweepJobs
+from kvlab.runs.live import LiveRun, LiveSettings, NeedleTask, build_prompt
+from kvlab.runs.live_store import store_live_run
 from kvlab.store import open_store
-from kvlab.ui.device_queue import DeviceQueue, Ticket, Waiting
-from kvlab.ui.grid import NeedleGridRequest
-from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, build_prompt
-from kvlab.ui.live_store import store_live_run
-from kvlab.ui.sweep_jobs import SweepJobs
 
 sync_api = pytest.importorskip("playwright.sync_api")
 

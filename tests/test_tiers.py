@@ -10,11 +10,11 @@ import torch
 from tiny_models import prompt, small_policy, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.engine import Generation, RunSpec, generate
+from kvlab.cache.tiers import TierSpec, freeze
+from kvlab.engine.generation import Generation, RunSpec, generate
 from kvlab.errors import KvlabError
-from kvlab.models import wrap_model
+from kvlab.models.loading import wrap_model
 from kvlab.policies import make_policy
-from kvlab.tiers import TierSpec, freeze
 
 BUDGET = 12
 NEW_TOKENS = 6

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kvlab.budget import Budget
-from kvlab.engine import RunSpec, generate
-from kvlab.models import wrap_model
+from kvlab.engine.generation import RunSpec, generate
+from kvlab.models.loading import wrap_model
 from kvlab.policies import make_policy
 from kvlab.policies.base import LayerView, by_score_then_position, tied_cut
 from kvlab.policies.scoring import ScoringPolicy
@@ -56,7 +56,7 @@ def test_every_cut_of_flat_scores_is_tied_and_none_of_recency(loaded, mode: str)
 def test_flat_scores_keep_the_newest_tokens(loaded) -> None:
     """The documented tie-break: among equal scores the older token is evicted first."""
     spec = RunSpec(Flat(), Budget(tokens=12), max_new_tokens=1, stop_token_ids=())
-    from kvlab.engine import Generation
+    from kvlab.engine.generation import Generation
 
     generation = Generation(loaded, spec, prompt(length=30))
     for _ in generation.events():

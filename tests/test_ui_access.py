@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.errors import KvlabError
-from kvlab.models import DEFAULT_MODEL_DIR
-from kvlab.ui.access import (
+from kvlab.dashboard.access import (
     allowed_models,
     check_model_allowed,
     exposure,
@@ -15,6 +13,8 @@ from kvlab.ui.access import (
     login_providers,
     user_label,
 )
+from kvlab.errors import KvlabError
+from kvlab.models.loading import DEFAULT_MODEL_DIR
 
 PROVIDER = {"client_id": "id", "client_secret": "secret", "server_metadata_url": "https://idp/.well-known"}
 

@@ -8,8 +8,8 @@ import pandas as pd
 from kvlab.claims import CATALOGUE, VERDICTS, refresh
 from kvlab.claims.report import COLUMNS
 from kvlab.claims.verdicts import CONDITIONAL, FAILS, HOLDS, UNMEASURABLE
+from kvlab.dashboard.claims import MARKS, claims_of, claims_view, verdict_badge, verdict_counts
 from kvlab.store import open_store
-from kvlab.ui.claims import MARKS, claims_of, claims_view, verdict_badge, verdict_counts
 
 
 def test_claims_are_evaluated_on_the_spot_until_a_refresh_stores_them(tmp_path):

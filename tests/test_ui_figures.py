@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvlab.engine import Event
-from kvlab.ui import live_figures as figures
-from kvlab.ui.live import LiveTrace, MemoryPoint
+from kvlab.dashboard import live_figures as figures
+from kvlab.engine.generation import Event
+from kvlab.runs.live import LiveTrace, MemoryPoint
 
 LAYERS, HEADS, KV_HEADS = 2, 4, 2
 PROMPT, CHUNK, BINS = 256, 16, 32  # 8 positions per bin

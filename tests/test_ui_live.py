@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from kvlab.budget import Budget
-from kvlab.engine import Generation
+from kvlab.engine.generation import Generation
 from kvlab.errors import KvlabError
+from kvlab.runs.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt, warm_up
+from kvlab.runs.live_store import store_live_run
 from kvlab.store import open_store
 from kvlab.tasks.needle import score
-from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt, warm_up
-from kvlab.ui.live_store import store_live_run
 
 
 def run_to_end(run: LiveRun) -> list:

@@ -10,13 +10,13 @@ from datetime import datetime
 import pytest
 import torch
 
-from kvlab.engine import Generation
+from kvlab.dashboard.device_queue import DeviceQueue
+from kvlab.dashboard.grid import NeedleGridRequest, grid_policies, variant
+from kvlab.dashboard.inputs import cache_option_fields
+from kvlab.dashboard.sweep_jobs import SweepJobs, filling_job, filling_sentence, sweep_views
+from kvlab.engine.generation import Generation
 from kvlab.errors import KvlabError
 from kvlab.store import SweepRecord
-from kvlab.ui.device_queue import DeviceQueue
-from kvlab.ui.grid import NeedleGridRequest, grid_policies, variant
-from kvlab.ui.inputs import cache_option_fields
-from kvlab.ui.sweep_jobs import SweepJobs, filling_job, filling_sentence, sweep_views
 
 
 @pytest.fixture

@@ -10,15 +10,16 @@ import pandas as pd
 import pytest
 
 from kvlab.costs import GPU_PRESETS, MODEL_PRESETS, Scenario, compare, cost_table
+from kvlab.dashboard import cost_view, grid_figures, inputs
+from kvlab.dashboard.cost_view import cost_bars
+from kvlab.dashboard.downloads import export_bytes
+from kvlab.dashboard.grid_figures import needle_heatmaps
+from kvlab.dashboard.store_figures import frontier_figure
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
+from kvlab.runs import tables
 from kvlab.stats import bootstrap_interval, wilson_interval
 from kvlab.store import RunConfig, RunFilter, Store, Trial, open_store
-from kvlab.ui import cost_view, grid_figures, inputs, tables
-from kvlab.ui.cost_view import cost_bars
-from kvlab.ui.downloads import export_bytes
-from kvlab.ui.grid_figures import needle_heatmaps
-from kvlab.ui.store_figures import frontier_figure
 
 PROVENANCE = Provenance("0.1.0", "abc", {"python": "3"})
 MODEL = "/models/kvlab-tiny-llama"
@@ -246,7 +247,7 @@ def test_downloads_are_what_the_exporters_write(store):
 
 
 def test_user_text_is_escaped_for_markdown_and_no_address_becomes_a_link():
-    from kvlab.ui.text import WORD_JOINER, plain, plain_frame
+    from kvlab.dashboard.text import WORD_JOINER, plain, plain_frame
 
     escaped = plain("![x](https://h/p.png) **b** www.h.org ann@h.org :red[r] $x$ <img>")
     assert "![" not in escaped and "**" not in escaped and "<img>" not in escaped and "$x$" not in escaped

@@ -14,13 +14,13 @@ from test_pages import charts, click, open_page, widget
 from tiny_models import prompt, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.demotion import TIERS, DemotionReport
-from kvlab.engine import Event
-from kvlab.models import wrap_model
+from kvlab.cache.demotion import TIERS, DemotionReport
+from kvlab.dashboard import live_figures as figures
+from kvlab.engine.generation import Event
+from kvlab.models.loading import wrap_model
+from kvlab.runs.live import LivePrompt, LiveRun, LiveSettings, LiveTrace
+from kvlab.runs.replay import EXAMPLES_DB, pack, unpack
 from kvlab.store import open_store
-from kvlab.ui import live_figures as figures
-from kvlab.ui.live import LivePrompt, LiveRun, LiveSettings, LiveTrace
-from kvlab.ui.replay import EXAMPLES_DB, pack, unpack
 
 LAYERS, KV_HEADS, PROMPT, CHUNK, BUDGET = 2, 2, 64, 16, 12
 #: What the hand-built run holds after each chunk: the heap at its budget, the rest demoted to CPU memory until its

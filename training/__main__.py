@@ -21,7 +21,7 @@ from pathlib import Path
 from training.model import TINY_SHAPE, ModelShape
 
 DEFAULT_WORKDIR = Path("out/train")
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "kvlab-tiny-llama"
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "kvlab" / "data" / "models" / "kvlab-tiny-llama"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="corpus, checkpoints and logs")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="where the trained model is written/read")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("haystacks", help="write data/haystacks/*.txt from this Python's pydoc_data")
+    sub.add_parser("haystacks", help="write kvlab/data/haystacks/*.txt from this Python's pydoc_data")
     p = sub.add_parser("prepare", help="build the corpus, its manifest, the tokenizer and the token streams")
     p.add_argument("--max-bytes", type=int, default=200_000_000, help="cap on the corpus size")
     p.add_argument("--tokenizer-bytes", type=int, default=40_000_000, help="corpus bytes the tokenizer is trained on")

@@ -145,7 +145,7 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         f"{corpus['file_bytes_range'][0]} bytes to {corpus['file_bytes_range'][1]} bytes, deduplicated by content, "
         "ordered by content hash and capped; paths containing "
         f"{', '.join(f'`{p}`' for p in corpus['excluded_path_parts'])} "
-        "were excluded. `pydoc_data` is the source of the needle haystacks (`data/haystacks/`).",
+        "were excluded. `pydoc_data` is the source of the needle haystacks (`kvlab/data/haystacks/`).",
         "",
         f"Contamination check: of the {contamination['haystack_ngrams']} distinct {contamination['ngram_words']}-word "
         f"sequences of the haystacks, {contamination['found_in_training_text']} "
@@ -314,7 +314,7 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         "```",
         "",
         "Licence: the weights are derived from the installed packages' text; the haystacks are Python "
-        "documentation under the PSF licence (`data/haystacks/README.md`).",
+        "documentation under the PSF licence (`kvlab/data/haystacks/README.md`).",
         "",
     ]
     readme = model_dir / "README.md"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from kvlab.cache.layouts import DEFAULT_COMPACT_AT
 from kvlab.claims import (
     attention,
     budgets,
@@ -26,7 +27,6 @@ from kvlab.claims import (
 )
 from kvlab.claims.evidence import Evidence
 from kvlab.claims.verdicts import Evaluation, per_model, unmeasurable
-from kvlab.layouts import DEFAULT_COMPACT_AT
 
 Source = Literal["computed", "measured", "not measurable"]
 

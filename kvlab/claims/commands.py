@@ -30,7 +30,7 @@ SINK_BUDGETS = (64, 128, 256)
 ABLATION_BUDGET = 256
 #: The evicting policies timed against the full cache below 4K tokens.
 TIMED_POLICIES = ("streaming", "h2o", "snapkv", "tova")
-SHIPPED_MODEL = "data/models/kvlab-tiny-llama"
+SHIPPED_MODEL = "kvlab/data/models/kvlab-tiny-llama"
 #: Every policy of the needle grid that the published table is measured on.
 NEEDLE_POLICIES = ("full", "h2o", "streaming", "random", "snapkv", "pyramidkv", "tova", "knorm")
 

@@ -19,17 +19,18 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from kvlab.claims.needle import CLAIM_CONTEXT
+from kvlab.paths import shipped
 from kvlab.store import RunFilter, Store, default_db_path
 
 REPO = Path(__file__).resolve().parents[2]
 #: The store of GPU-measured evidence shipped with kvlab; ``kvlab claims`` reads it when it exists.
-EVIDENCE_DB = REPO / "data" / "runs" / "claims.duckdb"
+EVIDENCE_DB = shipped("runs", "claims.duckdb")
 #: Where the benchmarks write their JSON results: ``attention/`` (``bench/attention_profile.py``), ``overhead/``
 #: (``bench/short_context_overhead.py``) and ``pillars/`` (``bench/pillar_entropy.py``), one file per model, and
 #: ``side_channel/`` (``kvlab sidechannel --out``), one file per experiment.
 RESULTS_DIR = REPO / "bench" / "results"
-#: What a side-channel result says it is (:data:`kvlab.sidechannel.RESULT_FORMAT`, named here so that reading one
-#: needs no torch; the tests check that the two agree).
+#: What a side-channel result says it is (:data:`kvlab.experiments.sidechannel.RESULT_FORMAT`, named here so that
+#: reading one needs no torch; the tests check that the two agree).
 SIDE_CHANNEL_FORMAT = "kvlab-side-channel/1"
 QUALITY_PREFIX = "quality:"
 #: The context lengths (tokens) of the short-context overhead claim: "under 4K tokens".
@@ -44,7 +45,7 @@ def default_claims_db(env: Mapping[str, str] = os.environ) -> Path:
 
 def model_name(stored: str) -> str:
     """A stored model name as a reader knows it: a local directory inside the repository relative to it (the
-    shipped model is ``data/models/kvlab-tiny-llama`` wherever the checkout lies), anything else as stored."""
+    shipped model is ``kvlab/data/models/kvlab-tiny-llama`` wherever the checkout lies), anything else as stored."""
     path = Path(stored)
     return shown_path(path) if path.is_absolute() else stored
 

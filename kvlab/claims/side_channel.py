@@ -1,8 +1,8 @@
 """Claim 18, measured: "adding noise to H2O's ranking prevents identifying cached tokens by timing, at a small
 accuracy cost".
 
-The figures come from the side-channel experiment (``kvlab sidechannel --out``, :mod:`kvlab.sidechannel`): an
-attacker fits a threshold on the decode time per token (and on the other observables) on half of the trials and
+The figures come from the side-channel experiment (``kvlab sidechannel --out``, :mod:`kvlab.experiments.sidechannel`):
+an attacker fits a threshold on the decode time per token (and on the other observables) on half of the trials and
 guesses on the other half, balanced, whether a canary is still cached; 50% is chance. At each noise level the claim
 holds when timing identified the canary without noise (its accuracy's 95% interval above 50%), no longer does with
 the noise, and the noise costs at most a negligible share of the retrieval accuracy. Where timing tells nothing even

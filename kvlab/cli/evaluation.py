@@ -28,9 +28,9 @@ from kvlab.cli.options import (
 )
 
 if TYPE_CHECKING:  # the parser is built without loading torch
-    from kvlab.models import LoadedModel
+    from kvlab.models.loading import LoadedModel
+    from kvlab.runs.sweep import GridKind, SweepGrid, UnitExecutor
     from kvlab.store import Store
-    from kvlab.sweep import GridKind, SweepGrid, UnitExecutor
 
 GRID_KINDS: dict[str, GridKind] = {
     "needle": "single",
@@ -156,7 +156,7 @@ def _stop_on_sigterm() -> Callable[[], bool]:
 def sweep_grid(args: argparse.Namespace):
     """The grid the ``sweep`` arguments describe, checked (no model is needed to check it)."""
     from kvlab.errors import KvlabError
-    from kvlab.sweep import SweepGrid, parse_policies
+    from kvlab.runs.sweep import SweepGrid, parse_policies
     from kvlab.tasks.ruler import MAX_NEW_TOKENS, RULER_TASKS
 
     ruler = args.task == "ruler"
@@ -202,7 +202,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     import torch
 
-    from kvlab.cluster import runs_in_process
+    from kvlab.runs.cluster import runs_in_process
 
     grid = sweep_grid(args)
     gpus = 0 if args.device_map is not None else torch.cuda.device_count()  # a split model fills its GPUs itself
@@ -214,7 +214,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def _sweep_in_process(args: argparse.Namespace, grid: SweepGrid) -> int:
     """The sweep with the model loaded here, estimated first (only estimated with ``--dry-run``)."""
-    from kvlab.estimate import measure_speed, sweep_estimate
+    from kvlab.runs.estimate import measure_speed, sweep_estimate
     from kvlab.store import open_store
 
     loaded = load_model_from_args(args)
@@ -230,8 +230,8 @@ def _sweep_in_process(args: argparse.Namespace, grid: SweepGrid) -> int:
 
 def _sweep_on_workers(args: argparse.Namespace, grid: SweepGrid) -> int:
     """The sweep on Ray workers, each loading the model the options name; this process writes the store."""
-    from kvlab.cluster import ModelRecipe, SweepWorkers
     from kvlab.errors import KvlabError
+    from kvlab.runs.cluster import ModelRecipe, SweepWorkers
     from kvlab.store import open_store
 
     if args.device_map is not None:
@@ -249,7 +249,7 @@ def _run_and_report(model: LoadedModel | UnitExecutor, store: Store, grid: Sweep
     """Run the sweep with a progress bar; report what ran, or how to resume after an interruption."""
     from tqdm import tqdm
 
-    from kvlab.sweep import SweepRunner
+    from kvlab.runs.sweep import SweepRunner
 
     bar = tqdm(total=0, unit="trial", file=sys.stderr, disable=args.quiet)
 
@@ -283,9 +283,9 @@ def _run_and_report(model: LoadedModel | UnitExecutor, store: Store, grid: Sweep
 
 def print_ruler_scores(store: Store, run_ids: list[int]) -> None:
     """Each run's RULER score (the mean over its tasks of their mean recall) with its 95 % interval."""
+    from kvlab.runs.tables import run_label
     from kvlab.store import RunFilter
     from kvlab.tasks.ruler_score import ruler_scores
-    from kvlab.ui.tables import run_label
 
     runs = store.list_runs(RunFilter(run_ids=tuple(run_ids))).set_index("run_id")
     for run_id, score in ruler_scores(store.trials_frame(RunFilter(run_ids=tuple(run_ids)))).items():
@@ -300,8 +300,8 @@ def print_ruler_scores(store: Store, run_ids: list[int]) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Answer every task of a JSONL file under one policy; print accuracy and per-item results."""
-    from kvlab.evaluate import evaluate_items
-    from kvlab.records import items_hash, run_config, stops_for
+    from kvlab.runs.evaluate import evaluate_items
+    from kvlab.runs.records import items_hash, run_config, stops_for
     from kvlab.store import open_store
     from kvlab.tasks.items import load_jsonl
 

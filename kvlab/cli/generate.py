@@ -21,7 +21,7 @@ from kvlab.errors import KvlabError
 from kvlab.tasks.texts import read_text
 
 if TYPE_CHECKING:  # the engine imports torch; the parser must not
-    from kvlab.engine import GenerationResult, RunSpec
+    from kvlab.engine.generation import GenerationResult, RunSpec
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -69,7 +69,7 @@ def run_generate(args: argparse.Namespace) -> int:
     """Generate from one prompt under a policy and print the text, or the figures as JSON."""
     import torch
 
-    from kvlab.engine import generate
+    from kvlab.engine.generation import generate
     from kvlab.tasks.items import has_chat_template, text_ids
 
     spec = run_spec_from_args(args)
@@ -150,7 +150,7 @@ def run_models(args: argparse.Namespace) -> int:
     its licence."""
     from dataclasses import asdict
 
-    from kvlab.catalog import available_models
+    from kvlab.models.catalog import available_models
 
     for entry in available_models():
         if args.json:

@@ -57,9 +57,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_live(args: argparse.Namespace) -> int:
     """Run, print the output and where it was stored."""
+    from kvlab.runs.live import LiveRun, LiveSettings, NeedleTask, TextTask, build_prompt
+    from kvlab.runs.live_store import store_live_run
     from kvlab.store import open_store
-    from kvlab.ui.live import LiveRun, LiveSettings, NeedleTask, TextTask, build_prompt
-    from kvlab.ui.live_store import store_live_run
 
     policy, budget = policy_from_args(args)
     task = (

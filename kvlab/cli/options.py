@@ -7,11 +7,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvlab.errors import KvlabError
-from kvlab.limits import MAX_SEED
+from kvlab.models.limits import MAX_SEED
 from kvlab.store import DB_ENV_VAR
 
 if TYPE_CHECKING:  # loading a model imports torch; the parser must not
-    from kvlab.models import LoadedModel
+    from kvlab.models.loading import LoadedModel
 
 
 def whole(minimum: int, what: str) -> Callable[[str], int]:
@@ -75,7 +75,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_model_from_args(args: argparse.Namespace) -> LoadedModel:
     """The model the model options name, loaded (the one place the command line loads a model)."""
-    from kvlab.models import load_model
+    from kvlab.models.loading import load_model
 
     return load_model(
         args.model,
@@ -114,7 +114,7 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
 def add_heap_arguments(parser: argparse.ArgumentParser, eager: bool = True) -> None:
     """Options of the KV heap: its layout, the threshold layout's dead share, and (with ``eager``) eager decoding
     (a command that observes attention always decodes eagerly, and has no such option)."""
-    from kvlab.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
+    from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
 
     parser.add_argument(
         "--layout",
@@ -178,7 +178,7 @@ def policy_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
 def run_spec_from_args(args: argparse.Namespace) -> Any:
     """The ``RunSpec`` of one policy the arguments describe (``generate`` and ``eval``), stopping at the model's
     end-of-sequence tokens until a caller sets other stop tokens."""
-    from kvlab.engine import RunSpec
+    from kvlab.engine.generation import RunSpec
 
     policy, budget = policy_from_args(args)
     return RunSpec(

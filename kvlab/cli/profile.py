@@ -1,5 +1,5 @@
 """The ``profile`` command: a model's mean attention entropy per layer over a held-out text, measured with the full
-cache and stored for the ``entropy`` layer allocation (:mod:`kvlab.profile`)."""
+cache and stored for the ``entropy`` layer allocation (:mod:`kvlab.engine.profile`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kvlab.cli.options import add_model_arguments, load_model_from_args, whole
-from kvlab.profile import DEFAULT_PROFILE_TEXT, DEFAULT_PROFILE_TOKENS, PROFILE_CHUNK
+from kvlab.engine.profile import DEFAULT_PROFILE_TEXT, DEFAULT_PROFILE_TOKENS, PROFILE_CHUNK
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--text",
         default=None,
         metavar="FILE",
-        help="a UTF-8 text the model did not train on (default: data/haystacks/python-docs-4.txt, held out from "
+        help="a UTF-8 text the model did not train on (default: kvlab/data/haystacks/python-docs-4.txt, held out from "
         "the shipped model's training)",
     )
     profile.add_argument(
@@ -49,7 +49,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_profile_command(args: argparse.Namespace) -> int:
     """Measure the profile, save it, and print its entropy per layer."""
-    from kvlab.profile import check_output, measure_profile, output_path, save_profile
+    from kvlab.engine.profile import check_output, measure_profile, output_path, save_profile
     from kvlab.tasks.texts import read_text
 
     check_output(args.out)  # a bad text or output costs no model load

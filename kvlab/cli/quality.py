@@ -36,7 +36,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--text",
         default=None,
         metavar="FILE",
-        help="a UTF-8 text the model did not train on (default: data/haystacks/python-docs-1.txt, held out from "
+        help="a UTF-8 text the model did not train on (default: kvlab/data/haystacks/python-docs-1.txt, held out from "
         "the shipped model's training)",
     )
     quality.add_argument(
@@ -62,9 +62,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_quality_command(args: argparse.Namespace) -> int:
     """Measure one pass over the text, store it, and print what it measured."""
-    from kvlab.engine import RunSpec
+    from kvlab.engine.generation import RunSpec
+    from kvlab.runs.quality import DEFAULT_TEXT, model_pass, run_quality
     from kvlab.store import open_store
-    from kvlab.tasks.quality import DEFAULT_TEXT, model_pass, run_quality
     from kvlab.tasks.texts import read_text, scored_tokens
 
     policy, budget = policy_from_args(args)  # bad settings, texts and stores are refused before the model loads

@@ -1,5 +1,5 @@
 """The ``sidechannel`` command: an attacker outside the server tries to tell whether a secret canary is still cached
-(:mod:`kvlab.sidechannel`), with and without a noise floor on the policy's ranking."""
+(:mod:`kvlab.experiments.sidechannel`), with and without a noise floor on the policy's ranking."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from kvlab.cli.options import (
 from kvlab.errors import KvlabError
 
 if TYPE_CHECKING:  # the experiment imports torch; the parser must not
-    from kvlab.sidechannel import SideChannelResult, SideChannelSettings
+    from kvlab.experiments.sidechannel import SideChannelResult, SideChannelSettings
 
 DEFAULT_POLICY = "h2o"
 DEFAULT_KEEP = 0.3
@@ -88,8 +88,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 def settings_from_args(args: argparse.Namespace) -> SideChannelSettings:
     """The experiment the arguments describe, checked before any model is loaded."""
     from kvlab.budget import Budget
+    from kvlab.experiments.sidechannel import NoiseLevel, SideChannelSettings
     from kvlab.policies import parse_params
-    from kvlab.sidechannel import NoiseLevel, SideChannelSettings
 
     keep = DEFAULT_KEEP if args.keep is None else args.keep
     budget = Budget(tokens=args.budget) if args.budget is not None else Budget(keep=keep)
@@ -119,7 +119,7 @@ def settings_from_args(args: argparse.Namespace) -> SideChannelSettings:
 
 def run_sidechannel_command(args: argparse.Namespace) -> int:
     """Run the experiment, print its table and write the JSON."""
-    from kvlab.sidechannel import run_side_channel
+    from kvlab.experiments.sidechannel import run_side_channel
 
     settings = settings_from_args(args)
     out = Path(args.out) if args.out is not None else None
@@ -143,7 +143,7 @@ def run_sidechannel_command(args: argparse.Namespace) -> int:
 def report_lines(result: SideChannelResult) -> list[str]:
     """The table the command prints: per noise level, the canary's survival and the retrieval accuracy, then each
     channel's accuracy, interval and verdict."""
-    from kvlab.sidechannel import CHANNELS
+    from kvlab.experiments.sidechannel import CHANNELS
 
     budget = f"keep {result.keep:g}" if result.keep is not None else f"budget {result.budget_tokens}"
     lines = [

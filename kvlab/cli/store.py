@@ -125,8 +125,8 @@ def runs_listing(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """``Store.list_runs`` rows as ``runs`` prints them (:data:`LIST_COLUMNS`): shares as fractions to three places,
     intervals as ``0.240–0.760``, ``—`` where a run has none (a text's pass answers nothing; runs stored before the
     tie share was recorded have none); a RULER run's score is the mean over its tasks of their mean recall."""
+    from kvlab.runs.tables import policy_name, present, with_shares
     from kvlab.tasks.ruler_score import ruler_scores
-    from kvlab.ui.tables import policy_name, present, with_shares
 
     shares = with_shares(runs, trials)
     scores = ruler_scores(trials)

@@ -1,6 +1,6 @@
 """The cost model's formulas, one small pure function each.
 
-Every function takes plain numbers or :class:`~kvlab.arch.ArchFacts`, so the calculator page, the tests and a
+Every function takes plain numbers or :class:`~kvlab.models.arch.ArchFacts`, so the calculator page, the tests and a
 notebook all price a cache the same way. Sizes are in bytes, times in seconds, rates per second, prices in the
 currency of the price per hour.
 """
@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from kvlab.arch import ArchFacts
 from kvlab.budget import kept_tokens
 from kvlab.errors import KvlabError
+from kvlab.models.arch import ArchFacts
 
 PRECISION_BYTES: Mapping[str, float] = MappingProxyType(
     {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "int2": 0.25}
@@ -29,8 +29,8 @@ MOST_GPUS = 64
 on any count it offers (64 is eight nodes of eight GPUs)."""
 
 KEY_BYTES = 8
-"""Bytes of one slot's ranking key, as a global eviction scope gathers it (:mod:`kvlab.scopes`): the float32 eviction
-score and the token's position packed into one int64, so that ties break by position on every device alike."""
+"""Bytes of one slot's ranking key, as a global eviction scope gathers it (:mod:`kvlab.cache.scopes`): the float32
+eviction score and the token's position packed into one int64, so that ties break by position on every device alike."""
 
 COUNT_BYTES = 4
 """Bytes of one layer's count of kept tokens, as a global eviction scope reads it back: a float32 mean over the

@@ -1,7 +1,7 @@
 """Models the calculator can price, and presets of published models.
 
 A preset is the relevant excerpt of the model's published ``config.json`` plus its parameter count, read through
-:func:`kvlab.arch.arch_from_config` exactly like a pasted config or a loaded model's config, so the three sources
+:func:`kvlab.models.arch.arch_from_config` exactly like a pasted config or a loaded model's config, so the three sources
 go through the same code. The parameter counts are those of the published checkpoints (for dense models they equal
 the count derived from the config).
 """
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.arch import ArchFacts, arch_from_config
 from kvlab.errors import KvlabError
+from kvlab.models.arch import ArchFacts, arch_from_config
 
 
 @dataclass(frozen=True)

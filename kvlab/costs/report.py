@@ -11,11 +11,11 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from kvlab.arch import ArchFacts
 from kvlab.costs import formulas as f
 from kvlab.costs.gpus import GpuSpec
 from kvlab.costs.models import ModelSpec
 from kvlab.errors import KvlabError
+from kvlab.models.arch import ArchFacts
 
 
 @dataclass(frozen=True)

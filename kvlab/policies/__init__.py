@@ -50,7 +50,7 @@ POLICIES: dict[str, type[Policy]] = {
 #: The policies that evict to a budget, in registry order: every method; not the full cache, nor the first-token
 #: ablation, which takes no budget, nor the sparse readers, whose budget is what they read per decoded token.
 EVICTING: tuple[str, ...] = tuple(name for name, cls in POLICIES.items() if cls.evicts and not cls.reads_sparsely)
-#: The policies that read a selection of the held tokens for each decoded token (:mod:`kvlab.sparse`).
+#: The policies that read a selection of the held tokens for each decoded token (:mod:`kvlab.cache.sparse`).
 SPARSE_READERS: tuple[str, ...] = tuple(name for name, cls in POLICIES.items() if cls.reads_sparsely)
 
 __all__ = [

@@ -16,13 +16,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvlab.attention import window_attention
-from kvlab.demotion import DemotionSpec
+from kvlab.attention.function import window_attention
+from kvlab.cache.demotion import DemotionSpec
+from kvlab.cache.heap import FREE, DeviceClock, HeapLayer, KVHeap, position_order
+from kvlab.cache.sparse import SparseRead
+from kvlab.cache.tiers import adakv_kept
 from kvlab.errors import KvlabError
-from kvlab.heap import FREE, DeviceClock, HeapLayer, KVHeap, position_order
-from kvlab.rope import Rope
-from kvlab.sparse import SparseRead
-from kvlab.tiers import adakv_kept
+from kvlab.models.rope import Rope
 
 KEEP = float("inf")
 #: The score half of :func:`by_score_then_position`'s key for an infinite score.
@@ -85,7 +85,7 @@ class LayerView:
 
     def query_moments(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Mean ``(batch, q_heads, head_dim)`` and covariance ``(batch, q_heads, head_dim, head_dim)`` of the layer's
-        queries before RoPE (every query seen at positions from :data:`~kvlab.heap.MOMENTS_SKIP` on), with their
+        queries before RoPE (every query seen at positions from :data:`~kvlab.cache.heap.MOMENTS_SKIP` on), with their
         count as a device scalar; ``None`` when they were not accumulated (the policy does not declare
         ``needs_query_moments``, or the model has no rotary embedding kvlab can find)."""
         moments = self.cache.moments
@@ -235,13 +235,13 @@ class Policy:
         return None
 
     def demotion(self) -> DemotionSpec | None:
-        """Where evicted tokens are demoted instead of deleted, and how they are recalled (:mod:`kvlab.demotion`);
+        """Where evicted tokens are demoted instead of deleted, and how they are recalled (:mod:`kvlab.cache.demotion`);
         ``None``: deleted. A cache option of the scoring policies."""
         return None
 
     def freezes(self) -> bool:
         """Whether prefill mode's compression moves the kept tokens into frozen layers (precision tiers or
-        head-adaptive budgets, :mod:`kvlab.tiers`) instead of evicting in place."""
+        head-adaptive budgets, :mod:`kvlab.cache.tiers`) instead of evicting in place."""
         return False
 
     def check_mode(self, mode: str) -> None:
@@ -249,7 +249,7 @@ class Policy:
 
     def reconstructs(self) -> bool:
         """Whether prefill mode's compression first has the model reconstruct the context on a fork of the heap, the
-        attention of that pass scoring the cache (KVzip, :mod:`kvlab.reconstruction`)."""
+        attention of that pass scoring the cache (KVzip, :mod:`kvlab.engine.reconstruction`)."""
         return False
 
     def heads_share_ranking(self) -> bool:
@@ -263,7 +263,7 @@ class Policy:
 
     def sparse_read(self, budget: int, span: int) -> SparseRead | None:
         """How the policy reads the cache while decoding at a read ``budget`` over a run of ``span`` tokens (prompt,
-        question and generation): the tokens it holds and its selection per step (:mod:`kvlab.sparse`); ``None``
+        question and generation): the tokens it holds and its selection per step (:mod:`kvlab.cache.sparse`); ``None``
         for a policy that reads every token it holds."""
         return None
 
@@ -325,8 +325,8 @@ def kept_slots(
     """Which held slots a compression keeps, ``(batch, kv_heads, span)``, and the ranking key they were chosen by
     (:func:`by_score_then_position`, higher kept): the same scores and tie-break as :func:`evict_layer`, each KV head
     keeping its budget, or with ``safeguard`` set the layer's heads sharing theirs (Ada-KV,
-    :func:`kvlab.tiers.adakv_kept`); and per KV head whether the cut fell on tied scores (:func:`tied_cut`; ``None``
-    when nothing is cut, or for Ada-KV's one cut over the layer's heads, whose ties are not counted)."""
+    :func:`kvlab.cache.tiers.adakv_kept`); and per KV head whether the cut fell on tied scores (:func:`tied_cut`;
+    ``None`` when nothing is cut, or for Ada-KV's one cut over the layer's heads, whose ties are not counted)."""
     held = view.positions >= 0
     ranking = by_score_then_position(eviction_scores(policy, view), view.positions)
     keep = view.cache.live - eviction_count(view.cache, view.budget, view.uniform_budget)

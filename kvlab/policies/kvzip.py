@@ -18,7 +18,7 @@ class KVzip(ScoringPolicy):
     arXiv:2505.23416, 2025): once the context is read, the model is asked to repeat it ("Repeat the previous context
     exactly.") and fed the context again after the request (teacher forcing), ``chunk_size`` context tokens per
     forward pass; each cached token's score is the most attention any query of that repetition gives it, the maximum
-    over the queries and over the query heads of its KV head (:mod:`kvlab.reconstruction`). The first ``sinks``
+    over the queries and over the query heads of its KV head (:mod:`kvlab.engine.reconstruction`). The first ``sinks``
     tokens are always kept. The score does not depend on any question, so one compressed cache serves every
     question asked after it.
 

@@ -8,10 +8,7 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.errors import KvlabError
-from kvlab.policies.base import LayerView, Policy, by_score_then_position, param
-from kvlab.policies.snapkv import SnapKV
-from kvlab.sparse import (
+from kvlab.cache.sparse import (
     SparseRead,
     grouped,
     page_key_bounds,
@@ -21,6 +18,9 @@ from kvlab.sparse import (
     rocket_stage_one,
     rocket_token_scores,
 )
+from kvlab.errors import KvlabError
+from kvlab.policies.base import LayerView, Policy, by_score_then_position, param
+from kvlab.policies.snapkv import SnapKV
 
 
 @dataclass
@@ -38,7 +38,7 @@ class RocketKV(Policy):
     the group) multiplied. The total is split as the reference code splits it: of the compression ratio
     ``c = S / budget`` over a run of ``S`` tokens, stage 1 takes ``c^r`` (keeping ``S / c^r`` tokens, at least the
     window and one more) with ``r = min(0.2 + 0.06 log2 c, 0.8)``, and the page size and components of stage 2
-    follow from its own ratio (:func:`kvlab.sparse.rocket_stage_one`, :class:`RocketRead`); ``multiple`` sets
+    follow from its own ratio (:func:`kvlab.cache.sparse.rocket_stage_one`, :class:`RocketRead`); ``multiple`` sets
     stage 1 to that many times the budget instead.
 
     Differs from the reference code: the paper adapts the pooling kernel to the sequence length where the code fixes

@@ -15,17 +15,17 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.allocation import cake_budgets, entropy_budgets, preset_budgets
-from kvlab.demotion import MIB, SUMMARIES, DemotionSpec
+from kvlab.cache.allocation import cake_budgets, entropy_budgets, preset_budgets
+from kvlab.cache.demotion import MIB, SUMMARIES, DemotionSpec
+from kvlab.cache.noise import NOISE_KINDS, add_noise, unit_noise
+from kvlab.cache.quant import BITS
+from kvlab.cache.tiers import ADAKV_SAFEGUARD, TierSpec
 from kvlab.errors import KvlabError
-from kvlab.noise import NOISE_KINDS, add_noise, unit_noise
 from kvlab.policies.base import KEEP, LayerView, Policy, param
-from kvlab.quant import BITS
-from kvlab.tiers import ADAKV_SAFEGUARD, TierSpec
 
 LAYER_ALLOCATIONS: tuple[str, ...] = ("uniform", "preset", "entropy", "cake")
 HEAD_ALLOCATIONS: tuple[str, ...] = ("uniform", "adakv")
-#: Who decides the layer budgets of a model split over devices (:mod:`kvlab.scopes`).
+#: Who decides the layer budgets of a model split over devices (:mod:`kvlab.cache.scopes`).
 SCOPES: tuple[str, ...] = ("local", "global")
 #: The bit widths a key or value can be held at, widest first.
 WIDTHS: tuple[int, ...] = tuple(reversed(BITS))
@@ -36,10 +36,10 @@ class ScoringPolicy(Policy):
     """A policy that ranks the cached tokens by a score, with the cache options every such policy takes.
 
     ``layer_allocation`` spreads the total budget (budget x layers) over layers: evenly, by the articles' preset, by
-    the model's measured attention entropy, or by CAKE's per-prompt layer preferences (:mod:`kvlab.allocation`).
+    the model's measured attention entropy, or by CAKE's per-prompt layer preferences (:mod:`kvlab.cache.allocation`).
     ``scope`` says who decides it on a model whose layers a device map split into placement groups: each group over its
     own layers (``local``), or one threshold over every layer's scores at prefill mode's compression (``global``,
-    :mod:`kvlab.scopes`).
+    :mod:`kvlab.cache.scopes`).
     ``head_allocation='adakv'`` lets the heads of a layer share its budget by one top-k over all of them (Ada-KV),
     each head then holding its own number of tokens. ``hot`` is the share of the kept tokens held at 16 bits; the
     rest are held at ``key_bits``/``value_bits`` (KIVI's grouping, ``quant_group`` tokens per key group and channels
@@ -117,7 +117,7 @@ class ScoringPolicy(Policy):
         return {name: value for name, value in super().params().items() if defaults.get(name, object()) != value}
 
     def demotion(self) -> DemotionSpec | None:
-        """Where evicted tokens are demoted and how they are recalled (:mod:`kvlab.demotion`), or ``None`` where
+        """Where evicted tokens are demoted and how they are recalled (:mod:`kvlab.cache.demotion`), or ``None`` where
         they are deleted (both tiers at 0 MiB)."""
         if self.cpu_tier_mib == 0.0 and self.disk_tier_mib == 0.0:
             return None
@@ -139,8 +139,8 @@ class ScoringPolicy(Policy):
     def layer_budgets(
         self, budget: int, num_layers: int, capacity: int | None = None, measured: Sequence[float] | None = None
     ) -> list[int]:
-        """The layer allocation's budgets (:mod:`kvlab.allocation`), at the same total as uniform ones. Before CAKE's
-        preferences are measured (the heap is planned before the prompt is read) they are uniform."""
+        """The layer allocation's budgets (:mod:`kvlab.cache.allocation`), at the same total as uniform ones. Before
+        CAKE's preferences are measured (the heap is planned before the prompt is read) they are uniform."""
         if self.layer_allocation == "uniform" or (self.layer_allocation == "cake" and measured is None):
             return super().layer_budgets(budget, num_layers, capacity)
         if self.layer_allocation == "preset":

@@ -331,7 +331,7 @@ class Store:
     # --- replays of live runs -----------------------------------------------------------------------------------
 
     def add_replay(self, run_id: int, trial_key: str, payload: bytes) -> None:
-        """Keep a live run's replay (:mod:`kvlab.ui.replay`) with its trial; the latest recording of a trial
+        """Keep a live run's replay (:mod:`kvlab.runs.replay`) with its trial; the latest recording of a trial
         replaces an earlier one, as running the same settings on the same prompt again is the same trial."""
 
         def upsert(cursor: Cursor) -> None:

@@ -40,7 +40,7 @@ class RunConfig:
     answer (``eos``, or ``eos+line`` for one-line answers). ``layout`` is the KV heap's layout and ``compact_at``
     the threshold layout's dead share (``None`` otherwise). ``profile_hash`` identifies the stored attention profile
     the layer budgets followed (the ``entropy`` allocation; ``None`` otherwise). Build them with
-    :mod:`kvlab.records`, which fills every field from the loaded model and the engine's settings.
+    :mod:`kvlab.runs.records`, which fills every field from the loaded model and the engine's settings.
     """
 
     model: str
@@ -76,7 +76,7 @@ class Trial:
     trial and ``peak_kv_bytes`` at the most; ``kv_reserved_bytes`` and ``peak_kv_reserved_bytes`` of the heap's
     tensors; ``compactions`` counts the heap's compactions. ``peak_gpu_bytes`` is the device's peak allocation during
     the trial's batch, where there is a GPU. A trial that reads a text instead of answering a question
-    (:mod:`kvlab.tasks.quality`) has no ``correct`` answer; it records the ``scored_tokens`` it predicted, their
+    (:mod:`kvlab.runs.quality`) has no ``correct`` answer; it records the ``scored_tokens`` it predicted, their
     mean negative log-likelihood ``nll`` and mean KL divergence ``kl`` from the full cache's predictions.
     ``ranked_slots`` counts the slots its evictions ranked and ``ranking_s`` the seconds they took outside static
     decode steps, per sequence. ``tie_share`` is the share of its eviction cuts (over layers, KV heads and
@@ -85,7 +85,7 @@ class Trial:
     ``read_bytes`` the K/V bytes attention read per decoded token, per sequence (the bytes held, except for policies
     that read a subset of the cache); ``reconstruction_s`` the seconds of KVzip's reconstruction of the context, per
     sequence, which ``prefill_s`` includes (0 for every other policy). A run that demotes evicted tokens
-    (:mod:`kvlab.demotion`) records the bytes of its tiers at the end (``gpu_tier_bytes`` beside the heap,
+    (:mod:`kvlab.cache.demotion`) records the bytes of its tiers at the end (``gpu_tier_bytes`` beside the heap,
     ``cpu_tier_bytes``, ``disk_tier_bytes``) and per decoded token the pages and bytes it fetched back and the seconds
     its recalls took (``recalled_pages``, ``recalled_bytes``, ``recall_s``), per sequence; a model split over several
     devices records the K/V bytes each held (``device_bytes``, JSON: device to bytes).

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kvlab.errors import KvlabError
-from kvlab.limits import Limits
+from kvlab.models.limits import Limits
 from kvlab.tasks.needle import ANSWER_PREFIX, QUESTION_PREFIX, NeedleItem, encode
 from kvlab.tasks.ruler_build import RulerItem
 from kvlab.tasks.ruler_score import join_answers, ruler_task_id

@@ -24,9 +24,10 @@ import numpy as np
 import torch
 
 from kvlab.errors import KvlabError
+from kvlab.paths import shipped
 from kvlab.tasks.facts import Fact, Template, make_fact
 
-HAYSTACK_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "haystacks"
+HAYSTACK_DIR = shipped("haystacks")
 QUESTION_PREFIX = "\n\nQuestion: "
 ANSWER_PREFIX = "\nAnswer:"
 Kind = Literal["single", "multi-key", "multi-value"]

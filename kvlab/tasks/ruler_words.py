@@ -4,9 +4,9 @@ RULER (Hsieh et al. 2024, arXiv:2404.06654) draws keys and word values from the 
 and nouns (``adjective-noun`` pairs such as ``abundant-cat``), numbers as 7-digit integers, UUIDs as random version-4
 UUIDs, common words (CWE) from ``wonderwords``' nouns, adjectives and verbs, variable names (VT) as random upper-case
 strings and coded words (FWE) as random strings of six lower-case letters. kvlab does the same, with word lists of its
-own in ``data/ruler/`` in place of ``wonderwords``'; CWE's vocabulary also takes the lower-case words of the shipped
-haystacks, so that it holds enough distinct words for long contexts (3,460 words: CWE reaches beyond 40k tokens with
-the shipped model's tokenizer, and refuses a context it cannot fill in one sentence).
+own in ``kvlab/data/ruler/`` in place of ``wonderwords``'; CWE's vocabulary also takes the lower-case words of the
+shipped haystacks, so that it holds enough distinct words for long contexts (3,460 words: CWE reaches beyond 40k tokens
+with the shipped model's tokenizer, and refuses a context it cannot fill in one sentence).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+from kvlab.paths import shipped
 from kvlab.tasks.needle import HAYSTACK_DIR
 
-WORDS_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "ruler"
+WORDS_DIR = shipped("ruler")
 #: What a needle's key or value is: a 7-digit number, an ``adjective-noun`` pair, or a UUID (RULER's names).
 Shape = Literal["numbers", "words", "uuids"]
 

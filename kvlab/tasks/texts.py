@@ -1,4 +1,4 @@
-"""A held-out text as one pass of the quality measurement (:mod:`kvlab.tasks.quality`): the tokens it reads and
+"""A held-out text as one pass of the quality measurement (:mod:`kvlab.runs.quality`): the tokens it reads and
 scores, its default lengths, and the checks that need no model. Torch-free, so that the command line checks a pass
 before it loads one."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from kvlab.budget import Budget
 from kvlab.errors import KvlabError
-from kvlab.limits import MAX_CHARS_PER_TOKEN
+from kvlab.models.limits import MAX_CHARS_PER_TOKEN
 
 #: Tokens read before the first scored one: one streaming chunk of context.
 DEFAULT_PREFIX = 256
@@ -92,10 +92,10 @@ def read_text(path: str | Path, what: str = "text file") -> str:
 def text_pass(tokenizer: Any, text: str, name: str, prefix: int, scored: int) -> TextPass:
     """The first ``prefix + scored`` tokens of ``text`` as read by ``tokenizer`` (with its start token, if it adds
     one); a text with fewer tokens is one sentence. A long text is cut before it is tokenised, far beyond the
-    characters those tokens can span (:data:`~kvlab.limits.MAX_CHARS_PER_TOKEN` per token), so a book costs no more
-    than the pass reads. It is cut after tokenising, not by the tokenizer's truncation: asking a fast tokenizer to
-    truncate changes its settings for every later call, and so the identity (:func:`kvlab.models.tokenizer_hash`) of
-    every run after it."""
+    characters those tokens can span (:data:`~kvlab.models.limits.MAX_CHARS_PER_TOKEN` per token), so a book costs no
+    more than the pass reads. It is cut after tokenising, not by the tokenizer's truncation: asking a fast tokenizer to
+    truncate changes its settings for every later call, and so the identity
+    (:func:`kvlab.models.loading.tokenizer_hash`) of every run after it."""
     needed = prefix + scored
     ids = tokenizer(text[: needed * MAX_CHARS_PER_TOKEN]).input_ids
     if len(ids) < needed:

@@ -1,0 +1,120 @@
+"""Eviction scopes: who decides how many tokens each layer keeps when a model's layers are split over devices.
+
+A device map puts a model's decoder layers into placement groups, one per entry of the map (a GPU, the CPU, the disk:
+:attr:`kvlab.models.loading.LoadedModel.layer_groups`). A scoring policy's ``scope`` says how its total budget, ``layers
+x budget`` tokens per sequence and KV head, is spread over the layers:
+
+* ``local`` (the default): each group decides alone, from its own layers, with no communication. The group's total
+  (its layers x budget) is split over its layers by the policy's layer allocation applied to those layers only, as if
+  they were the whole model: uniform gives each the budget, the preset and PyramidKV their depth profile within the
+  group, ``entropy`` and CAKE the group's own layers' entropies or preferences. With one group (a model on one device)
+  this is the allocation itself, unchanged.
+* ``global``: one decision over every layer, at prefill mode's compression. Every layer's eviction scores (the
+  policy's scores with its noise floor, keyed by score then position exactly as the eviction ranks them) are gathered
+  to one device, and one threshold per sequence and KV head keeps the top ``layers x budget`` of them over all
+  layers. A layer's count is the number of its tokens at or above the threshold, the mean over sequences and KV heads;
+  the counts become whole budgets by the splitting rule every layer allocation uses
+  (:func:`kvlab.cache.allocation.allocate`): each layer at least the policy's minimum and at most the context, the total
+  exactly ``layers x budget``. All KV heads of a layer keep the layer's count.
+
+Pooling raw scores across layers assumes that a score means the same in every layer. That holds for scores that are
+attention mass, whose scale the softmax sets (H2O's accumulated attention, SnapKV's and TOVA's window attention,
+KVzip's reconstruction attention); it does not for key norms or distances (``knorm``, ``keydiff``), attention weighed
+by value norms (``expected_attention``), ranks (``chunkkv``) or positions (``streaming``), whose scale differs from
+layer to layer, so that the global threshold then follows that scale rather than importance.
+
+Pure functions of the policy, the layer views and the scores; the engine calls :func:`local_budgets` when it plans
+the run (and for CAKE's measured preferences) and :func:`global_budgets` at the compression.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from kvlab.cache.allocation import allocate
+from kvlab.policies.base import LayerView, Policy, by_score_then_position, eviction_scores
+
+#: The ranking key of a slot that holds no token: below every key :func:`by_score_then_position` gives.
+UNHELD = torch.iinfo(torch.int64).min
+
+
+def placement_groups(layer_groups: Sequence[str]) -> list[list[int]]:
+    """The layers of each placement group, the groups in the order of their first layer."""
+    groups: dict[str, list[int]] = {}
+    for layer, group in enumerate(layer_groups):
+        groups.setdefault(group, []).append(layer)
+    return list(groups.values())
+
+
+def local_budgets(
+    policy: Policy,
+    budget: int,
+    layer_groups: Sequence[str],
+    capacity: int | None = None,
+    measured: Sequence[float] | None = None,
+) -> list[int]:
+    """Each layer's budget in the local scope: the policy's layer allocation over each placement group's layers
+    alone, at the group's share of the total (its layers x ``budget``). ``measured`` are the allocation's per-layer
+    weights over the whole model (a stored profile's entropies, CAKE's preferences), each group reading its own."""
+    whole = policy.layer_budgets(budget, len(layer_groups), capacity=capacity, measured=measured)
+    groups = placement_groups(layer_groups)
+    if len(groups) == 1:
+        return whole
+    budgets = list(whole)
+    for layers in groups:
+        own = None if measured is None else [measured[layer] for layer in layers]
+        for layer, layer_budget in zip(layers, policy.layer_budgets(budget, len(layers), capacity, own)):
+            budgets[layer] = layer_budget
+    return budgets
+
+
+def eviction_rankings(policy: Policy, views: Sequence[LayerView]) -> list[torch.Tensor]:
+    """Every layer's slots keyed as its eviction ranks them (:func:`~kvlab.policies.base.by_score_then_position` of
+    :func:`~kvlab.policies.base.eviction_scores`; higher kept), free slots at :data:`UNHELD`, each on its layer's
+    device. The noise floor is drawn from copies of the views' generators, so that the eviction that follows draws
+    the same noise and ranks by exactly these keys."""
+    copies: dict[int, torch.Generator] = {}
+    rankings = []
+    for view in views:
+        if id(view.generator) not in copies:
+            copy = torch.Generator(device=view.generator.device)
+            copy.set_state(view.generator.get_state())
+            copies[id(view.generator)] = copy
+        ranked = dataclasses.replace(view, generator=copies[id(view.generator)])
+        key = by_score_then_position(eviction_scores(policy, ranked), ranked.positions)
+        rankings.append(key.masked_fill(ranked.positions < 0, UNHELD))
+    return rankings
+
+
+def threshold_counts(rankings: Sequence[torch.Tensor], keep: int, device: torch.device) -> list[float]:
+    """How many tokens of each layer one threshold keeps: the layers' keys (``(batch, kv_heads, slots)`` each) are
+    gathered on ``device``, the ``keep``-th highest key of each sequence and KV head over all layers is the
+    threshold, and each layer counts its held slots at or above it, the mean over sequences and KV heads."""
+    gathered = torch.cat([ranking.to(device) for ranking in rankings], dim=-1)
+    held = gathered != UNHELD
+    top = min(keep, gathered.shape[-1])
+    threshold = gathered.topk(top, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
+    kept = (gathered >= threshold) & held
+    per_layer = torch.stack([part.sum(dim=-1) for part in kept.split([r.shape[-1] for r in rankings], dim=-1)])
+    return per_layer.float().mean(dim=(1, 2)).tolist()
+
+
+def split_counts(kept: Sequence[float], budget: int, minimum: int, capacity: int | None = None) -> list[int]:
+    """Whole per-layer budgets from the counts one threshold kept: the minimum for every layer, and the rest of the
+    total (``layers x budget``) in proportion to what each layer kept beyond the minimum (so a layer keeps its count,
+    rounded, whenever every count reaches the minimum), at most ``capacity`` each
+    (:func:`kvlab.cache.allocation.allocate`)."""
+    return allocate([max(count - minimum, 0.0) for count in kept], budget, minimum, capacity)
+
+
+def global_budgets(
+    policy: Policy, views: Sequence[LayerView], budget: int, capacity: int | None, device: torch.device
+) -> list[int]:
+    """The global scope's layer budgets at prefill mode's compression: every layer's eviction keys gathered on
+    ``device`` under one threshold (:func:`threshold_counts`), the counts split into whole budgets
+    (:func:`split_counts`)."""
+    kept = threshold_counts(eviction_rankings(policy, views), budget * len(views), device)
+    return split_counts(kept, budget, policy.min_budget(), capacity)

