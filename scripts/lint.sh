@@ -11,6 +11,10 @@ cd "$root"
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 "$venv/bin/mypy"
+if [ ! -x "$venv/bin/mkdocs" ]; then
+  echo "mkdocs is not installed in $venv: install kvlab's docs extra (KVLAB_EXTRAS with docs in it)." >&2
+  exit 1
+fi
 # The build's log is shown only when it fails. Not --quiet: it hides the warnings that --strict turns into a failure.
 # The two variables silence notices that themes and plugins print on every build.
 docs="$(mktemp -d)"
