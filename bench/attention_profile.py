@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from kvlab.attention.function import StatsRequest
-from kvlab.engine.generation import Generation, RunSpec
+from kvlab.attention.stats import StatsRequest
+from kvlab.engine.generation import Generation
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import load_model
 from kvlab.policies import make_policy
 from kvlab.tasks.items import text_ids

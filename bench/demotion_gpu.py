@@ -39,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from heap_gpu import LLAMA3_8B, build, steady_ms  # noqa: E402
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine.generation import Generation, RunSpec, prefill_once  # noqa: E402
-from kvlab.policies import make_policy  # noqa: E402
+from kvlab.engine.generation import Generation, prefill_once  # noqa: E402
+from kvlab.engine.spec import RunSpec
+from kvlab.policies import configure  # noqa: E402
 
 KEEP = 0.1
 QUESTION = 32
@@ -57,8 +58,15 @@ CONFIGURATIONS: dict[str, dict[str, Any]] = {
 
 def run_one(loaded, prefilled, suffix: torch.Tensor, params: dict[str, Any], new_tokens: int) -> dict[str, Any]:
     """One configuration over a fork of the shared read, drained, with its figures."""
-    policy = make_policy("snapkv", **params)
-    spec = RunSpec(policy, Budget(keep=KEEP), max_new_tokens=new_tokens, static=False, stop_token_ids=())
+    variant = configure("snapkv", **params)
+    spec = RunSpec(
+        variant.policy,
+        Budget(keep=KEEP),
+        max_new_tokens=new_tokens,
+        static=False,
+        stop_token_ids=(),
+        cache=variant.cache(),
+    )
     gc.collect()
     torch.cuda.empty_cache()
     started = time.perf_counter()
@@ -92,11 +100,11 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(10, int(LLAMA3_8B["vocab_size"]), (1, args.context), generator=generator)
     suffix = torch.randint(10, int(LLAMA3_8B["vocab_size"]), (1, QUESTION), generator=generator).cuda()
-    policies = [make_policy("snapkv", **params) for params in CONFIGURATIONS.values()]
+    variants = [configure("snapkv", **params) for params in CONFIGURATIONS.values()]
     torch.cuda.synchronize()
     started = time.perf_counter()
     with torch.inference_mode():
-        prefilled = prefill_once(loaded, ids.cuda(), policies)
+        prefilled = prefill_once(loaded, ids.cuda(), variants)
     torch.cuda.synchronize()
     read_seconds = time.perf_counter() - started
     rows = {}

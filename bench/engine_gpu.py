@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from heap_gpu import LLAMA3_8B  # noqa: E402  (the same model shape as the heap benchmark)
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine.generation import RunSpec, generate  # noqa: E402
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec  # noqa: E402
 from kvlab.models.loading import wrap_model  # noqa: E402
 from kvlab.policies import make_policy  # noqa: E402
 

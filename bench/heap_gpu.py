@@ -41,8 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.budget import Budget  # noqa: E402
 from kvlab.cache.layouts import LAYOUTS  # noqa: E402
-from kvlab.engine.generation import Mode, RunSpec, generate  # noqa: E402
+from kvlab.cache.spec import CacheSpec
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import wrap_model  # noqa: E402
+from kvlab.modes import Mode  # noqa: E402
 from kvlab.policies import POLICIES, make_policy  # noqa: E402
 
 LLAMA3_8B = dict(
@@ -138,7 +141,7 @@ def kvlab_row(
         "config": label,
         "policy": spec.policy.name,
         "mode": spec.mode,
-        "layout": spec.layout,
+        "layout": spec.cache.layout,
         "static": spec.static,
         "decode_ms": round(decode_ms, 3),
         "decode_ms_all_tokens": round(1000 * result.decode_seconds / max(1, len(result.tokens[0]) - 1), 3),
@@ -245,7 +248,7 @@ def part_check(device: str) -> dict[str, Any]:
                         chunk=128,
                         max_new_tokens=24,
                         stop_token_ids=(),
-                        layout=layout,
+                        cache=CacheSpec(layout=layout),
                         static=static,
                     )
                     return generate(loaded, ids, spec)
@@ -303,7 +306,7 @@ def decode_configs() -> list[tuple[str, RunSpec]]:
                     chunk=1024,
                     max_new_tokens=NEW_TOKENS,
                     stop_token_ids=(),
-                    layout=layout,
+                    cache=CacheSpec(layout=layout),
                 ),
             )
         )
@@ -331,7 +334,7 @@ def decode_configs() -> list[tuple[str, RunSpec]]:
                     mode="prefill",
                     max_new_tokens=NEW_TOKENS,
                     stop_token_ids=(),
-                    layout=layout,
+                    cache=CacheSpec(layout=layout),
                 ),
             )
         )

@@ -18,29 +18,30 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.budget import Budget  # noqa: E402
 from kvlab.cache.layouts import DEFAULT_LAYOUT, LAYOUTS  # noqa: E402
-from kvlab.engine.generation import MODES, Mode, RunSpec  # noqa: E402
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError  # noqa: E402
 from kvlab.models.loading import load_model  # noqa: E402
-from kvlab.policies import Policy  # noqa: E402
+from kvlab.modes import MODES, Mode  # noqa: E402
+from kvlab.policies import Variant  # noqa: E402
 from kvlab.runs.quality import DEFAULT_TEXT, model_pass, run_quality  # noqa: E402
 from kvlab.runs.sweep import parse_policies  # noqa: E402
 from kvlab.store import open_store  # noqa: E402
 from kvlab.tasks.texts import DEFAULT_PREFIX, read_text, scored_tokens  # noqa: E402
 
 
-def parse_pass(text: str) -> list[tuple[Mode, Policy, Budget | None]]:
+def parse_pass(text: str) -> list[tuple[Mode, Variant, Budget | None]]:
     """One ``MODE:BUDGET:POLICIES`` argument as (mode, policy, budget) triples."""
     mode, budget, policies = (text.split(":", 2) + ["", ""])[:3]
     if mode not in MODES or not policies or not (budget == "none" or budget.isdigit()):
         raise KvlabError(f"A pass is written MODE:BUDGET:POLICIES (e.g. prefill:615:h2o,snapkv), not {text!r}.")
     tokens = None if budget == "none" else Budget(tokens=int(budget))
-    return [(cast(Mode, mode), policy, tokens if policy.evicts else None) for policy in parse_policies(policies)]
+    chosen = parse_policies(policies)
+    return [(mode, variant, tokens if variant.policy.evicts else None) for variant in chosen]
 
 
 def main() -> None:
@@ -71,20 +72,20 @@ def main() -> None:
     print(
         f"{loaded.source.label} on {loaded.device_kind}: {passage.prefix:,} + {passage.scored:,} tokens of {path.stem}"
     )
-    for mode, policy, budget in runs:
+    for mode, variant, budget in runs:
         spec = RunSpec(
-            policy,
+            variant.policy,
             budget,
             mode=mode,
             chunk=args.chunk,
             max_new_tokens=tokens,
             seed=args.seed,
-            layout=args.layout,
+            cache=variant.cache(args.layout),
         )
         started = time.perf_counter()
         quality, run_id = run_quality(loaded, spec, passage, store)
         result = quality.result
-        shown = f"{policy.name} {policy.params()}" if policy.params() else policy.name
+        shown = f"{variant.name} {variant.params()}" if variant.params() else variant.name
         print(
             f"{mode:9s} {budget.tokens if budget is not None else 'none':>5} {shown}: perplexity "
             f"{quality.perplexity:.3f} (x{quality.perplexity / quality.full_perplexity:.3f}), KL {quality.kl:.4f} "

@@ -366,11 +366,12 @@ class Kept:
 def kvlab_side(loaded: Any, prompt: Prompt, pairs: Sequence[Pair], budgets: dict[float, int]) -> dict[Any, Kept]:
     """kvlab's kept positions and ranked scores for every pair and budget, each compressing a fork of one prefill."""
     from kvlab.budget import Budget
-    from kvlab.engine.generation import Generation, RunSpec, prefill_once
-    from kvlab.policies import make_policy
+    from kvlab.engine.generation import Generation, prefill_once
+    from kvlab.engine.spec import RunSpec
+    from kvlab.policies import Variant, make_policy
 
     policies = {pair.policy: make_policy(pair.policy, **pair.params) for pair in pairs}
-    prefilled = prefill_once(loaded, prompt.ids, list(policies.values()))
+    prefilled = prefill_once(loaded, prompt.ids, [Variant(policy) for policy in policies.values()])
     tokens = int(prompt.ids.shape[1])
     results: dict[Any, Kept] = {}
     for pair in pairs:

@@ -27,9 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine.generation import GenerationResult, RunSpec, generate  # noqa: E402
+from kvlab.engine.events import GenerationResult  # noqa: E402
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import LoadedModel, load_model  # noqa: E402
-from kvlab.policies import Policy  # noqa: E402
+from kvlab.policies import Variant  # noqa: E402
 from kvlab.runs.sweep import parse_policies  # noqa: E402
 from kvlab.tasks.facts import TRAIN_TEMPLATES, make_fact  # noqa: E402
 from kvlab.tasks.needle import build_needle, load_haystacks  # noqa: E402
@@ -49,7 +51,7 @@ def needle_prompt(loaded: LoadedModel, context: int, seed: int) -> tuple[torch.T
 
 def measured(
     loaded: LoadedModel,
-    policy: Policy,
+    variant: Variant,
     keep: float,
     ids: torch.Tensor,
     question: torch.Tensor,
@@ -57,8 +59,9 @@ def measured(
     repeats: int,
 ) -> dict[str, Any]:
     """Medians over ``repeats`` runs after one untimed run at the same shapes."""
+    policy = variant.policy
     budget = Budget(keep=keep) if policy.evicts else None
-    spec = RunSpec(policy, budget, max_new_tokens=new_tokens, stop_token_ids=())
+    spec = RunSpec(policy, budget, max_new_tokens=new_tokens, stop_token_ids=(), cache=variant.cache())
     generate(loaded, ids, spec, suffix_ids=question)
     results: list[GenerationResult] = [generate(loaded, ids, spec, suffix_ids=question) for _ in range(repeats)]
     last = results[-1]

@@ -47,7 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from heap_gpu import LLAMA3_8B, build, steady_ms  # noqa: E402
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine.generation import Generation, GenerationResult, RunSpec  # noqa: E402
+from kvlab.engine.events import GenerationResult
+from kvlab.engine.generation import Generation  # noqa: E402
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import LoadedModel, load_model, place_model, wrap_model  # noqa: E402
 from kvlab.policies import make_policy  # noqa: E402
 

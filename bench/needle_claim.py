@@ -92,7 +92,7 @@ def main() -> None:
     report["grid_seconds"], report["grid_trials"] = seconds, ran
     print(f"grid: {ran} trials in {seconds:.1f} s on {report['device']}", flush=True)
     if args.measure_sharing:
-        evicting = tuple(p for p in grid.policies if p.evicts)
+        evicting = tuple(v for v in grid.variants if v.policy.evicts)
         for share in (True, False):
             shared_grid = dataclasses.replace(
                 grid,

@@ -24,8 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvlab.attention.function import StatsRequest  # noqa: E402
-from kvlab.engine.generation import Generation, RunSpec  # noqa: E402
+from kvlab.attention.stats import StatsRequest  # noqa: E402
+from kvlab.engine.generation import Generation  # noqa: E402
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import LoadedModel, load_model  # noqa: E402
 from kvlab.policies import Policy, make_policy  # noqa: E402
 from kvlab.runs.sweep import SweepGrid, needle_items, prompt_tensors, shape_batches  # noqa: E402

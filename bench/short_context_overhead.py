@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from kvlab.budget import Budget
-from kvlab.engine.generation import RunSpec, generate
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import load_model
 from kvlab.policies import make_policy
 from kvlab.tasks.items import text_ids

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.budget import Budget  # noqa: E402
-from kvlab.engine.generation import RunSpec  # noqa: E402
+from kvlab.engine.spec import RunSpec  # noqa: E402
 from kvlab.models.loading import load_model  # noqa: E402
 from kvlab.policies import make_policy  # noqa: E402
 from kvlab.runs.quality import DEFAULT_TEXT, model_pass, run_quality  # noqa: E402

@@ -11,12 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kvlab.errors import KvlabError
-
-if TYPE_CHECKING:  # the cost calculator uses budgets without loading torch
-    from kvlab.policies import Policy
 
 KEEP_DECIMALS = 9
 
@@ -57,33 +53,6 @@ class Budget:
             return self.tokens
         assert self.keep is not None
         return max(1, kept_tokens(context_tokens, self.keep))
-
-
-def check_budget(policy: Policy, budget: Budget | None, context_tokens: int) -> int | None:
-    """The per-layer budget in tokens for this policy and context, or ``None`` for none: the full cache, the
-    first-token ablation, or a kept fraction of 1 (in streaming mode a budget of the prompt's length would still
-    evict while decoding).
-
-    Raises one sentence when the budget cannot be honoured, for example a budget below a policy's sinks plus window.
-    """
-    if not policy.evicts:
-        if budget is not None:
-            kept = f"every token but the {policy.removes()} it removes" if policy.removes() else "every token"
-            raise KvlabError(f"Policy {policy.name!r} keeps {kept}, so it takes no budget; drop --keep/--budget.")
-        return None
-    if budget is None:
-        needs = "reads a budget of tokens per decoded token" if policy.reads_sparsely else "evicts tokens"
-        raise KvlabError(f"Policy {policy.name!r} {needs}, so it needs a budget (tokens or a kept fraction).")
-    if budget.keep == 1.0:
-        return None  # keeping all of the prompt is the full cache, in both modes: nothing is ever evicted
-    tokens = budget.resolve(context_tokens)
-    if tokens < policy.min_budget():
-        of_context = f" (keep {budget.keep:g} of {context_tokens} tokens)" if budget.keep is not None else ""
-        raise KvlabError(
-            f"A budget of {tokens} tokens{of_context} is smaller than {policy.name}'s minimum of "
-            f"{policy.min_budget()}: {policy.describe_min_budget()}."
-        )
-    return tokens
 
 
 PYRAMID_BETA = 20

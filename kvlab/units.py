@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+#: Bytes in a MiB, the unit of the demotion tiers' budgets as a run takes them.
+MIB = 1 << 20
 #: Binary units, smallest first.
 BYTE_UNITS: tuple[tuple[str, int], ...] = (
     ("B", 1),

@@ -22,10 +22,11 @@ from kvlab.dashboard.inputs import (
 from kvlab.dashboard.live_view import draw_charts, param_widget, stacked_slots, wide_slots
 from kvlab.dashboard.session import current_model, current_user, page_setup, stored_replay, waiting_notice
 from kvlab.dashboard.text import plain
-from kvlab.engine.profile import load_profile
+from kvlab.engine.plan import spread
 from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel
-from kvlab.policies import POLICIES, Policy
+from kvlab.models.profiles import load_profile
+from kvlab.policies import POLICIES, Variant
 from kvlab.runs.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt, prompt_tokens
 from kvlab.runs.live_store import LiveResult, file_live_run
 from kvlab.runs.replay import EXAMPLES_DB, replay_choices, replay_stores
@@ -123,7 +124,7 @@ def replay_page() -> None:
 
 
 def layer_budgets(
-    policy: Policy, allocation: str, budget: Budget | None, task: NeedleTask | TextTask | None, loaded: LoadedModel
+    variant: Variant, allocation: str, budget: Budget | None, task: NeedleTask | TextTask | None, loaded: LoadedModel
 ) -> None:
     """The budget each layer keeps under the chosen layer allocation: drawn against the others over the model's
     attention profile where it has one, else listed."""
@@ -139,7 +140,7 @@ def layer_budgets(
         profile = None
     if profile is not None and profile.num_layers == loaded.arch.num_layers:
         how_to_read(st.container(), ALLOCATION_GUIDE, key="live-allocation-guide")
-        figure = allocation_figure(profile, tokens, policy.min_budget(), length, chosen=allocation)
+        figure = allocation_figure(profile, tokens, variant.policy.min_budget(), length, chosen=allocation)
         show_chart(st.container(), figure, key="live-allocation", filename="kvlab-layer-budgets")
     elif allocation == "cake":
         st.caption(
@@ -147,7 +148,7 @@ def layer_budgets(
             "lists what each layer kept."
         )
     else:
-        shares = policy.layer_budgets(tokens, loaded.arch.num_layers, length)
+        shares = spread(variant.policy, variant.options, tokens, loaded.arch.num_layers, length, None)
         st.caption(f"Tokens per layer under {allocation} at {tokens:,} per layer: {', '.join(map(str, shares))}.")
 
 
@@ -359,9 +360,9 @@ if options:
 settings = LiveSettings(
     policy, params, budget if evicts else None, mode, chunk, max_new, query_aware, heap_layout, compact_at
 )
-checked: Policy | None = None
+checked: Variant | None = None
 try:
-    checked = settings.checked_policy(loaded)
+    checked = settings.checked_variant(loaded)
 except KvlabError as error:
     st.error(plain(str(error)))
 if options:
@@ -378,7 +379,7 @@ run = run_slot.button(
 notice = st.empty()
 status = st.empty()
 output = st.empty()
-slots = wide_slots("live", tiers=evicts and checked is not None and checked.demotion() is not None)
+slots = wide_slots("live", tiers=evicts and checked is not None and checked.options.demotes)
 asked = (task, settings, loaded.name if loaded else None)
 
 if run and loaded is not None and task is not None:

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from kvlab.budget import Budget
 from kvlab.dashboard.access import pickable_models
-from kvlab.engine.generation import RunSpec
+from kvlab.engine.spec import RunSpec
 from kvlab.models.catalog import available_models, hub_cache_models, package_models, readme_licence, shipped_models
 from kvlab.models.loading import DEFAULT_MODEL_DIR, load_model
 from kvlab.policies import make_policy

@@ -4,7 +4,6 @@ ablation's choice of tokens; and the commands, the GPU script and the stored nam
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -14,7 +13,8 @@ import pytest
 import torch
 from tiny_models import prompt, tiny_model
 
-from kvlab.cache.heap import FREE, HeapLayer
+from kvlab.cache.layer import FREE, AttentionShape, HeapLayer
+from kvlab.cache.spec import CacheOptions, CacheSpec
 from kvlab.claims import BY_ID, Evidence
 from kvlab.claims.commands import (
     ALLOCATIONS,
@@ -31,15 +31,15 @@ from kvlab.claims.commands import (
 from kvlab.claims.evaluate import record
 from kvlab.claims.evidence import SIDE_CHANNEL_FORMAT
 from kvlab.claims.needle import measured_table, needle_cells, plain
-from kvlab.claims.options import CACHE_DEFAULTS, cache_options, variant
+from kvlab.claims.options import cache_options, variant
 from kvlab.claims.pillars import ABLATION
 from kvlab.claims.verdicts import FAILS, HOLDS, UNMEASURABLE, verdict_of
-from kvlab.engine.generation import Generation, RunSpec
+from kvlab.engine.generation import Generation
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.loading import wrap_model
-from kvlab.policies import LayerView, make_policy
+from kvlab.policies import LayerView, configure, make_policy
 from kvlab.policies.drop_pillars import DropPillars
-from kvlab.policies.scoring import ScoringPolicy
 from kvlab.runs.sweep import parse_policies
 from kvlab.stats import wilson_interval
 from kvlab.store import RunConfig, Store, Trial
@@ -110,13 +110,9 @@ def text_pass(store: Store, policy: str, params: dict, ppl: float, budget: int |
 # --- stored parameters, commands and the script ---------------------------------------------------------------------
 
 
-def test_cache_options_are_the_policies_own_with_their_defaults():
-    assert tuple(CACHE_DEFAULTS) == ScoringPolicy.cache_option_names()
-    assert CACHE_DEFAULTS == {
-        item.name: item.default for item in dataclasses.fields(ScoringPolicy) if item.name in CACHE_DEFAULTS
-    }
-    stored = canonical_json(make_policy("h2o", hot=0.25, key_bits=4, value_bits=4).params())
-    assert cache_options(stored) == {**CACHE_DEFAULTS, "hot": 0.25, "key_bits": 4, "value_bits": 4}
+def test_a_stored_run_s_cache_options_are_read_with_their_defaults():
+    stored = canonical_json(configure("h2o", hot=0.25, key_bits=4, value_bits=4).params())
+    assert cache_options(stored) == {**CacheOptions.defaults(), "hot": 0.25, "key_bits": 4, "value_bits": 4}
     assert variant("h2o", canonical_json(make_policy("h2o").params())) == "h2o"
     assert variant("h2o", None) == "h2o" and cache_options(float("nan"))["hot"] == 1.0  # a missing value
 
@@ -168,7 +164,7 @@ def pillar_view(scores: list[float], positions: list[int], window: int | None = 
     layer = HeapLayer(
         positions=torch.tensor([[positions]]),
         scores=torch.tensor([[scores]]),
-        sliding_window=window,
+        shape=AttentionShape(sliding_window=window),
         live=sum(p >= 0 for p in positions),
         used=len(positions),
     )
@@ -197,7 +193,9 @@ def test_the_compression_removes_exactly_the_heaviest_hitters(layout):
     after it exactly the held tokens but the ``count`` heaviest past the sinks, in every layer and KV head."""
     loaded = wrap_model(tiny_model("llama"))
     policy = DropPillars(count=3, sinks=2)
-    generation = Generation(loaded, RunSpec(policy, mode="prefill", max_new_tokens=0, layout=layout), prompt(2, 30))
+    generation = Generation(
+        loaded, RunSpec(policy, mode="prefill", max_new_tokens=0, cache=CacheSpec(layout=layout)), prompt(2, 30)
+    )
     before: list[tuple[torch.Tensor, torch.Tensor]] = []
     for event in generation.events():
         if event.kind == "prefill":

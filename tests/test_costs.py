@@ -417,7 +417,7 @@ def test_the_gather_counts_the_keys_the_global_scope_ranks_by() -> None:
     """The formula's bytes are those of the tensor :mod:`kvlab.cache.scopes` gathers: every layer's ranking keys."""
     import torch
 
-    from kvlab.policies.base import by_score_then_position
+    from kvlab.cache.ranking import by_score_then_position
 
     facts, tokens = LLAMA3_8B.arch, 100
     positions = torch.arange(tokens).expand(1, facts.num_kv_heads, tokens)

@@ -54,7 +54,8 @@ def test_retrieves_a_needle_at_1k_with_the_full_cache(transformers_model):
 
 def test_kvlab_finds_the_needle_with_the_full_cache_and_loses_it_when_the_middle_is_evicted(shipped):
     from kvlab.budget import Budget
-    from kvlab.engine.generation import RunSpec, generate
+    from kvlab.engine.generation import generate
+    from kvlab.engine.spec import RunSpec
     from kvlab.policies import make_policy
     from kvlab.tasks.items import stop_token_ids
 

@@ -9,12 +9,14 @@ import torch
 from tiny_models import prompt, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.cache.demotion import Demotion, DemotionSpec
+from kvlab.cache.demotion import Demotion
 from kvlab.cache.offload import HostStore, OffloadFile, PageShape
-from kvlab.engine.generation import RunSpec, generate
+from kvlab.cache.spec import DemotionSpec
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.loading import wrap_model
-from kvlab.policies import make_policy
+from kvlab.policies import configure
 
 BUDGET = 12
 PAGE = 4
@@ -33,8 +35,8 @@ def gemma2():
 
 
 def run(loaded, name: str, budget: int | None, mode: str = "prefill", **params):
-    spec = RunSpec(
-        make_policy(name, **params), None if budget is None else Budget(tokens=budget), mode=mode, max_new_tokens=8
+    spec = RunSpec.of(
+        configure(name, **params), None if budget is None else Budget(tokens=budget), mode=mode, max_new_tokens=8
     )
     return generate(loaded, prompt(1, 64), spec, prompt(1, 6, seed=3))
 
@@ -145,9 +147,9 @@ def test_a_page_is_recalled_by_the_query_its_keys_answer():
 
 
 def test_demotion_decodes_eagerly_and_equals_itself_when_static_is_asked(llama):
-    policy = make_policy("h2o", recall_pages=2, page_tokens=PAGE, cpu_tier_mib=1.0)
+    policy = configure("h2o", recall_pages=2, page_tokens=PAGE, cpu_tier_mib=1.0)
     eager, static = (
-        generate(llama, prompt(1, 64), RunSpec(policy, Budget(tokens=BUDGET), max_new_tokens=8, static=flag))
+        generate(llama, prompt(1, 64), RunSpec.of(policy, Budget(tokens=BUDGET), max_new_tokens=8, static=flag))
         for flag in (False, True)
     )
     assert eager.tokens == static.tokens and static.decode_graphs == 0
@@ -163,4 +165,4 @@ def test_demotion_decodes_eagerly_and_equals_itself_when_static_is_asked(llama):
 )
 def test_bad_demotion_settings_are_one_sentence(params, words):
     with pytest.raises(KvlabError, match=words):
-        make_policy("snapkv", **params)
+        configure("snapkv", **params)

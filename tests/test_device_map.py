@@ -15,12 +15,17 @@ from tiny_models import prompt, save_tiny_checkpoint, tiny_model
 from transformers import AutoConfig, LlamaForCausalLM
 
 from kvlab.budget import Budget
-from kvlab.cache.scopes import UNHELD, eviction_rankings, local_budgets, split_counts, threshold_counts
+from kvlab.cache.ranking import UNHELD
+from kvlab.cache.scopes import local_budgets, split_counts, threshold_counts
 from kvlab.cli import main
-from kvlab.engine.generation import Event, Generation, RunSpec, generate
+from kvlab.engine.events import Event
+from kvlab.engine.eviction import eviction_keys
+from kvlab.engine.generation import Generation, generate
+from kvlab.engine.plan import spread
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel, load_model, parse_device_map, place_model, wrap_model
-from kvlab.policies import make_policy
+from kvlab.policies import configure, make_policy
 from kvlab.runs.records import device_figures
 
 LAYERS = 4
@@ -66,8 +71,8 @@ def ids(batch: int = 2, length: int = 48) -> torch.Tensor:
 
 def compressed(loaded: LoadedModel, policy_text: str, **params: object) -> tuple[Event, Generation]:
     """The compression event of a prefill-mode run of ``policy`` (window 4) at :data:`BUDGET` tokens."""
-    policy = make_policy(policy_text, window=4, **params)
-    generation = Generation(loaded, RunSpec(policy, Budget(tokens=BUDGET), max_new_tokens=0), ids())
+    policy = configure(policy_text, window=4, **params)
+    generation = Generation(loaded, RunSpec.of(policy, Budget(tokens=BUDGET), max_new_tokens=0), ids())
     events = [event for event in generation.events() if event.kind == "compress"]
     return events[0], generation
 
@@ -93,8 +98,8 @@ def test_a_map_of_cpu_and_disk_places_two_groups_that_run_on_the_cpu(split, whol
     ],
 )
 def test_a_split_model_generates_what_the_whole_model_generates(split, whole, name, params, mode):
-    policy = make_policy(name, **params)
-    spec = RunSpec(policy, None if name == "full" else Budget(tokens=BUDGET), mode=mode, chunk=16, max_new_tokens=6)
+    policy = configure(name, **params)
+    spec = RunSpec.of(policy, None if name == "full" else Budget(tokens=BUDGET), mode=mode, chunk=16, max_new_tokens=6)
     on_two, on_one = generate(split, ids(), spec), generate(whole, ids(), spec)
     assert on_two.tokens == on_one.tokens
     assert on_two.kept_per_layer == on_one.kept_per_layer
@@ -128,11 +133,11 @@ def test_each_group_keeps_its_own_total_in_the_local_scope(split, whole, allocat
 def test_the_local_scope_of_one_group_is_the_allocation_itself(four_layers, whole):
     one_group = load_model(str(four_layers), device_map={"": "cpu"})
     assert one_group.layer_groups == ("cpu",) * LAYERS and not one_group.split
-    spec = RunSpec(make_policy("snapkv", window=4, layer_allocation="preset"), Budget(tokens=BUDGET), max_new_tokens=5)
+    spec = RunSpec.of(configure("snapkv", window=4, layer_allocation="preset"), Budget(tokens=BUDGET), max_new_tokens=5)
     on_map, plain = generate(one_group, ids(), spec), generate(whole, ids(), spec)
     assert on_map.tokens == plain.tokens and on_map.kept_per_layer == plain.kept_per_layer
-    assert make_policy("snapkv", scope="local").params() == make_policy("snapkv").params()
-    assert make_policy("snapkv", scope="global").params()["scope"] == "global"
+    assert configure("snapkv", scope="local").params() == make_policy("snapkv").params()
+    assert configure("snapkv", scope="global").params()["scope"] == "global"
 
 
 def test_the_global_scope_keeps_the_total_over_all_layers(split):
@@ -144,13 +149,13 @@ def test_the_global_scope_keeps_the_total_over_all_layers(split):
 
 
 def test_ranking_for_the_global_scope_leaves_the_noise_to_the_eviction(whole):
-    policy = make_policy("snapkv", window=4, scope="global", noise="gaussian", noise_scale=1.0)
-    generation = Generation(whole, RunSpec(policy, Budget(tokens=BUDGET), max_new_tokens=0), ids())
+    policy = configure("snapkv", window=4, scope="global", noise="gaussian", noise_scale=1.0)
+    generation = Generation(whole, RunSpec.of(policy, Budget(tokens=BUDGET), max_new_tokens=0), ids())
     for event in generation.read(generation.input_ids, 0):
         pass
     before = {device: g.get_state() for device, g in generation.generators.items()}
-    first = eviction_rankings(policy, generation.layer_views())
-    again = eviction_rankings(policy, generation.layer_views())
+    first = eviction_keys(policy.policy, generation.layer_views(), generation.cache)
+    again = eviction_keys(policy.policy, generation.layer_views(), generation.cache)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     assert all(torch.equal(g.get_state(), before[device]) for device, g in generation.generators.items())
 
@@ -176,14 +181,18 @@ def test_one_threshold_over_all_layers_follows_the_scores():
 
 
 def test_local_budgets_split_each_group_by_its_own_measurements():
-    policy = make_policy("snapkv", window=4, layer_allocation="cake")
+    policy = configure("snapkv", window=4, layer_allocation="cake")
     measured = [4.0, 1.0, 1.0, 1.0]
     groups = ("0", "0", "1", "1")
-    budgets = local_budgets(policy, 20, groups, capacity=100, measured=measured)
+
+    def spread_for(layers: int, own) -> list[int]:
+        return spread(policy.policy, policy.options, 20, layers, 100, own)
+
+    budgets = local_budgets(spread_for, groups, measured)
     assert sum(budgets[:2]) == 40 and budgets[2:] == [20, 20]  # group 1's layers measure the same
-    assert budgets[:2] == policy.layer_budgets(20, 2, capacity=100, measured=measured[:2])
-    whole = local_budgets(policy, 20, ("0",) * 4, capacity=100, measured=measured)
-    assert whole == policy.layer_budgets(20, 4, capacity=100, measured=measured) and whole != budgets
+    assert budgets[:2] == spread_for(2, measured[:2])
+    whole = local_budgets(spread_for, ("0",) * 4, measured)
+    assert whole == spread_for(4, measured) and whole != budgets
 
 
 def test_placing_a_model_built_in_memory_goes_through_the_same_map(tmp_path):
@@ -245,10 +254,10 @@ def test_a_device_map_file_and_a_device_map_on_the_command_line(four_layers, tmp
 )
 def test_scope_misuse_is_one_sentence(params, mode, says):
     with pytest.raises(KvlabError) as error:
-        RunSpec(make_policy("snapkv", **params), Budget(tokens=BUDGET), mode=mode)
+        RunSpec.of(configure("snapkv", **params), Budget(tokens=BUDGET), mode=mode)
     assert says in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(KvlabError, match="no budgets of its own"):
-        make_policy("pyramidkv", scope="global")
+        configure("pyramidkv", scope="global")
 
 
 def test_a_trial_stores_the_bytes_of_each_device_only_when_there_are_several():

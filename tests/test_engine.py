@@ -9,9 +9,10 @@ import torch
 from tiny_models import ARCHITECTURES, prompt, runs_in, small_policy, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.engine.generation import Generation, RunSpec, generate, prefill_once
+from kvlab.engine.generation import Generation, generate, prefill_once
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import wrap_model
-from kvlab.policies import EVICTING, make_policy
+from kvlab.policies import evicting, make_policy
 
 NEW_TOKENS = 8
 
@@ -60,7 +61,7 @@ def test_full_matches_generate(arch_case, mode, chunk):
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("policy", EVICTING)
+@pytest.mark.parametrize("policy", evicting())
 def test_budget_at_least_length_matches_generate(arch_case, policy):
     _, loaded, ids, ref_tokens, ref_logits = arch_case
     budget = Budget(tokens=ids.shape[1] + NEW_TOKENS)
@@ -114,7 +115,7 @@ def test_a_fork_of_a_shared_read_counts_the_read_as_a_separate_run_would():
     ids = prompt(length=40)
     policy = small_policy("snapkv")
     shared = prefill_once(loaded, ids, [policy], chunk=8)
-    spec = RunSpec(policy, Budget(tokens=12), chunk=8, max_new_tokens=3, stop_token_ids=())
+    spec = RunSpec.of(policy, Budget(tokens=12), chunk=8, max_new_tokens=3, stop_token_ids=())
     forked = Generation(loaded, spec, prefilled=shared)
     events = list(forked.events())
     assert forked.result().prefill_seconds == pytest.approx(

@@ -7,11 +7,12 @@ import pytest
 import torch
 from tiny_models import prompt, runs_in, small_policy, tiny_model
 
-from kvlab.attention.function import StatsRequest
+from kvlab.attention.stats import StatsRequest
 from kvlab.budget import Budget
-from kvlab.engine.generation import Generation, RunSpec, generate
+from kvlab.engine.generation import Generation, generate
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import wrap_model
-from kvlab.policies import EVICTING, POLICIES, make_policy
+from kvlab.policies import POLICIES, evicting, make_policy
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +42,14 @@ def test_evicting_equals_masking(llama):
     )
     generation = Generation(loaded, RunSpec(make_policy("full"), max_new_tokens=1), ids)
     with torch.inference_mode():
-        generation._forward(ids)
+        generation.forward(ids)
         dropped = torch.ones(batch, kv_heads, length, dtype=torch.bool).scatter_(2, keep, False)
         victims = dropped.nonzero()[:, 2].reshape(batch, kv_heads, length - 18)
         for layer in range(loaded.arch.num_layers):
             generation.cache.evict(layer, victims)
         assert generation.cache.kept_per_layer() == [18] * loaded.arch.num_layers
         next_token = torch.tensor([[5], [11]])
-        evicted_logits, _ = generation._forward(next_token)
+        evicted_logits, _ = generation.forward(next_token)
 
     full = torch.cat([ids, next_token], dim=1)
     mask = torch.full((batch, kv_heads, length + 1, length + 1), torch.finfo(torch.float32).min)
@@ -68,7 +69,7 @@ def test_evicting_equals_masking(llama):
     ("policy", "mode"),
     [
         (name, mode)
-        for name in EVICTING
+        for name in evicting()
         if not getattr(POLICIES[name], "own_layer_budgets", False)
         for mode in runs_in(name)
     ],
@@ -105,7 +106,7 @@ def test_streaming_keeps_sinks_and_recent_window(llama):
             assert (positions == torch.tensor(expected, dtype=positions.dtype)).all()
 
 
-@pytest.mark.parametrize("policy", [name for name in EVICTING if "streaming" in runs_in(name)])
+@pytest.mark.parametrize("policy", [name for name in evicting() if "streaming" in runs_in(name)])
 def test_streaming_peak_never_exceeds_budget_plus_chunk(llama, policy):
     _, loaded = llama
     chunk, budget = 6, 10
@@ -129,7 +130,9 @@ def test_streaming_peak_never_exceeds_budget_plus_chunk(llama, policy):
 def test_prefill_mode_peak_is_the_whole_context(llama):
     _, loaded = llama
     result = generate(
-        loaded, prompt(length=40), RunSpec(make_policy("h2o"), Budget(keep=0.25), max_new_tokens=3, stop_token_ids=())
+        loaded,
+        prompt(length=40),
+        RunSpec(make_policy("h2o"), Budget(keep=0.25), max_new_tokens=3, stop_token_ids=()),
     )
     assert result.budget_tokens == 10
     assert result.peak_kv_bytes == 40 * per_token_bytes(loaded)
@@ -266,10 +269,10 @@ def test_one_shared_prefill_gives_each_policy_the_result_of_its_own_run(llama, c
 
     _, loaded = llama
     ids, question = prompt(batch=2, length=40, seed=4), prompt(batch=2, length=5, seed=6)
-    policies = [small_policy(name) for name in EVICTING]
+    policies = [small_policy(name) for name in evicting()]
     shared = prefill_once(loaded, ids, policies, chunk=chunk)
     for policy in policies:
-        spec = RunSpec(policy, Budget(tokens=12), chunk=chunk, max_new_tokens=6, stop_token_ids=())
+        spec = RunSpec.of(policy, Budget(tokens=12), chunk=chunk, max_new_tokens=6, stop_token_ids=())
         alone = generate(loaded, ids, spec, suffix_ids=question)
         forked = generate(loaded, None, spec, suffix_ids=question, prefilled=shared)
         assert forked.tokens == alone.tokens, policy.name

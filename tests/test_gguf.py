@@ -12,7 +12,8 @@ from tiny_models import write_tiny_llama_gguf
 
 from kvlab.budget import Budget
 from kvlab.cli import main
-from kvlab.engine.generation import RunSpec, generate
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError, NotAModel
 from kvlab.models import gguf
 from kvlab.models.loading import load_model

@@ -9,12 +9,14 @@ import torch
 from tiny_models import ARCHITECTURES, prompt, runs_in, small_policy, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.cache.heap import FREE
-from kvlab.cache.layouts import LAYOUTS, HeapLayout
-from kvlab.engine.generation import Generation, RunSpec, generate, prefill_once
+from kvlab.cache.layer import FREE
+from kvlab.cache.layouts import DEFAULT_COMPACT_AT, LAYOUTS, HeapLayout
+from kvlab.cache.spec import CacheSpec
+from kvlab.engine.generation import Generation, generate, prefill_once
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.loading import wrap_model
-from kvlab.policies import EVICTING, POLICIES, make_policy
+from kvlab.policies import POLICIES, evicting, make_policy
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
@@ -23,7 +25,8 @@ def arch(request):
 
 
 def spec(policy: str, mode: str, layout: str, budget: int | None = 12, **changes) -> RunSpec:
-    values = dict(mode=mode, chunk=7, max_new_tokens=10, stop_token_ids=(), layout=layout)
+    compact_at = changes.pop("compact_at", DEFAULT_COMPACT_AT)
+    values = dict(mode=mode, chunk=7, max_new_tokens=10, stop_token_ids=(), cache=CacheSpec(layout, compact_at))
     values.update(changes)
     return RunSpec(small_policy(policy), None if budget is None else Budget(tokens=budget), **values)
 
@@ -46,7 +49,7 @@ EVERY_POLICY_ARCHITECTURES = ("llama", "gemma2")
 
 
 @pytest.mark.parametrize("arch", EVERY_POLICY_ARCHITECTURES, indirect=True)
-@pytest.mark.parametrize("policy,mode", [(policy, mode) for policy in EVICTING for mode in runs_in(policy)])
+@pytest.mark.parametrize("policy,mode", [(policy, mode) for policy in evicting() for mode in runs_in(policy)])
 def test_every_layout_keeps_the_same_tokens_and_answers_the_same(arch, policy, mode):
     _, loaded = arch
     ids, question = prompt(batch=2, length=41, seed=3), prompt(batch=2, length=4, seed=8)
@@ -90,7 +93,7 @@ def test_budget_at_least_length_equals_full_in_every_layout(arch, layout):
     _, loaded = arch
     ids = prompt(length=40)
     full = generate(loaded, ids, spec("full", "prefill", layout, None))
-    for policy in EVICTING:
+    for policy in evicting():
         for mode in runs_in(policy):
             result = generate(loaded, ids, spec(policy, mode, layout, budget=50))
             assert result.tokens == full.tokens, (policy, mode, layout)
@@ -176,7 +179,9 @@ def test_a_shared_prefill_gives_each_layout_the_result_of_its_own_run(layout, ch
     policies = [small_policy(name) for name in ("h2o", "snapkv", "knorm")]
     shared = prefill_once(loaded, ids, policies, chunk=chunk)
     for policy in policies:
-        run_spec = RunSpec(policy, Budget(tokens=12), chunk=chunk, max_new_tokens=6, stop_token_ids=(), layout=layout)
+        run_spec = RunSpec(
+            policy, Budget(tokens=12), chunk=chunk, max_new_tokens=6, stop_token_ids=(), cache=CacheSpec(layout)
+        )
         alone = generate(loaded, ids, run_spec, suffix_ids=question)
         forked = generate(loaded, None, run_spec, suffix_ids=question, prefilled=shared)
         assert forked.tokens == alone.tokens and forked.kept_per_layer == alone.kept_per_layer, policy.name
@@ -192,7 +197,9 @@ def test_a_fork_that_outgrows_its_shared_context_decodes_like_its_own_run(layout
     ids, question = prompt(length=40, seed=4), prompt(length=5, seed=6)
     policy = small_policy("h2o")
     shared = prefill_once(loaded, ids, [policy])
-    run_spec = RunSpec(policy, Budget(keep=0.8), max_new_tokens=10, stop_token_ids=(), layout=layout, static=static)
+    run_spec = RunSpec(
+        policy, Budget(keep=0.8), max_new_tokens=10, stop_token_ids=(), cache=CacheSpec(layout), static=static
+    )
     alone = generate(loaded, ids, run_spec, suffix_ids=question)
     forked = generate(loaded, None, run_spec, suffix_ids=question, prefilled=shared)
     assert forked.tokens == alone.tokens and forked.kept_per_layer == alone.kept_per_layer
@@ -201,7 +208,7 @@ def test_a_fork_that_outgrows_its_shared_context_decodes_like_its_own_run(layout
 
 def test_a_layout_is_checked():
     with pytest.raises(KvlabError, match="Unknown layout 'heap'; use one of compact, bitmask, threshold"):
-        RunSpec(make_policy("full"), layout="heap")
+        RunSpec(make_policy("full"), cache=CacheSpec(layout="heap"))
     with pytest.raises(KvlabError, match="dead share in \\(0, 1\\]"):
         HeapLayout("threshold", 0.0)
 
@@ -217,7 +224,7 @@ class _FakeEvent:
 
 
 def test_clock_totals_read_device_clocks_in_bounded_memory():
-    from kvlab.cache.heap import PENDING_CLOCKS, ClockTotal, DeviceClock
+    from kvlab.cache.clocks import PENDING_CLOCKS, ClockTotal, DeviceClock
 
     total = ClockTotal()
     for _ in range(3 * PENDING_CLOCKS):

@@ -14,7 +14,8 @@ from tiny_models import prompt, save_tiny_checkpoint, tiny_model
 
 from kvlab.budget import Budget
 from kvlab.cli import main
-from kvlab.engine.generation import RunSpec, generate
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models import loading as models
 from kvlab.models.loading import wrap_model

@@ -8,12 +8,14 @@ import torch
 from tiny_models import prompt, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.engine.generation import Generation, GenerationResult, RunSpec, generate, prefill_once
-from kvlab.engine.reconstruction import QUOTED_TOKENS, RepeatRequest, chunks, reconstruct
+from kvlab.cache.ranking import KEEP
+from kvlab.engine.events import GenerationResult
+from kvlab.engine.generation import Generation, generate, prefill_once
+from kvlab.engine.reconstruction import QUOTED_TOKENS, RepeatRequest, chunks
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.loading import wrap_model
 from kvlab.policies import make_policy
-from kvlab.policies.base import KEEP
 
 CONTEXT, CHUNK, SINKS = 20, 8, 4
 
@@ -41,7 +43,7 @@ def llama():
 
 def read(loaded, policy, ids: torch.Tensor, budget: int = 10) -> Generation:
     """A generation that has read ``ids`` and not yet compressed them."""
-    generation = Generation(loaded, RunSpec(policy, Budget(tokens=budget), max_new_tokens=3), ids)
+    generation = Generation(loaded, RunSpec.of(policy, Budget(tokens=budget), max_new_tokens=3), ids)
     with torch.inference_mode():
         list(generation.read(generation.input_ids, 0))
     return generation
@@ -82,7 +84,7 @@ def test_scores_are_the_most_attention_each_token_gets_from_the_reconstruction(l
     ids = prompt(batch=2, length=CONTEXT, seed=2)
     generation = read(llama, make_policy("kvzip", chunk_size=CHUNK, sinks=SINKS), ids)
     with torch.inference_mode():
-        reconstruct(generation)
+        generation.reconstruct()
     reference = tiny_model("llama")
     arch = llama.arch
     groups = arch.num_q_heads // arch.num_kv_heads
@@ -144,7 +146,7 @@ def test_the_original_heap_is_untouched_by_the_reconstruction(llama):
     pointers = [layer.keys.data_ptr() for layer in heap.layers]
     counts = heap.host_state()
     with torch.inference_mode():
-        reconstruct(generation)
+        generation.reconstruct()
     assert heap.host_state() == counts and heap.seen_tokens == CONTEXT
     for layer, (keys, values, positions), pointer in zip(heap.layers, before, pointers):
         assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
@@ -156,7 +158,7 @@ def test_a_fork_of_a_shared_prefill_keeps_what_a_run_alone_keeps(llama):
     ids, question = prompt(batch=2, length=40, seed=7), prompt(batch=2, length=4, seed=8)
     policy = make_policy("kvzip", chunk_size=16)
     shared = prefill_once(llama, ids, [policy, make_policy("h2o")])
-    spec = RunSpec(policy, Budget(tokens=12), max_new_tokens=5, stop_token_ids=())
+    spec = RunSpec.of(policy, Budget(tokens=12), max_new_tokens=5, stop_token_ids=())
     alone, alone_result = run(llama, spec, ids, suffix_ids=question)
     forked, forked_result = run(llama, spec, None, suffix_ids=question, prefilled=shared)
     assert forked == alone and len(alone) == 1

@@ -10,13 +10,15 @@ import torch
 from tiny_models import prompt, small_policy, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.cache.heap import FREE, HeapLayer, QueryMoments
-from kvlab.engine.generation import Generation, RunSpec, generate
+from kvlab.cache.layer import FREE, AttentionShape, HeapLayer, QueryMoments
+from kvlab.cache.ranking import KEEP
+from kvlab.engine.generation import Generation, generate
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.loading import wrap_model
 from kvlab.models.rope import Rope
-from kvlab.policies import make_policy
-from kvlab.policies.base import KEEP, LayerView
+from kvlab.policies import configure, make_policy
+from kvlab.policies.base import LayerView
 from kvlab.policies.chunkkv import chunk_ids
 
 METHODS = ("keydiff", "expected_attention", "chunkkv")
@@ -40,7 +42,9 @@ def hand_view(
     kv_heads, slots, head_dim = keys.shape[1:]
     held = torch.tensor(positions, dtype=torch.int32).expand(1, kv_heads, slots).clone()
     live = sum(p >= 0 for p in positions)
-    cache = HeapLayer(keys=keys, values=values, positions=held, live=live, used=slots, scaling=head_dim**-0.5)
+    cache = HeapLayer(
+        keys=keys, values=values, positions=held, live=live, used=slots, shape=AttentionShape(scaling=head_dim**-0.5)
+    )
     cache.moments = moments
     after = max(positions) + 1 if next_position is None else next_position
     return LayerView(0, 1, cache, 4, 4, after, torch.Generator(), slots, rope=rope)
@@ -161,11 +165,12 @@ def paper_selection(votes: list[float], positions: list[int], budget: int, windo
 def test_chunkkv_keeps_the_window_and_whole_chunks_then_the_best_of_the_next(llama, mode, monkeypatch):
     """At every eviction, each layer keeps what the selection written out from its votes keeps."""
     policy = make_policy("chunkkv", window=4, chunk_length=4)
-    spec = RunSpec(policy, Budget(tokens=14), mode=mode, chunk=9, max_new_tokens=4, stop_token_ids=())
+    spec = RunSpec.of(policy, Budget(tokens=14), mode=mode, chunk=9, max_new_tokens=4, stop_token_ids=())
     generation = Generation(llama, spec, prompt(batch=2, length=40, seed=5))
-    evict, checked = generation.evict, []
+    evict, compress, checked = generation.evict, generation.compress, []
 
-    def evict_and_check(next_position=None):
+    def checked_cut(cut, next_position=None):
+        """Run an eviction (``cut``) and check that every layer kept what the written-out selection keeps."""
         expected = []
         for view in generation.layer_views(next_position):
             votes, positions = view.window_attention().sum(dim=1), view.positions[:, 0]
@@ -173,22 +178,24 @@ def test_chunkkv_keeps_the_window_and_whole_chunks_then_the_best_of_the_next(lla
             expected.append(
                 [paper_selection(votes[b][held[b]].tolist(), positions[b][held[b]].tolist(), 14, 4, 4) for b in (0, 1)]
             )
-        evict(next_position)
+        done = cut()
         for layer, kept in zip(generation.cache.layers, expected):
             for sequence in (0, 1):
                 for head in range(llama.arch.num_kv_heads):
                     survivors = layer.held_positions()[sequence, head]
                     assert set(survivors[survivors >= 0].tolist()) == kept[sequence]
         checked.append(max(len(kept[0]) for kept in expected))
+        return done
 
-    monkeypatch.setattr(generation, "evict", evict_and_check)
+    monkeypatch.setattr(generation, "evict", lambda position=None: checked_cut(lambda: evict(position), position))
+    monkeypatch.setattr(generation, "compress", lambda step: checked_cut(lambda: compress(step)))
     list(generation.events())
     assert checked and max(checked) == 14
 
 
 def test_chunkkv_reuses_the_kept_positions_of_its_groups_first_layer(llama):
     policy = make_policy("chunkkv", window=4, reuse_layers=2)
-    spec = RunSpec(policy, Budget(tokens=12), mode="streaming", chunk=7, max_new_tokens=4, stop_token_ids=())
+    spec = RunSpec.of(policy, Budget(tokens=12), mode="streaming", chunk=7, max_new_tokens=4, stop_token_ids=())
     differ = False
     for event in Generation(llama, spec, prompt(length=40)).events():
         first, reused, own = event.survivors()
@@ -196,7 +203,7 @@ def test_chunkkv_reuses_the_kept_positions_of_its_groups_first_layer(llama):
         differ |= not torch.equal(first, own)
     assert differ
     with pytest.raises(KvlabError, match="same budget in every layer"):
-        make_policy("chunkkv", reuse_layers=2, layer_allocation="preset")
+        configure("chunkkv", reuse_layers=2, layer_allocation="preset")
 
 
 # --- every method -------------------------------------------------------------------------------------------------
@@ -205,7 +212,7 @@ def test_chunkkv_reuses_the_kept_positions_of_its_groups_first_layer(llama):
 @pytest.mark.parametrize("name", METHODS)
 def test_scores_have_one_value_per_slot_and_kv_head(llama, name):
     policy = small_policy(name)
-    generation = Generation(llama, RunSpec(policy, Budget(tokens=12), max_new_tokens=0), prompt(batch=2, length=30))
+    generation = Generation(llama, RunSpec.of(policy, Budget(tokens=12), max_new_tokens=0), prompt(batch=2, length=30))
     with torch.inference_mode():
         for _ in generation.read(generation.input_ids, 0):
             pass

@@ -9,9 +9,12 @@ import pytest
 import torch
 from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.arch import arch_from_config
 from kvlab.models.loading import load_model
+from kvlab.policies import make_policy
 
 
 def test_loads_a_local_checkpoint_on_cpu_in_fp32_without_remote_code(checkpoint):
@@ -19,6 +22,8 @@ def test_loads_a_local_checkpoint_on_cpu_in_fp32_without_remote_code(checkpoint)
     assert loaded.device.type == "cpu"
     assert loaded.dtype == torch.float32
     assert next(loaded.model.parameters()).dtype == torch.float32
+    assert loaded.model.config._attn_implementation == "sdpa"  # a run switches it to kvlab's attention
+    generate(loaded, torch.tensor([[5, 6, 7]]), RunSpec(make_policy("full"), max_new_tokens=1))
     assert loaded.model.config._attn_implementation == "kvlab"
     assert loaded.arch.num_layers == 3 and loaded.arch.num_kv_heads == 2 and loaded.arch.head_dim == 16
 

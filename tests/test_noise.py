@@ -12,9 +12,11 @@ from tiny_models import prompt, tiny_model
 
 from kvlab.budget import Budget
 from kvlab.cache.noise import add_noise, score_spread, unit_noise
-from kvlab.engine.generation import Generation, RunSpec
+from kvlab.engine.generation import Generation
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import wrap_model
-from kvlab.policies import make_policy
+from kvlab.policies import configure, make_policy
+from kvlab.policies.variants import as_variant
 
 BUDGET = 12
 NEW_TOKENS = 6
@@ -29,17 +31,18 @@ def loaded():
     return wrap_model(tiny_model("llama"))
 
 
-def kept_sets(loaded, policy, mode: str = "prefill", seed: int = 0, layout: str = "compact"):
-    """Tokens and the survivors after every event of a run."""
+def kept_sets(loaded, chosen, mode: str = "prefill", seed: int = 0, layout: str = "compact"):
+    """Tokens and the survivors after every event of a run of a policy or variant."""
+    variant = as_variant(chosen)
     spec = RunSpec(
-        policy,
+        variant.policy,
         Budget(tokens=BUDGET),
         mode=mode,
         chunk=8 if mode == "streaming" else None,
         max_new_tokens=NEW_TOKENS,
         stop_token_ids=(),
         seed=seed,
-        layout=layout,
+        cache=variant.cache(layout),
     )
     generation = Generation(loaded, spec, prompt(length=40))
     survivors = [[layer.tolist() for layer in event.survivors()] for event in generation.events()]
@@ -51,12 +54,12 @@ def kept_sets(loaded, policy, mode: str = "prefill", seed: int = 0, layout: str 
 def test_noise_of_scale_zero_is_the_policy_without_noise(loaded, mode, name):
     plain = kept_sets(loaded, make_policy(name), mode)
     for kind in ("gaussian", "laplace"):
-        assert kept_sets(loaded, make_policy(name, noise=kind, noise_scale=0.0), mode) == plain
+        assert kept_sets(loaded, configure(name, noise=kind, noise_scale=0.0), mode) == plain
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "laplace"])
 def test_the_seed_decides_the_kept_set(loaded, kind):
-    policy = make_policy("h2o", noise=kind, noise_scale=1.0)
+    policy = configure("h2o", noise=kind, noise_scale=1.0)
     first = kept_sets(loaded, policy, seed=1)[1]
     assert kept_sets(loaded, policy, seed=1)[1] == first
     assert kept_sets(loaded, policy, seed=2)[1] != first
@@ -73,7 +76,7 @@ def test_infinite_scores_are_left_alone():
 def test_a_policy_keeps_what_it_always_keeps_under_any_noise(loaded):
     """H2O's recent window scores +inf, so even overwhelming noise cannot evict it."""
     recent = make_policy("h2o").recent(BUDGET)  # type: ignore[attr-defined]
-    _, survivors = kept_sets(loaded, make_policy("h2o", noise="laplace", noise_scale=1000.0))
+    _, survivors = kept_sets(loaded, configure("h2o", noise="laplace", noise_scale=1000.0))
     compressed = survivors[1]  # after the one compression of prefill mode
     window = set(range(40 - recent, 40))
     assert all(window <= set(head) for layer in compressed for head in layer[0])
@@ -118,16 +121,16 @@ def test_the_spread_counts_only_finite_scores():
 @pytest.mark.parametrize("name", ["h2o", "knorm"])
 def test_every_layout_adds_the_same_noise_at_a_compression(loaded, name):
     """In prefill mode the one compression sees no free slot in any layout."""
-    policy = make_policy(name, noise="gaussian", noise_scale=1.0)
+    policy = configure(name, noise="gaussian", noise_scale=1.0)
     assert kept_sets(loaded, policy, layout="bitmask") == kept_sets(loaded, policy, layout="compact")
 
 
 @pytest.mark.parametrize("name", ["h2o", "knorm"])
 def test_every_layout_adds_the_same_noise_while_streaming(loaded, name):
-    policy = make_policy(name, noise="gaussian", noise_scale=1.0)
+    policy = configure(name, noise="gaussian", noise_scale=1.0)
     assert kept_sets(loaded, policy, "streaming", layout="bitmask") == kept_sets(loaded, policy, "streaming")
 
 
 def test_tova_keeps_one_set_per_layer_under_noise(loaded):
-    _, survivors = kept_sets(loaded, make_policy("tova", noise="gaussian", noise_scale=1.0))
+    _, survivors = kept_sets(loaded, configure("tova", noise="gaussian", noise_scale=1.0))
     assert all(head == layer[0][0] for event in survivors for layer in event for head in layer[0])

@@ -19,7 +19,7 @@ from huggingface_hub import constants
 from tiny_models import write_tiny_llama_gguf
 
 from kvlab.errors import KvlabError
-from kvlab.models.catalog import hub_cache_dir, hub_reachable, in_hub_cache
+from kvlab.models.hub import hub_cache_dir, hub_reachable, in_hub_cache
 from kvlab.models.loading import load_model
 
 REPO = Path(__file__).resolve().parent.parent

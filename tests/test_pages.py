@@ -149,15 +149,15 @@ def test_out_of_memory_is_a_sentence_and_the_next_run_works(db, monkeypatch):
     widget(app.number_input, "Context length (tokens)").set_value(128)
     widget(app.number_input, "Tokens to generate (at most)").set_value(2)
     app.run()
-    real_forward = Generation._forward
+    real_forward = Generation.forward
 
     def exhausted(self, ids):
         raise torch.OutOfMemoryError("CUDA out of memory.")
 
-    monkeypatch.setattr(Generation, "_forward", exhausted)
+    monkeypatch.setattr(Generation, "forward", exhausted)
     click(app, "Run")
     assert "The GPU ran out of memory" in shown(app.error[0].value)
-    monkeypatch.setattr(Generation, "_forward", real_forward)
+    monkeypatch.setattr(Generation, "forward", real_forward)
     click(app, "Run")
     assert "stored as run 1" in app.main.caption[-1].value
     assert not any("memory" in error.value for error in app.error)
@@ -254,7 +254,7 @@ def test_out_of_memory_in_a_needle_grid_is_a_sentence(db, monkeypatch):
     def exhausted(self, ids):
         raise torch.OutOfMemoryError("CUDA out of memory.")
 
-    monkeypatch.setattr(Generation, "_forward", exhausted)
+    monkeypatch.setattr(Generation, "forward", exhausted)
     click(app, "Run grid")
     sweep_job(db)
     app.run()

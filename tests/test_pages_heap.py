@@ -14,10 +14,10 @@ from test_grid_page import grid_page
 from test_pages import charts, click, open_page, shown, sweep_job, widget
 from test_ui_tables import MODEL, PROVENANCE
 
+from kvlab.cache.spec import CacheOptions
 from kvlab.dashboard.inputs import CACHE_OPTIONS_TITLE, cache_option_fields, policy_fields
-from kvlab.engine import profile
-from kvlab.policies import make_policy
-from kvlab.policies.scoring import ScoringPolicy
+from kvlab.models import profiles
+from kvlab.policies import configure
 from kvlab.store import RunConfig, Store, Trial, open_store
 
 OPTIONS = CACHE_OPTIONS_TITLE
@@ -32,7 +32,7 @@ def errors(app: AppTest) -> list[str]:
 def test_a_policy_s_own_parameters_and_its_cache_options_are_drawn_apart():
     own = {field.name for field in policy_fields("h2o")}
     options = [field.name for field in cache_option_fields("h2o")]
-    assert options == list(ScoringPolicy.cache_option_names()) and not own & set(options) and "recent_ratio" in own
+    assert options == list(CacheOptions.names()) and not own & set(options) and "recent_ratio" in own
     assert cache_option_fields("full") == [] and cache_option_fields("drop_first") == []
     assert cache_option_fields() == cache_option_fields("tova")
     bits = {field.name: field.choices for field in cache_option_fields() if field.name.endswith("_bits")}
@@ -52,7 +52,7 @@ def test_the_live_page_draws_the_cache_options_apart_and_runs_the_policy_they_ma
     [options] = app.expander
     assert options.label == OPTIONS
     inside = {element.key for kind in ("selectbox", "number_input", "checkbox") for element in options.get(kind)}
-    assert inside == {f"live_h2o_{name}" for name in make_policy("h2o").cache_option_names()}
+    assert inside == {f"live_h2o_{name}" for name in CacheOptions.names()}
     assert app.number_input(key="live_h2o_recent_ratio") and "live_h2o_recent_ratio" not in inside
     assert app.selectbox(key="live_h2o_key_bits").options == ["16", "8", "4", "2"]
     widget(app.radio, "Mode").set_value("prefill")
@@ -64,7 +64,7 @@ def test_the_live_page_draws_the_cache_options_apart_and_runs_the_policy_they_ma
     click(app, "Run")
     assert "stored as run 1" in app.main.caption[-1].value
     [params] = open_store(db).list_runs()["policy_params"]
-    assert json.loads(params) == make_policy("h2o", **TIERED).params()
+    assert json.loads(params) == configure("h2o", **TIERED).params()
     assert {key: json.loads(params)[key] for key in TIERED} == TIERED
 
     widget(app.radio, "Mode").set_value("streaming")  # precision tiers are set at prefill mode's compression
@@ -102,7 +102,7 @@ def test_a_layer_allocation_shows_its_budgets_and_entropy_without_a_profile_name
     budgets = lines["preset"]["y"]
     assert sum(budgets) == 13 * len(budgets) and budgets[0] > budgets[-1]
 
-    monkeypatch.setattr(profile, "SHIPPED_PROFILES_DIR", tmp_path / "none-shipped")
+    monkeypatch.setattr(profiles, "SHIPPED_PROFILES_DIR", tmp_path / "none-shipped")
     monkeypatch.setenv("KVLAB_PROFILES", str(tmp_path / "none-measured"))
     app.run()
     assert not any(title.startswith("Layer budgets") for title in charts(app))
@@ -154,7 +154,7 @@ def test_a_needle_grid_runs_each_policy_with_and_without_the_options(db):
 
 
 def add_run(store: Store, params: dict[str, object], correct: bool, kv_bytes: int) -> None:
-    policy = make_policy("h2o", **params)
+    policy = configure("h2o", **params)
     config = RunConfig(MODEL, "h2o", "prefill", "needle", policy.params(), keep=0.1, context_length=512)
     run_id = store.begin_run(config, provenance=PROVENANCE)
     trial = Trial("0.5/0", "t", 512, correct, correct, 0.5, kept_tokens=52, kv_bytes=kv_bytes, peak_kv_bytes=kv_bytes)

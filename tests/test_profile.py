@@ -12,17 +12,17 @@ from transformers import AutoModelForCausalLM
 from kvlab.cache.allocation import CAKE_WINDOW
 from kvlab.cli import main
 from kvlab.dashboard.allocation_figures import ALLOCATION_GUIDE, allocation_figure, profile_budgets
-from kvlab.engine.profile import (
+from kvlab.engine.profile import measure_profile
+from kvlab.errors import KvlabError
+from kvlab.models.loading import load_model, wrap_model
+from kvlab.models.profiles import (
     SHIPPED_PROFILES_DIR,
     Profile,
     load_profile,
-    measure_profile,
     require_profile,
     save_profile,
     user_profiles_dir,
 )
-from kvlab.errors import KvlabError
-from kvlab.models.loading import load_model, wrap_model
 
 TEXT = "The cache keeps the tokens that matter, and evicts the rest when the budget is spent. " * 40
 

@@ -12,14 +12,16 @@ import pytest
 import torch
 from tiny_models import prompt, tiny_model
 
-from kvlab.budget import Budget, check_budget
+from kvlab.budget import Budget
 from kvlab.cli import main
 from kvlab.dashboard import grid_figures
 from kvlab.dashboard.store_figures import frontier_figure
-from kvlab.engine.generation import Generation, RunSpec, generate
+from kvlab.engine.generation import Generation, generate
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.loading import load_model, wrap_model
-from kvlab.policies import EVICTING, is_full_cache, make_policy
+from kvlab.policies import evicting, is_full_cache, make_policy
+from kvlab.policies.base import check_budget
 from kvlab.provenance import Provenance
 from kvlab.runs import tables
 from kvlab.runs.quality import DEFAULT_TEXT, measure, run_quality
@@ -102,7 +104,7 @@ def test_the_first_token_ablation_keeps_every_token_but_the_first(mode):
 
 
 def test_the_first_token_ablation_is_its_own_run_and_no_method(shipped):
-    assert "drop_first" not in EVICTING and not is_full_cache("drop_first")
+    assert "drop_first" not in evicting() and not is_full_cache("drop_first")
     with pytest.raises(KvlabError, match="takes no budget"):
         check_budget(make_policy("drop_first"), Budget(tokens=10), 100)
     keys = {

@@ -9,16 +9,8 @@ import math
 import pytest
 import torch
 
-from kvlab.cache.quant import (
-    BITS,
-    Quantized,
-    check_bits,
-    pack,
-    quantize_keys,
-    quantize_values,
-    unpack,
-    value_group,
-)
+from kvlab.cache.quant import Quantized, check_bits, pack, quantize_keys, quantize_values, unpack, value_group
+from kvlab.cache.spec import BITS
 from kvlab.errors import KvlabError
 
 PACKED = (2, 4, 8)

@@ -8,8 +8,9 @@ from typing import ClassVar
 import torch
 
 from kvlab.budget import Budget
-from kvlab.cache.heap import MOMENTS_SKIP
-from kvlab.engine.generation import Generation, RunSpec
+from kvlab.cache.layer import MOMENTS_SKIP
+from kvlab.engine.generation import Generation
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import wrap_model
 from kvlab.models.rope import Rope
 from kvlab.policies.base import LayerView
@@ -53,7 +54,7 @@ def test_query_moments_are_those_of_the_queries_before_rope() -> None:
     seen: list[torch.Tensor] = []
     hook = attention.q_proj.register_forward_hook(lambda module, args, output: seen.append(output.detach()))
     ids = prompt(length=24)
-    generation = Generation(loaded, RunSpec(MomentsProbe(), Budget(tokens=16), max_new_tokens=3), ids)
+    generation = Generation(loaded, RunSpec.of(MomentsProbe(), Budget(tokens=16), max_new_tokens=3), ids)
     try:
         for _ in generation.events():
             pass
@@ -65,7 +66,7 @@ def test_query_moments_are_those_of_the_queries_before_rope() -> None:
     views = generation.layer_views()
     # prefill mode stops observing at its one compression: the moments are those of the prompt's queries
     assert views[1].query_moments() is None
-    probe = Generation(loaded, RunSpec(MomentsProbe(), Budget(tokens=16), max_new_tokens=0), ids)
+    probe = Generation(loaded, RunSpec.of(MomentsProbe(), Budget(tokens=16), max_new_tokens=0), ids)
     for _ in probe.read(probe.input_ids, 0):
         pass
     moments = probe.layer_views()[1].query_moments()

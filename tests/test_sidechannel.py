@@ -16,7 +16,8 @@ from tiny_models import VOCAB, tiny_model
 
 from kvlab.budget import Budget
 from kvlab.cli import main
-from kvlab.engine.generation import Generation, RunSpec
+from kvlab.engine.generation import Generation
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.experiments.sidechannel import (
     CHANNELS,

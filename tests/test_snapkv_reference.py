@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.budget import Budget
-from kvlab.engine.generation import Generation, RunSpec
+from kvlab.engine.generation import Generation
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import wrap_model
 from kvlab.policies import make_policy
 from tests.tiny_models import prompt, tiny_model
@@ -29,7 +30,7 @@ def eager():
 def compressed(model, policy) -> tuple[Generation, list[torch.Tensor]]:
     """The generation after prefill mode's compression, and before it, each layer's scores as the policy ranks them."""
     generation = Generation(
-        wrap_model(model), RunSpec(policy, Budget(tokens=BUDGET), max_new_tokens=0), prompt(length=TOKENS)
+        wrap_model(model), RunSpec.of(policy, Budget(tokens=BUDGET), max_new_tokens=0), prompt(length=TOKENS)
     )
     steps = generation.events()
     next(steps)  # the prompt read, not yet compressed

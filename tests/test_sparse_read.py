@@ -7,12 +7,15 @@ import pytest
 import torch
 from tiny_models import prompt, tiny_model
 
-from kvlab.budget import Budget, check_budget
+from kvlab.budget import Budget
 from kvlab.cache.sparse import page_key_bounds, page_of_slots, quest_bounds
-from kvlab.engine.generation import Generation, RunSpec, generate
+from kvlab.cache.spec import CacheSpec
+from kvlab.engine.generation import Generation, generate
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.loading import load_model, wrap_model
-from kvlab.policies import EVICTING, POLICIES, SPARSE_READERS, make_policy
+from kvlab.policies import POLICIES, evicting, make_policy, sparse_readers
+from kvlab.policies.base import check_budget
 from kvlab.policies.quest import QuestRead
 from kvlab.runs.sweep import SweepGrid, SweepRunner
 from kvlab.store import open_store
@@ -38,8 +41,8 @@ def decoded(loaded, spec: RunSpec, ids: torch.Tensor) -> tuple[list[list[int]], 
 
 
 def test_the_sparse_readers_take_a_read_budget_and_are_not_evicting_methods():
-    assert set(SPARSE_READERS) == {"quest", "rocketkv"} and not set(SPARSE_READERS) & set(EVICTING)
-    assert all(POLICIES[name].evicts for name in SPARSE_READERS)  # they take a budget: sweeps plan them with one
+    assert set(sparse_readers()) == {"quest", "rocketkv"} and not set(sparse_readers()) & set(evicting())
+    assert all(POLICIES[name].evicts for name in sparse_readers())  # they take a budget: sweeps plan them with one
     with pytest.raises(KvlabError, match="'quest' reads a budget of tokens per decoded token, so it needs a budget"):
         check_budget(make_policy("quest"), None, 100)
     assert check_budget(make_policy("quest"), Budget(keep=0.25), 100) == 25
@@ -60,7 +63,7 @@ def test_a_read_budget_covering_the_cache_equals_full(llama, mode):
     span = 40 + NEW_TOKENS  # Quest reads whole pages: 48 tokens cover the 12 pages of 4 the run fills
     covering = ((make_policy("quest", page_size=4, dense_layers=1), 48), (make_policy("rocketkv", window=4), 2 * span))
     for policy, budget in covering:
-        sparse_tokens, sparse_logits, sparse = decoded(llama, RunSpec(policy, Budget(tokens=budget), **common), ids)
+        sparse_tokens, sparse_logits, sparse = decoded(llama, RunSpec.of(policy, Budget(tokens=budget), **common), ids)
         assert sparse_tokens == tokens, policy.name
         torch.testing.assert_close(sparse_logits, logits, atol=1e-4, rtol=1e-4)
         assert sparse.result().kept_per_layer == full.result().kept_per_layer
@@ -157,7 +160,7 @@ def test_static_decode_steps_read_and_answer_as_eager_ones(llama, mode):
                     chunk=10,
                     max_new_tokens=6,
                     stop_token_ids=(),
-                    layout="bitmask",
+                    cache=CacheSpec(layout="bitmask"),
                     static=static,
                 ),
             )

@@ -10,11 +10,13 @@ import torch
 from tiny_models import prompt, small_policy, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.cache.tiers import TierSpec, freeze
-from kvlab.engine.generation import Generation, RunSpec, generate
+from kvlab.cache.spec import TierSpec
+from kvlab.cache.tiers import freeze
+from kvlab.engine.generation import Generation, generate
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.loading import wrap_model
-from kvlab.policies import make_policy
+from kvlab.policies import configure
 
 BUDGET = 12
 NEW_TOKENS = 6
@@ -33,14 +35,15 @@ def gemma2():
 def run(loaded, name: str, budget: int | None = BUDGET, mode: str = "prefill", **params):
     """A generation of ``name`` (with ``params``) over a fixed prompt and question, drained, with its events."""
     base = small_policy(name)
-    policy = make_policy(name, **{**base.params(), **params})
+    variant = configure(name, **{**base.params(), **params})
     spec = RunSpec(
-        policy,
+        variant.policy,
         None if budget is None else Budget(tokens=budget),
         mode=mode,
         chunk=8,
         max_new_tokens=NEW_TOKENS,
         stop_token_ids=(),
+        cache=variant.cache(),
     )
     generation = Generation(loaded, spec, prompt(batch=2, length=41, seed=3), prompt(batch=2, length=4, seed=8))
     events = []
@@ -178,9 +181,11 @@ def test_noise_changes_what_is_kept_and_scale_zero_changes_nothing(llama):
 
 
 def test_quantised_runs_decode_eagerly_after_the_compression(llama):
+    variant = configure("h2o", hot=0.5, key_bits=8, value_bits=8)
     spec = RunSpec(
-        make_policy("h2o", hot=0.5, key_bits=8, value_bits=8),
+        variant.policy,
         Budget(tokens=BUDGET),
+        cache=variant.cache(),
         max_new_tokens=NEW_TOKENS,
         stop_token_ids=(),
         static=True,

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from kvlab.budget import Budget
-from kvlab.engine.generation import RunSpec, generate
+from kvlab.cache.ranking import by_score_then_position, tied_cut
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import wrap_model
 from kvlab.policies import make_policy
-from kvlab.policies.base import LayerView, by_score_then_position, tied_cut
+from kvlab.policies.base import LayerView
 from kvlab.policies.scoring import ScoringPolicy
 from tests.tiny_models import prompt, tiny_model
 
@@ -45,7 +47,7 @@ def test_a_cut_is_tied_when_the_best_victim_scores_as_the_worst_survivor() -> No
 def test_every_cut_of_flat_scores_is_tied_and_none_of_recency(loaded, mode: str) -> None:
     def share(policy) -> float | None:
         budget = Budget(tokens=12) if policy.evicts else None
-        spec = RunSpec(policy, budget, mode=mode, chunk=8, max_new_tokens=4, stop_token_ids=())
+        spec = RunSpec.of(policy, budget, mode=mode, chunk=8, max_new_tokens=4, stop_token_ids=())
         return generate(loaded, prompt(length=30), spec).tie_share
 
     assert share(Flat()) == 1.0
@@ -55,7 +57,7 @@ def test_every_cut_of_flat_scores_is_tied_and_none_of_recency(loaded, mode: str)
 
 def test_flat_scores_keep_the_newest_tokens(loaded) -> None:
     """The documented tie-break: among equal scores the older token is evicted first."""
-    spec = RunSpec(Flat(), Budget(tokens=12), max_new_tokens=1, stop_token_ids=())
+    spec = RunSpec.of(Flat(), Budget(tokens=12), max_new_tokens=1, stop_token_ids=())
     from kvlab.engine.generation import Generation
 
     generation = Generation(loaded, spec, prompt(length=30))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvlab.dashboard import live_figures as figures
-from kvlab.engine.generation import Event
+from kvlab.engine.events import Event
 from kvlab.runs.live import LiveTrace, MemoryPoint
 
 LAYERS, HEADS, KV_HEADS = 2, 4, 2

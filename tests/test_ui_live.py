@@ -114,7 +114,7 @@ def test_running_out_of_gpu_memory_is_one_sentence(shipped, monkeypatch):
     def exhausted(self, ids):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(Generation, "_forward", exhausted)
+    monkeypatch.setattr(Generation, "forward", exhausted)
     run = LiveRun(shipped, build_prompt(shipped, NeedleTask(128, 0.5)), LiveSettings("h2o", budget=Budget(keep=0.5)))
     with pytest.raises(KvlabError, match="ran out of memory after 0 tokens"):
         run_to_end(run)

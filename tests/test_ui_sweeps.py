@@ -145,7 +145,7 @@ def test_a_failing_sweep_says_why_and_can_be_resumed(shipped, store, jobs, monke
     def exhausted(self, ids):
         raise torch.OutOfMemoryError("CUDA out of memory.")
 
-    monkeypatch.setattr(Generation, "_forward", exhausted)
+    monkeypatch.setattr(Generation, "forward", exhausted)
     job = jobs.start(grid_request(shipped), shipped, store)
     assert job.join(60) and job.status == "failed"
     assert "ran out of memory" in job.message and job.message.endswith("resume it to go on.")

@@ -16,7 +16,7 @@ from tiny_models import prompt, tiny_model
 from kvlab.budget import Budget
 from kvlab.cache.demotion import TIERS, DemotionReport
 from kvlab.dashboard import live_figures as figures
-from kvlab.engine.generation import Event
+from kvlab.engine.events import Event
 from kvlab.models.loading import wrap_model
 from kvlab.runs.live import LivePrompt, LiveRun, LiveSettings, LiveTrace
 from kvlab.runs.replay import EXAMPLES_DB, pack, unpack

@@ -12,7 +12,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import kvlab.policies
 from kvlab.budget import Budget
-from kvlab.engine.generation import Generation, RunSpec, generate
+from kvlab.engine.generation import Generation, generate
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.loading import wrap_model
 from kvlab.policies import POLICIES, make_policy
@@ -87,11 +88,11 @@ def test_prefill_keeps_the_sinks_and_the_largest_values(policy_module, tiny):
 def test_every_layer_holds_its_budget_and_a_covering_budget_is_the_full_cache(policy_module, tiny, mode):
     loaded, ids, _ = tiny
     policy = make_policy("value_norm", sinks=SINKS)
-    spec = RunSpec(policy, Budget(tokens=BUDGET), mode=mode, chunk=8, max_new_tokens=4, stop_token_ids=())
+    spec = RunSpec.of(policy, Budget(tokens=BUDGET), mode=mode, chunk=8, max_new_tokens=4, stop_token_ids=())
     for event in Generation(loaded, spec, ids).events():
         if event.kind == "compress" or (mode == "streaming" and event.seen_tokens >= BUDGET):
             assert all(((kept >= 0).sum(dim=-1) == BUDGET).all() for kept in event.survivors())
-    covering = RunSpec(policy, Budget(tokens=LENGTH + 8), mode=mode, chunk=8, max_new_tokens=4, stop_token_ids=())
+    covering = RunSpec.of(policy, Budget(tokens=LENGTH + 8), mode=mode, chunk=8, max_new_tokens=4, stop_token_ids=())
     full = RunSpec(make_policy("full"), mode=mode, chunk=8, max_new_tokens=4, stop_token_ids=())
     assert generate(loaded, ids, covering).tokens == generate(loaded, ids, full).tokens
 

@@ -31,30 +31,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kvlab.cache.heap import FREE
+from kvlab.cache.layer import FREE, HeapLayer, Slots
 from kvlab.cache.offload import FileRegion, HostStore, OffloadFile, PageShape
 from kvlab.cache.sparse import quest_bounds
+from kvlab.cache.spec import DemotionSpec
 
-#: Bytes in a MiB, the unit of the tiers' budgets as a policy takes them.
-MIB = 1 << 20
 #: Where demotion holds bytes, as runs report them: on the GPU beside the heap, in CPU memory, in the offload file.
 TIERS: tuple[str, ...] = ("gpu", "cpu", "disk")
-#: How a page is summarised on the GPU for the recall's choice.
-SUMMARIES: tuple[str, ...] = ("minmax", "mean")
 _GONE, _CPU, _DISK = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class DemotionSpec:
-    """The tiers' byte budgets (over all layers; each layer gets an equal share) and the recall's rule."""
-
-    cpu_bytes: int
-    disk_bytes: int
-    page_tokens: int = 16
-    recall_pages: int = 8
-    summary: str = "minmax"
-    promote: bool = True
-    prefetch: bool = False
 
 
 @dataclass
@@ -138,7 +122,7 @@ class DemotedLayer:
 
 
 class Demotion:
-    """The demotion tiers of one generation's heap (:attr:`kvlab.cache.heap.KVHeap.demotion`)."""
+    """The demotion tiers of one generation's heap, shared by its :class:`DemotingLayer` objects."""
 
     def __init__(self, spec: DemotionSpec, num_layers: int) -> None:
         self.spec = spec
@@ -536,3 +520,38 @@ def _synchronize_current(device: torch.device) -> None:
     """Wait for the work queued on the device's current stream (not on the prefetch's side stream)."""
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
+
+
+@dataclass
+class DemotingLayer(HeapLayer):
+    """A layer whose evicted tokens are demoted instead of deleted: handed to the run's :class:`Demotion` before
+    their slots are freed (not on sliding-window layers, where no query sees them again), and recalled by page for
+    every forward pass once the layer has demoted some, attended beside the heap's slots and masked by position (so
+    recalled tokens earn no heap score). ``index`` is the layer's place in the model."""
+
+    demotion: Demotion | None = None
+    index: int = 0
+
+    def read(self, span: int, static: bool, query: torch.Tensor, decoding: bool) -> tuple[Slots, bool]:
+        slots, in_order = super().read(span, static, query, decoding)
+        assert self.demotion is not None
+        recalled = self.demotion.recall(self.index, query, decoding)
+        if recalled is None:
+            return slots, in_order
+        return (
+            torch.cat([slots[0], recalled[0]], dim=2),
+            torch.cat([slots[1], recalled[1]], dim=2),
+            torch.cat([slots[2], recalled[2]], dim=2),
+        ), False
+
+    def before_free(self, victims: torch.Tensor) -> None:
+        if self.sliding_window is not None:  # outside a window no query sees them again
+            return
+        assert self.demotion is not None
+        keys, values, positions = self.slots(self.capacity)
+        index = victims.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+        self.demotion.demote(self.index, keys.gather(2, index), values.gather(2, index), positions.gather(2, victims))
+
+    def capturable(self) -> bool:
+        """A recall's pages are chosen and copied from the host at every step."""
+        return False

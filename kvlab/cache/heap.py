@@ -1,11 +1,10 @@
 """The KV heap: each layer's keys and values in slots allocated once per run, evicted from in one of three layouts.
 
-Every layer holds keys and values as ``(batch, kv_heads, capacity, head_dim)`` tensors (GQA-native: one entry per
-KV head, never expanded to the query heads), the original position of the token in each slot as
-``(batch, kv_heads, capacity)`` (:data:`FREE` where a slot holds no token), and, for the policies that need them,
-the attention each slot has accumulated and the last few queries. The engine plans each layer's capacity from the
-run's budget (budget + chunk in streaming mode; the prompt and the tokens to generate in prefill mode), so a run
-allocates once and writes in place.
+The heap is a list of layer objects (:mod:`kvlab.cache.layer`), one per decoder layer, each of the type the run's
+cache spec asks for (:meth:`KVHeap.build`): dense slots, a :class:`~kvlab.cache.tiers.TieredLayer` that freezes what
+it keeps at its precision, or a :class:`~kvlab.cache.demotion.DemotingLayer` that demotes what it evicts. The engine
+plans each layer's capacity from the run's budget (budget + chunk in streaming mode; the prompt and the tokens to
+generate in prefill mode), so a run allocates once and writes in place.
 
 New tokens go into the first free slots (the slots freed by eviction first, then the never-used tail). Eviction
 frees slots; the layout says what happens then:
@@ -23,225 +22,92 @@ Results are the same in both modes (a tested equivalence).
 
 The class implements the part of the transformers ``Cache`` interface that model forwards call (``update`` and
 ``get_seq_length``); it deliberately does not inherit from ``transformers.Cache`` so that transformers builds no
-attention masks of its own for it: kvlab's attention function builds masks from the stored positions.
+attention masks of its own for it: kvlab's attention function builds masks from the stored positions
+(:class:`~kvlab.cache.positions.Positions`, the run's one position state).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from kvlab.cache.clocks import ClockTotal, DeviceClock
+from kvlab.cache.demotion import DemotingLayer, Demotion, DemotionReport
+from kvlab.cache.layer import FREE, AttentionShape, HeapLayer, first_free, gather_slots, position_order
 from kvlab.cache.layouts import HeapLayout
+from kvlab.cache.noise import NoiseFloor
+from kvlab.cache.positions import Positions
+from kvlab.cache.ranking import hot_and_cold, kept, victims
+from kvlab.cache.spec import CacheSpec, TierSpec
+from kvlab.cache.tiers import TieredLayer
 from kvlab.models.rope import Rope
 
-if TYPE_CHECKING:  # the frozen part of a layer and the demoted pages are built from this module's slots
-    from kvlab.cache.demotion import Demotion
-    from kvlab.cache.tiers import FrozenLayer, TierSpec
-
-#: The position stored in a slot that holds no token.
-FREE = -1
-#: Queries at positions below this one take no part in a layer's query moments: the first tokens' hidden states are
-#: outliers (attention sinks), and kvpress's Expected Attention leaves out the same four.
-MOMENTS_SKIP = 4
-_LAST = torch.iinfo(torch.int32).max
+#: A run's host counts, as :meth:`KVHeap.host_state` takes them: tokens seen, compactions, slots ranked, cuts, and
+#: per layer slots in use, live and whether ordered.
+HostState = tuple[int, int, int, int, list[tuple[int, int, bool]]]
+#: A layer's eviction scores for its slots in view (policy scores with the noise floor, higher kept).
+Ranker = Callable[[], torch.Tensor]
 
 
-@dataclass
-class HeapLayer:
-    """One layer's slots and what kvlab knows about them.
+@dataclass(frozen=True)
+class Observed:
+    """What attention keeps for the run's policies: the attention each slot accumulates (``scores``: H2O), the last
+    ``query_window`` queries (SnapKV, TOVA), the running moments of every query before RoPE (``query_moments``:
+    Expected Attention)."""
 
-    ``used`` counts the slots written since the last compaction (``[0, used)``; the rest of the capacity has never
-    held a token), ``live`` the slots that hold one (the same for every sequence and KV head: all are evicted to the
-    same budget). ``ordered`` says that the live slots are exactly ``[0, used)`` in increasing position order, as
-    after a compaction or a run of appends, which lets attention use slot order instead of position masks.
-    ``recent_queries`` keeps the last post-RoPE query vectors ``(batch, q_heads, w, head_dim)`` with their positions,
-    for policies that score the cache by an observation window (SnapKV, TOVA); ``sliding_window``, ``scaling`` and
-    ``softcap`` are recorded from the model's own attention call so that scores computed outside the forward pass
-    use exactly the model's attention. ``planned`` is the capacity the engine planned for the layer.
-    """
-
-    planned: int = 0
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-    positions: torch.Tensor | None = None
-    scores: torch.Tensor | None = None
-    recent_queries: torch.Tensor | None = None
-    recent_query_positions: torch.Tensor | None = None
-    used: int = 0
-    live: int = 0
-    ordered: bool = True
-    sliding_window: int | None = None
-    scaling: float = 1.0
-    softcap: float | None = None
-    frozen: FrozenLayer | None = None
-    moments: QueryMoments | None = None
-    shared: set[str] = field(default_factory=set, repr=False)
-
-    def slots(self, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Keys, values and positions of the first ``span`` slots of an allocated layer."""
-        assert self.keys is not None and self.values is not None and self.positions is not None
-        return self.keys[:, :, :span], self.values[:, :, :span], self.positions[:, :, :span]
-
-    def attended(self, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Keys, values and positions attention reads: the first ``span`` slots, after the frozen tokens
-        materialised at the heap's dtype when the layer has some (:mod:`kvlab.cache.tiers`)."""
-        keys, values, positions = self.slots(span)
-        if self.frozen is None:
-            return keys, values, positions
-        frozen_keys, frozen_values = self.frozen.materialise(keys.dtype)
-        return (
-            torch.cat([frozen_keys, keys], dim=2),
-            torch.cat([frozen_values, values], dim=2),
-            torch.cat([self.frozen.positions, positions], dim=2),
-        )
-
-    def held_positions(self) -> torch.Tensor:
-        """Positions of every slot that can hold a token, frozen ones first (free ones negative)."""
-        assert self.positions is not None
-        if self.frozen is None:
-            return self.positions
-        return torch.cat([self.frozen.positions, self.positions], dim=2)
-
-    def held_per_head(self) -> int:
-        """Tokens held per (sequence, KV head), the mean where heads hold different numbers (frozen Ada-KV)."""
-        if self.frozen is None or self.keys is None:
-            return self.live
-        batch, kv_heads = self.keys.shape[:2]
-        return self.live + round(self.frozen.tokens() / (batch * kv_heads))
-
-    @property
-    def device(self) -> torch.device:
-        """Where the layer's tensors live (the CPU before any is allocated)."""
-        return torch.device("cpu") if self.keys is None else self.keys.device
-
-    @property
-    def capacity(self) -> int:
-        """Slots allocated per (sequence, KV head)."""
-        return 0 if self.keys is None else self.keys.shape[2]
-
-    @property
-    def dead(self) -> int:
-        """Free slots among those in use: evicted tokens whose slots wait to be refilled or compacted away."""
-        return self.used - self.live
-
-    def span(self, static: bool) -> int:
-        """How many slots attention and scoring look at: those in use, or in static mode the whole capacity."""
-        return self.capacity if static else self.used
-
-    def slot_bytes(self) -> int:
-        """Bytes of K and V in one slot of every sequence and KV head."""
-        if self.keys is None:
-            return 0
-        batch, kv_heads, _, head_dim = self.keys.shape
-        return 2 * batch * kv_heads * head_dim * self.keys.element_size()
-
-    def reserved_bytes(self) -> int:
-        """Bytes of the K and V tensors allocated (the frozen ones included), read from the tensors themselves."""
-        if self.keys is None or self.values is None:
-            return 0
-        dense = self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
-        return dense + self.frozen_bytes()
-
-    def live_bytes(self) -> int:
-        """Bytes of K and V in the slots that hold a token, and of the frozen tokens (as held: packed and scaled)."""
-        return self.live * self.slot_bytes() + self.frozen_bytes()
-
-    def frozen_bytes(self) -> int:
-        """Bytes of the frozen tokens' K and V tensors (none without a frozen part)."""
-        return 0 if self.frozen is None else self.frozen.kv_bytes()
-
-    def aux_bytes(self) -> int:
-        """Bytes of kvlab's bookkeeping for this layer (positions, scores, remembered queries, frozen indices)."""
-        tensors = (self.positions, self.scores, self.recent_queries)
-        frozen = 0 if self.frozen is None else self.frozen.aux_bytes()
-        moments = 0 if self.moments is None else self.moments.nbytes()
-        return frozen + moments + sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    scores: bool = False
+    query_window: int = 0
+    query_moments: bool = False
 
 
-@dataclass
-class QueryMoments:
-    """Running first and second moments of a layer's queries before RoPE, per sequence and query head, in float32:
-    ``total`` ``(batch, q_heads, head_dim)``, ``outer`` ``(batch, q_heads, head_dim, head_dim)`` and ``count`` (a
-    device scalar, so that a captured decode step can add to it). What a policy that models future queries as a
-    Gaussian (Expected Attention) needs from every query seen, in constant memory."""
+@dataclass(frozen=True)
+class Freezing:
+    """How prefill mode's compression freezes what a layer keeps (:class:`~kvlab.cache.tiers.TieredLayer`): the share
+    held at 16 bits, the cold tier, and Ada-KV's per-head floor (``None``: every head keeps its budget)."""
 
-    total: torch.Tensor
-    outer: torch.Tensor
-    count: torch.Tensor
-
-    @classmethod
-    def empty(cls, batch: int, q_heads: int, head_dim: int, device: torch.device) -> QueryMoments:
-        return cls(
-            torch.zeros(batch, q_heads, head_dim, device=device),
-            torch.zeros(batch, q_heads, head_dim, head_dim, device=device),
-            torch.zeros((), device=device),
-        )
-
-    def add(self, queries: torch.Tensor, weights: torch.Tensor) -> None:
-        """Add ``queries`` (``(batch, q_heads, n, head_dim)``, float32, before RoPE), each counted with its weight
-        (``(n,)``: 1, or 0 for a query left out), in place."""
-        weighted = queries * weights.view(1, 1, -1, 1)
-        self.total += weighted.sum(dim=2)
-        self.outer += torch.einsum("bhnd,bhne->bhde", weighted, queries)
-        self.count += weights.sum()
-
-    def mean_and_covariance(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The queries' mean and (population) covariance, as kvpress computes them over a prefill's queries."""
-        count = self.count.clamp_min(1.0)
-        mean = self.total / count
-        return mean, self.outer / count - mean.unsqueeze(-1) * mean.unsqueeze(-2)
-
-    def clone(self) -> QueryMoments:
-        return QueryMoments(self.total.clone(), self.outer.clone(), self.count.clone())
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.total, self.outer, self.count))
-
-
-def first_free(positions: torch.Tensor, count: int) -> torch.Tensor:
-    """The first ``count`` free slots of every sequence and KV head, in slot order, found on the device:
-    ``(batch, kv_heads, count)``. A stable sort puts free slots (key 0) before held ones (key 1) in slot order."""
-    free = positions < 0
-    if count == 1:
-        return free.to(torch.int8).argmax(dim=-1, keepdim=True)
-    return torch.sort((~free).to(torch.int8), dim=-1, stable=True).indices[..., :count]
+    hot: float
+    tier: TierSpec
+    safeguard: float | None
 
 
 class KVHeap:
     """The KV cache of one generation (one or several same-length sequences), layer by layer.
 
-    ``capacities`` are the planned slots per layer. ``room`` is how many tokens the run may still write between two
-    evictions; a compaction sizes the layer to its survivors plus that room, or, with ``keep_planned`` (streaming
-    mode, where the plan already is the steady size: budget + chunk, or the whole run when shorter), to the plan.
+    ``room`` is how many tokens the run may still write between two evictions; a compaction sizes the layer to its
+    survivors plus that room, or, with ``keep_planned`` (streaming mode, where the plan already is the steady size:
+    budget + chunk, or the whole run when shorter), to the plan. Build one with :meth:`build`.
     """
 
     def __init__(
         self,
-        capacities: list[int],
+        layers: list[HeapLayer],
         *,
-        layout: HeapLayout = HeapLayout(),
-        track_scores: bool = False,
-        query_window: int = 0,
-        room: int = 0,
-        keep_planned: bool = False,
-        query_moments: bool = False,
-        rope: Rope | None = None,
+        layout: HeapLayout,
+        observed: Observed,
+        room: int,
+        keep_planned: bool,
+        rope: Rope | None,
+        noise: NoiseFloor,
+        freezing: Freezing | None,
+        demotion: Demotion | None,
     ) -> None:
-        self.layers = [HeapLayer(planned=capacity) for capacity in capacities]
-        #: Whether attention accumulates each layer's :class:`QueryMoments` (needs ``rope`` to undo the rotation).
-        self.query_moments = query_moments and rope is not None
-        self.rope = rope
+        self.layers = layers
         self.layout = layout
-        self.keep_planned = keep_planned
-        self.track_scores = track_scores
-        self.query_window = query_window
         self.room = room
+        self.keep_planned = keep_planned
+        self.rope = rope
+        #: What the layers' scores are perturbed by before ranking (:mod:`kvlab.cache.noise`).
+        self.noise = noise
+        self.track_scores = observed.scores
+        self.query_window = observed.query_window
+        #: Whether attention accumulates each layer's query moments (needs ``rope`` to undo the rotation).
+        self.query_moments = observed.query_moments and rope is not None
+        #: The run's one position state (:mod:`kvlab.cache.positions`).
+        self.positions = Positions()
         self.static = False
-        self.seen_tokens = 0
         self.compactions = 0
         self.ranked_slots = 0
         #: Eviction cuts made (one per sequence, KV head and eviction), and on the device those on tied scores.
@@ -249,31 +115,63 @@ class KVHeap:
         self._tied_cuts: torch.Tensor | None = None
         self._compaction_time = ClockTotal()
         self._ranking_time = ClockTotal()
-        #: The positions of the tokens the current forward pass appends, per device a layer of it runs on.
-        self._pending_positions: dict[torch.device, torch.Tensor] = {}
-        #: Where evicted tokens go instead of being deleted, when the run demotes (:mod:`kvlab.cache.demotion`).
-        self.demotion: Demotion | None = None
+        self._freezing = freezing
+        self._demotion = demotion
+
+    @classmethod
+    def build(
+        cls,
+        capacities: list[int],
+        spec: CacheSpec,
+        *,
+        observed: Observed,
+        room: int,
+        keep_planned: bool,
+        rope: Rope | None,
+        evicting: bool,
+    ) -> KVHeap:
+        """A heap of ``capacities`` planned slots per layer whose layers are of the type the cache ``spec`` asks for:
+        tiered where prefill mode's compression freezes what it keeps, demoting where an evicting run demotes what
+        it evicts, dense otherwise."""
+        options = spec.options
+        demotion_spec = options.demotion() if evicting else None
+        demotion = None if demotion_spec is None else Demotion(demotion_spec, len(capacities))
+        layers: list[HeapLayer]
+        if demotion is not None:
+            layers = [DemotingLayer(planned=c, demotion=demotion, index=i) for i, c in enumerate(capacities)]
+        elif options.freezes:
+            layers = [TieredLayer(planned=c) for c in capacities]
+        else:
+            layers = [HeapLayer(planned=c) for c in capacities]
+        freezing = Freezing(options.hot, options.tier(), options.head_safeguard()) if options.freezes else None
+        return cls(
+            layers,
+            layout=spec.heap_layout(),
+            observed=observed,
+            room=room,
+            keep_planned=keep_planned,
+            rope=rope,
+            noise=NoiseFloor(options.noise, options.noise_scale),
+            freezing=freezing,
+            demotion=demotion,
+        )
+
+    @property
+    def seen_tokens(self) -> int:
+        """Tokens seen so far: the position the next token gets."""
+        return self.positions.seen
+
+    @property
+    def freezes(self) -> bool:
+        """Whether prefill mode's compression freezes what each layer keeps (precision tiers, Ada-KV), so that every
+        layer is compressed even where nothing is evicted."""
+        return self._freezing is not None
 
     # --- the forward pass --------------------------------------------------------------------------------------
 
-    def begin_forward(self, positions: torch.Tensor) -> None:
-        """Declare the original positions ``(q,)`` of the tokens the next forward pass appends (consecutive, starting
-        at :attr:`seen_tokens`), converted once here for every layer's write."""
-        self._pending_positions = {positions.device: positions.to(torch.int32)}
-
-    def end_forward(self, count: int) -> None:
-        """Count the ``count`` tokens just appended as seen (no device synchronisation)."""
-        self.seen_tokens += count
-        self._pending_positions = {}
-
-    def _positions_on(self, device: torch.device) -> torch.Tensor:
-        """The declared positions on ``device`` (:func:`on_device`)."""
-        assert self._pending_positions, "begin_forward() declares the positions of every forward pass"
-        return on_device(self._pending_positions, device)
-
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens seen so far (the next token's position), which is what models use to place new tokens."""
-        return self.seen_tokens
+        return self.positions.seen
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -282,7 +180,7 @@ class KVHeap:
         (transformers' contract)."""
         layer = self.layers[layer_idx]
         batch, kv_heads, count, head_dim = key_states.shape
-        new_positions = self._positions_on(key_states.device).expand(batch, kv_heads, count)
+        new_positions = self.positions.slot_values(key_states.device).expand(batch, kv_heads, count)
         if layer.keys is None:
             self._allocate(layer, key_states, max(layer.planned, count))
         elif layer.live + count > layer.capacity:
@@ -308,22 +206,68 @@ class KVHeap:
         span = layer.span(self.static)
         return keys[:, :, :span], values[:, :, :span]
 
+    def describe(self, layer_idx: int, shape: AttentionShape) -> None:
+        """Record what a layer's attention does beyond q.K^T (its window, scaling, soft-cap) at its first forward."""
+        layer = self.layers[layer_idx]
+        if layer.shape is None:
+            layer.shape = shape
+
     # --- eviction and compaction -------------------------------------------------------------------------------
 
-    def evict(self, layer_idx: int, victims: torch.Tensor) -> None:
-        """Free the slots ``victims`` (``(batch, kv_heads, k)``, distinct held slots) of a layer, then compact when
-        the layout says so."""
+    def ranking_clock(self, layer_idx: int) -> DeviceClock | None:
+        """A clock started for an eviction's ranking of a layer (none inside a static step, whose time is the
+        step's)."""
+        return None if self.static else DeviceClock.start(self.layers[layer_idx].device)
+
+    def cut(
+        self, layer_idx: int, count: int, scores: torch.Tensor, start: int, clock: DeviceClock | None = None
+    ) -> None:
+        """Evict the ``count`` lowest-ranked slots of a layer among the slots ``[start, start + scores' width)``
+        (``scores``: their eviction scores), counting the slots ranked, timing the ranking since ``clock`` started,
+        and counting the cut and whether it fell on a tie."""
         layer = self.layers[layer_idx]
-        count = victims.shape[-1]
+        positions = layer.slots(layer.capacity)[2][..., start : start + scores.shape[-1]]
+        chosen = victims(scores, positions, count)
+        self.account_ranking(layer, scores.shape[-1], clock.stop() if clock is not None else None)
+        self.account_cut(layer, chosen.tied)
+        self.evict(layer_idx, chosen.slots + start if start else chosen.slots)
+
+    def compress(self, layer_idx: int, count: int, rank: Ranker, candidates: tuple[int, int] | None) -> None:
+        """Prefill mode's one compression of a layer down to its budget (``count`` tokens fewer): the lowest-ranked
+        tokens evicted in place, or, where the cache freezes what it keeps (precision tiers, Ada-KV), every layer's
+        kept tokens moved into its frozen part at their precision and the rest evicted. ``rank`` gives the layer's
+        eviction scores; ``candidates`` the slots the victims are chosen from (``None``: all)."""
+        layer = self.layers[layer_idx]
+        freezing = self._freezing
+        if freezing is None:
+            if count:
+                clock = self.ranking_clock(layer_idx)
+                start, stop = candidates or (0, layer.span(self.static))
+                self.cut(layer_idx, count, rank()[..., start:stop], start, clock)
+            return
+        assert isinstance(layer, TieredLayer)
+        clock = DeviceClock.start(layer.device)
+        span = layer.span(self.static)
+        positions = layer.slots(span)[2]
+        kept_slots, ranking, tied = kept(rank(), positions, layer.live - count, layer.live, freezing.safeguard)
+        self.account_ranking(layer, span, clock.stop())
+        if tied is not None:
+            self.account_cut(layer, tied)
+        hot, cold = hot_and_cold(ranking, kept_slots, freezing.hot)
+        frozen_slots = layer.freeze(hot, cold, freezing.tier)
+        if layer.live:
+            self.evict(layer_idx, frozen_slots)
+
+    def evict(self, layer_idx: int, slots: torch.Tensor) -> None:
+        """Free the slots ``slots`` (``(batch, kv_heads, k)``, distinct held slots) of a layer, then compact when the
+        layout says so."""
+        layer = self.layers[layer_idx]
+        count = slots.shape[-1]
         if count == 0:
             return
         self._own(layer, "positions")
-        if self.demotion is not None and layer.sliding_window is None:  # outside a window no query sees them again
-            keys, values, positions = layer.slots(layer.capacity)
-            index = victims.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
-            evicted = keys.gather(2, index), values.gather(2, index), positions.gather(2, victims)
-            self.demotion.demote(layer_idx, *evicted)
-        layer.slots(layer.capacity)[2].scatter_(2, victims, FREE)
+        layer.before_free(slots)
+        layer.slots(layer.capacity)[2].scatter_(2, slots, FREE)
         if self.account_evict(layer, count):
             self._compact(layer)
 
@@ -367,6 +311,25 @@ class KVHeap:
                 self._tied_cuts = torch.zeros((), device=tied.device)
             self._tied_cuts += tied.sum().to(self._tied_cuts.device)  # layers may live on several devices
 
+    def account_appended(self, count: int) -> None:
+        """The host's counts after a forward pass the host did not run appended ``count`` tokens to every layer (a
+        replayed static step, or the plan of one)."""
+        self.positions.advance(count)
+        for layer in self.layers:
+            self.account_write(layer, count)
+
+    def account_evictions(self, counts: tuple[int, ...], replayed: bool) -> tuple[bool, ...]:
+        """The host's counts after each layer gave up ``counts[i]`` tokens by the rules an eager eviction follows;
+        whether each compacted. A ``replayed`` step's rankings and cuts are counted too (its graph ranked every slot
+        of the capacity)."""
+        compacts = []
+        for layer, count in zip(self.layers, counts):
+            if count and replayed:
+                self.account_ranking(layer, layer.span(static=True))
+                self.account_cut(layer)
+            compacts.append(bool(count) and self.account_evict(layer, count))
+        return tuple(compacts)
+
     def tie_share(self) -> float | None:
         """The share of eviction cuts where the best victim's score equalled the worst survivor's, so that the
         position tie-break decided (``None`` when nothing was cut; read once, at the end of a run)."""
@@ -374,16 +337,16 @@ class KVHeap:
             return None
         return 0.0 if self._tied_cuts is None else float(self._tied_cuts) / self.cuts
 
-    def host_state(self) -> tuple[int, int, int, int, list[tuple[int, int, bool]]]:
+    def host_state(self) -> HostState:
         """The host's counts (tokens seen, compactions, slots ranked, cuts, and per layer slots in use, live and
         whether ordered)."""
         layers = [(layer.used, layer.live, layer.ordered) for layer in self.layers]
-        return self.seen_tokens, self.compactions, self.ranked_slots, self.cuts, layers
+        return self.positions.seen, self.compactions, self.ranked_slots, self.cuts, layers
 
-    def restore(self, state: tuple[int, int, int, int, list[tuple[int, int, bool]]]) -> None:
+    def restore(self, state: HostState) -> None:
         """Put back counts taken by :meth:`host_state` (a captured step ran its host logic without its device
-        work)."""
-        self.seen_tokens, self.compactions, self.ranked_slots, self.cuts, layers = state
+        work, or a planned one was worked out ahead)."""
+        self.positions.seen, self.compactions, self.ranked_slots, self.cuts, layers = state
         for layer, (used, live, ordered) in zip(self.layers, layers):
             layer.used, layer.live, layer.ordered = used, live, ordered
 
@@ -399,16 +362,16 @@ class KVHeap:
         else:
             capacity = max(layer.planned, layer.live) if self.keep_planned else max(layer.live + self.room, 1)
         gathered = {
-            name: _gather_slots(getattr(layer, name), order)
+            name: gather_slots(getattr(layer, name), order)
             for name in ("keys", "values", "positions", "scores")
             if getattr(layer, name) is not None
         }
         fresh = capacity != layer.capacity or bool(layer.shared & set(gathered))
-        for name, survivors in gathered.items():
+        for name, kept_slots in gathered.items():
             target = getattr(layer, name)
             if fresh:
                 target = target.new_zeros((*target.shape[:2], capacity, *target.shape[3:]))
-            target[:, :, : layer.live] = survivors
+            target[:, :, : layer.live] = kept_slots
             if name == "positions":
                 target[:, :, layer.live :] = FREE
             elif name == "scores":
@@ -456,58 +419,56 @@ class KVHeap:
 
     def fork(
         self,
-        *,
         capacities: list[int],
-        track_scores: bool,
-        query_window: int,
-        layout: HeapLayout,
+        spec: CacheSpec,
+        *,
+        observed: Observed,
         room: int,
         keep_planned: bool,
-        query_moments: bool = False,
+        evicting: bool,
     ) -> KVHeap:
-        """An independent heap holding the same tokens, for another policy to compress.
+        """An independent heap holding the same tokens, built for another run's cache ``spec`` and what its policy
+        observes, for that run to compress.
 
         K, V, positions and scores are shared with this heap and copied only when the fork first changes them, so
         a fork costs no memory until it diverges (a compaction builds new tensors without copying first).
         """
-        forked = KVHeap(
-            capacities,
-            layout=layout,
-            track_scores=track_scores,
-            query_window=query_window,
-            room=room,
-            keep_planned=keep_planned,
-            query_moments=query_moments,
-            rope=self.rope,
+        forked = KVHeap.build(
+            capacities, spec, observed=observed, room=room, keep_planned=keep_planned, rope=self.rope, evicting=evicting
         )
-        forked.seen_tokens = self.seen_tokens
+        forked.positions = Positions(self.positions.seen)
         for source, target in zip(self.layers, forked.layers):
             target.keys, target.values, target.positions = source.keys, source.values, source.positions
             target.used, target.live, target.ordered = source.used, source.live, source.ordered
-            target.sliding_window, target.scaling, target.softcap = (
-                source.sliding_window,
-                source.scaling,
-                source.softcap,
-            )
+            target.shape = source.shape
             target.shared = {"keys", "values", "positions"}
-            if track_scores:
+            if observed.scores:
                 if source.scores is None:
                     raise ValueError("The shared prefill did not accumulate attention scores.")
                 target.scores = source.scores
                 target.shared.add("scores")
-            if query_window:
-                if source.recent_queries is None or source.recent_queries.shape[2] < min(
-                    query_window, self.seen_tokens
-                ):
+            window = observed.query_window
+            if window:
+                if source.recent_queries is None or source.recent_queries.shape[2] < min(window, self.seen_tokens):
                     raise ValueError("The shared prefill did not remember enough queries.")
                 assert source.recent_query_positions is not None
-                target.recent_queries = source.recent_queries[:, :, -query_window:].clone()
-                target.recent_query_positions = source.recent_query_positions[-query_window:].clone()
+                target.recent_queries = source.recent_queries[:, :, -window:].clone()
+                target.recent_query_positions = source.recent_query_positions[-window:].clone()
             if forked.query_moments:
                 if source.moments is None:
                     raise ValueError("The shared prefill did not accumulate query moments.")
                 target.moments = source.moments.clone()
         return forked
+
+    def capturable(self) -> bool:
+        """Whether decode steps over every layer can be captured in a CUDA graph (no frozen part materialised per
+        step, no pages recalled from the host)."""
+        return all(layer.capturable() for layer in self.layers)
+
+    def evictions_capturable(self) -> bool:
+        """Whether an eviction of this heap can be captured in a CUDA graph: noise draws from a generator a graph
+        would not advance."""
+        return self.noise.kind == "none"
 
     def make_static(self) -> None:
         """Switch to static mode for captured decode steps: every layer at its planned capacity and every tensor
@@ -520,6 +481,13 @@ class KVHeap:
         if self._tied_cuts is None:  # a captured eviction adds to it in place: it must exist before the capture
             self._tied_cuts = torch.zeros((), device=self.layers[0].device)
         self.static = True
+
+    def windows_full(self) -> bool:
+        """Whether every layer remembers a whole observation window of queries (its shape no longer changes)."""
+        return not self.query_window or all(
+            layer.recent_queries is not None and layer.recent_queries.shape[2] >= self.query_window
+            for layer in self.layers
+        )
 
     def stop_observing(self) -> None:
         """Drop accumulated scores and remembered queries and stop collecting them: after prefill mode's one
@@ -575,104 +543,16 @@ class KVHeap:
         """Tokens held per (sequence, KV head) in each layer (the mean over heads where they differ)."""
         return [layer.held_per_head() for layer in self.layers]
 
-    def freeze(self, layer_idx: int, hot: torch.Tensor, cold: torch.Tensor, tier: TierSpec) -> None:
-        """Move a layer's ``hot`` and ``cold`` slots (``(batch, kv_heads, span)`` masks of held slots) into its
-        frozen part at the ``tier``'s precision (:func:`kvlab.cache.tiers.freeze`) and free every slot of
-        the dense heap, which then holds only the tokens read afterwards. Done once, at prefill mode's
-        compression."""
-        from kvlab.cache.tiers import freeze
+    def tier_bytes(self) -> dict[str, int] | None:
+        """Bytes the demotion tiers hold now (``gpu`` beside the heap, ``cpu``, ``disk``), or ``None`` where the run
+        deletes what it evicts."""
+        return None if self._demotion is None else self._demotion.tier_bytes()
 
-        layer = self.layers[layer_idx]
-        span = hot.shape[-1]
-        keys, values, positions = layer.slots(span)
-        layer.frozen = freeze(keys, values, positions, hot, cold, tier)
-        if layer.live:
-            self.evict(layer_idx, position_order(positions)[..., : layer.live])
+    def demotion_report(self, decode_steps: int) -> DemotionReport | None:
+        """What the demotion tiers hold and what moved between them (``None`` where nothing is demoted)."""
+        return None if self._demotion is None else self._demotion.report(decode_steps)
 
-
-def on_device(copies: dict[torch.device, torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The tensor ``copies`` holds, on ``device``: copied there (and kept in ``copies``) the first time a layer on that
-    device asks, so that a forward pass of a model split over devices copies it once per device."""
-    found = copies.get(device)
-    if found is None:
-        found = copies[device] = next(iter(copies.values())).to(device)
-    return found
-
-
-def position_order(positions: torch.Tensor) -> torch.Tensor:
-    """The slots of each sequence and KV head ordered by the position they hold, free slots last."""
-    return positions.masked_fill(positions < 0, _LAST).argsort(dim=-1)
-
-
-def survivors(positions: torch.Tensor, live: int) -> torch.Tensor:
-    """The original positions held in a layer, ``(batch, kv_heads, live)`` in increasing order, whatever the slot
-    order."""
-    return positions.gather(-1, position_order(positions)[..., :live])
-
-
-def _gather_slots(tensor: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """``tensor[b, h, order[b, h, i]]`` for tensors of slots, with or without a trailing feature dimension."""
-    if tensor.dim() == 4:
-        return tensor.gather(2, order.unsqueeze(-1).expand(-1, -1, -1, tensor.shape[-1]))
-    return tensor.gather(2, order)
-
-
-@dataclass
-class DeviceClock:
-    """The time of a piece of device work: CUDA events on a GPU (read later, without waiting now), recorded on that
-    GPU's own stream (a layer of a model split over GPUs works on its GPU, whichever is current), the host clock on a
-    CPU (where work is synchronous)."""
-
-    begin: Any
-    end: Any = None
-    stream: Any = None
-
-    @classmethod
-    def start(cls, device: torch.device) -> DeviceClock:
-        if device.type == "cuda":
-            stream = torch.cuda.current_stream(device)
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(stream)
-            return cls(event, stream=stream)
-        return cls(time.perf_counter())
-
-    def stop(self) -> DeviceClock:
-        if isinstance(self.begin, float):
-            self.end = time.perf_counter()
-        else:
-            self.end = torch.cuda.Event(enable_timing=True)
-            self.end.record(self.stream)
-        return self
-
-    def seconds(self) -> float:
-        if isinstance(self.begin, float):
-            return self.end - self.begin
-        self.end.synchronize()
-        return self.begin.elapsed_time(self.end) / 1000.0
-
-
-#: Device clocks a :class:`ClockTotal` keeps unread at most; then it reads the older half.
-PENDING_CLOCKS = 1024
-
-
-@dataclass
-class ClockTotal:
-    """The seconds of many clocked pieces of work (every eviction of a long streaming run) in bounded memory: a host
-    clock is read at once; device clocks wait unread, and once :data:`PENDING_CLOCKS` of them wait the older half is
-    read (finished long since, so reading rarely waits for the GPU)."""
-
-    settled: float = 0.0
-    pending: list[DeviceClock] = field(default_factory=list)
-
-    def add(self, clock: DeviceClock) -> None:
-        if isinstance(clock.begin, float):
-            self.settled += clock.seconds()
-            return
-        self.pending.append(clock)
-        if len(self.pending) >= PENDING_CLOCKS:
-            half = len(self.pending) // 2
-            self.settled += sum(older.seconds() for older in self.pending[:half])
-            del self.pending[:half]
-
-    def seconds(self) -> float:
-        return self.settled + sum(clock.seconds() for clock in self.pending)
+    def close(self) -> None:
+        """Release what outlives the tensors: the demotion tiers' offload file (the counts stay readable)."""
+        if self._demotion is not None:
+            self._demotion.close()

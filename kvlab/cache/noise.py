@@ -9,9 +9,12 @@ windows) and never keeps (``-inf``) are left as they are: noise blurs the rankin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-NOISE_KINDS: tuple[str, ...] = ("none", "gaussian", "laplace")
+from kvlab.cache.layer import HeapLayer, along_positions
+from kvlab.cache.ranking import KEEP
 
 
 def unit_noise(kind: str, shape: torch.Size, generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -40,3 +43,36 @@ def add_noise(scores: torch.Tensor, draws: torch.Tensor, scale: float) -> torch.
     never kept) unchanged."""
     noisy = scores.float() + scale * score_spread(scores) * draws
     return torch.where(torch.isfinite(scores), noisy, scores.float())
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """The noise a run's cache adds to a policy's scores before ranking them (``kind`` ``none``: nothing)."""
+
+    kind: str = "none"
+    scale: float = 0.0
+
+    def perturb(
+        self,
+        layer: HeapLayer,
+        positions: torch.Tensor,
+        scores: torch.Tensor,
+        generator: torch.Generator,
+        heads_share_ranking: bool,
+    ) -> torch.Tensor:
+        """``scores`` (``(batch, kv_heads, span)`` for the slots whose ``positions`` are given) with the noise floor
+        added (unchanged without noise or at scale 0). One draw per held token in position order, as the random
+        policy draws, so every layout adds the same noise to the same token; one draw per token for all KV heads
+        where they share a ranking (TOVA). Free slots take no part in the spread."""
+        if self.kind == "none" or self.scale == 0.0:
+            return scores
+
+        def draw(ordered: torch.Tensor) -> torch.Tensor:
+            batch, kv_heads, span = ordered.shape
+            heads = 1 if heads_share_ranking else kv_heads
+            held = unit_noise(self.kind, torch.Size((batch, heads, layer.live)), generator, ordered.device)
+            held = held.expand(batch, kv_heads, layer.live)
+            return torch.cat([held, ordered.new_zeros((batch, kv_heads, span - layer.live))], dim=-1)
+
+        draws = along_positions(layer, positions, positions.float(), draw)
+        return add_noise(scores.masked_fill(positions < 0, KEEP), draws, self.scale)

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
+from kvlab.cache.spec import BITS
 from kvlab.errors import KvlabError
 
-#: The bit widths a key or value can be held at; 16 means "not quantised".
-BITS: tuple[int, ...] = (2, 4, 8, 16)
 _FULL = 16
 _BYTE = 8
 

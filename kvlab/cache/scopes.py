@@ -23,22 +23,23 @@ KVzip's reconstruction attention); it does not for key norms or distances (``kno
 by value norms (``expected_attention``), ranks (``chunkkv``) or positions (``streaming``), whose scale differs from
 layer to layer, so that the global threshold then follows that scale rather than importance.
 
-Pure functions of the policy, the layer views and the scores; the engine calls :func:`local_budgets` when it plans
-the run (and for CAKE's measured preferences) and :func:`global_budgets` at the compression.
+Pure functions of budgets and ranking keys: the engine calls :func:`local_budgets` when it plans the run (and for
+CAKE's measured preferences) with the rule that spreads a total over some layers, and :func:`global_budgets` at the
+compression with every layer's ranking keys, computed as the eviction will compute them
+(:func:`kvlab.engine.eviction.eviction_keys`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from kvlab.cache.allocation import allocate
-from kvlab.policies.base import LayerView, Policy, by_score_then_position, eviction_scores
+from kvlab.cache.ranking import UNHELD
 
-#: The ranking key of a slot that holds no token: below every key :func:`by_score_then_position` gives.
-UNHELD = torch.iinfo(torch.int64).min
+#: The layer budgets of some layers: ``(number of layers, their measured weights or None) -> budgets``.
+Spread = Callable[[int, Sequence[float] | None], list[int]]
 
 
 def placement_groups(layer_groups: Sequence[str]) -> list[list[int]]:
@@ -49,50 +50,28 @@ def placement_groups(layer_groups: Sequence[str]) -> list[list[int]]:
     return list(groups.values())
 
 
-def local_budgets(
-    policy: Policy,
-    budget: int,
-    layer_groups: Sequence[str],
-    capacity: int | None = None,
-    measured: Sequence[float] | None = None,
-) -> list[int]:
-    """Each layer's budget in the local scope: the policy's layer allocation over each placement group's layers
-    alone, at the group's share of the total (its layers x ``budget``). ``measured`` are the allocation's per-layer
-    weights over the whole model (a stored profile's entropies, CAKE's preferences), each group reading its own."""
-    whole = policy.layer_budgets(budget, len(layer_groups), capacity=capacity, measured=measured)
+def local_budgets(spread: Spread, layer_groups: Sequence[str], measured: Sequence[float] | None = None) -> list[int]:
+    """Each layer's budget in the local scope: ``spread`` (the policy's shape or the cache's layer allocation) over
+    each placement group's layers alone, at the group's share of the total (its layers x budget). ``measured`` are
+    the allocation's per-layer weights over the whole model (a stored profile's entropies, CAKE's preferences), each
+    group reading its own."""
+    whole = spread(len(layer_groups), measured)
     groups = placement_groups(layer_groups)
     if len(groups) == 1:
         return whole
     budgets = list(whole)
     for layers in groups:
         own = None if measured is None else [measured[layer] for layer in layers]
-        for layer, layer_budget in zip(layers, policy.layer_budgets(budget, len(layers), capacity, own)):
+        for layer, layer_budget in zip(layers, spread(len(layers), own)):
             budgets[layer] = layer_budget
     return budgets
 
 
-def eviction_rankings(policy: Policy, views: Sequence[LayerView]) -> list[torch.Tensor]:
-    """Every layer's slots keyed as its eviction ranks them (:func:`~kvlab.policies.base.by_score_then_position` of
-    :func:`~kvlab.policies.base.eviction_scores`; higher kept), free slots at :data:`UNHELD`, each on its layer's
-    device. The noise floor is drawn from copies of the views' generators, so that the eviction that follows draws
-    the same noise and ranks by exactly these keys."""
-    copies: dict[int, torch.Generator] = {}
-    rankings = []
-    for view in views:
-        if id(view.generator) not in copies:
-            copy = torch.Generator(device=view.generator.device)
-            copy.set_state(view.generator.get_state())
-            copies[id(view.generator)] = copy
-        ranked = dataclasses.replace(view, generator=copies[id(view.generator)])
-        key = by_score_then_position(eviction_scores(policy, ranked), ranked.positions)
-        rankings.append(key.masked_fill(ranked.positions < 0, UNHELD))
-    return rankings
-
-
 def threshold_counts(rankings: Sequence[torch.Tensor], keep: int, device: torch.device) -> list[float]:
-    """How many tokens of each layer one threshold keeps: the layers' keys (``(batch, kv_heads, slots)`` each) are
-    gathered on ``device``, the ``keep``-th highest key of each sequence and KV head over all layers is the
-    threshold, and each layer counts its held slots at or above it, the mean over sequences and KV heads."""
+    """How many tokens of each layer one threshold keeps: the layers' keys (``(batch, kv_heads, slots)`` each, free
+    slots at :data:`~kvlab.cache.ranking.UNHELD`) are gathered on ``device``, the ``keep``-th highest key of each
+    sequence and KV head over all layers is the threshold, and each layer counts its held slots at or above it, the
+    mean over sequences and KV heads."""
     gathered = torch.cat([ranking.to(device) for ranking in rankings], dim=-1)
     held = gathered != UNHELD
     top = min(keep, gathered.shape[-1])
@@ -111,10 +90,10 @@ def split_counts(kept: Sequence[float], budget: int, minimum: int, capacity: int
 
 
 def global_budgets(
-    policy: Policy, views: Sequence[LayerView], budget: int, capacity: int | None, device: torch.device
+    rankings: Sequence[torch.Tensor], budget: int, minimum: int, capacity: int | None, device: torch.device
 ) -> list[int]:
-    """The global scope's layer budgets at prefill mode's compression: every layer's eviction keys gathered on
+    """The global scope's layer budgets at prefill mode's compression: every layer's ranking keys gathered on
     ``device`` under one threshold (:func:`threshold_counts`), the counts split into whole budgets
     (:func:`split_counts`)."""
-    kept = threshold_counts(eviction_rankings(policy, views), budget * len(views), device)
-    return split_counts(kept, budget, policy.min_budget(), capacity)
+    kept = threshold_counts(rankings, budget * len(rankings), device)
+    return split_counts(kept, budget, minimum, capacity)

@@ -25,22 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.cache.heap import FREE
+from kvlab.cache.layer import FREE, HeapLayer, Slots, position_order
 from kvlab.cache.quant import Quantized, quantize_keys, quantize_values
-
-#: Ada-KV's safeguard: each head first keeps this share of the per-head budget, its best tokens, before the heads
-#: compete (kvpress's ``AdaKVPress.alpha_safeguard`` default), so no head is left with nothing.
-ADAKV_SAFEGUARD = 0.2
-
-
-@dataclass(frozen=True)
-class TierSpec:
-    """What the cold tier holds: bits per key and per value element, and the quantisation group (tokens per key
-    group, channels per value group)."""
-
-    key_bits: int = 16
-    value_bits: int = 16
-    group: int = 32
+from kvlab.cache.spec import TierSpec
 
 
 @dataclass
@@ -175,30 +162,59 @@ def _flat(order: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor) -> t
     return slots[keep], segments[keep], offsets[keep]
 
 
-def hot_and_cold(scores: torch.Tensor, kept: torch.Tensor, hot_share: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split each (sequence, KV head)'s kept slots: the ``ceil(hot_share x kept)`` best-ranked stay hot, the rest go
-    cold. ``scores`` orders the slots (higher kept first, ties already broken: an int64 ranking key)."""
-    counts = kept.sum(-1, keepdim=True)
-    hot_counts = torch.ceil(counts.double() * hot_share - 1e-9).long()
-    ranked = scores.masked_fill(~kept, torch.iinfo(torch.int64).min)
-    rank = ranked.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
-    hot = kept & (rank < hot_counts)
-    return hot, kept & ~hot
+@dataclass
+class TieredLayer(HeapLayer):
+    """A layer whose kept tokens leave the dense slots at prefill mode's compression for a :class:`FrozenLayer`
+    (precision tiers, Ada-KV); the dense slots then take the question and the generated tokens. Attention reads the
+    frozen tokens, materialised at the heap's dtype for that layer's call only, before the dense slots, masked by
+    position."""
 
+    frozen: FrozenLayer | None = None
 
-def adakv_kept(ranking: torch.Tensor, held: torch.Tensor, budget: int, safeguard: float) -> torch.Tensor:
-    """Ada-KV's head-adaptive selection over one layer: ``budget x kv_heads`` slots per sequence chosen by one top-k
-    over all of its KV heads, each head first guaranteed its ``int(safeguard x budget)`` best slots (as kvpress's
-    ``AdaKVPress`` does with ``alpha_safeguard``). ``ranking`` is an int64 ranking key per slot (higher kept
-    first), ``held`` the held slots."""
-    batch, kv_heads, slots = ranking.shape
-    floor = min(int(safeguard * budget), budget)
-    lowest = torch.iinfo(torch.int64).min
-    ranked = ranking.masked_fill(~held, lowest)
-    per_head_rank = ranked.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
-    guaranteed = held & (per_head_rank < floor)
-    boosted = torch.where(guaranteed, torch.iinfo(torch.int64).max, ranked).flatten(1)
-    total = min(budget * kv_heads, int(held.sum(dim=(1, 2)).min()))
-    chosen = boosted.topk(total, dim=-1).indices
-    kept = torch.zeros_like(boosted, dtype=torch.bool).scatter_(1, chosen, True)
-    return kept.view(batch, kv_heads, slots) & held
+    def read(self, span: int, static: bool, query: torch.Tensor, decoding: bool) -> tuple[Slots, bool]:
+        if self.frozen is None:
+            return super().read(span, static, query, decoding)
+        keys, values, positions = self.slots(span)
+        frozen_keys, frozen_values = self.frozen.materialise(keys.dtype)
+        slots = (
+            torch.cat([frozen_keys, keys], dim=2),
+            torch.cat([frozen_values, values], dim=2),
+            torch.cat([self.frozen.positions, positions], dim=2),
+        )
+        return slots, False
+
+    def held_positions(self) -> torch.Tensor:
+        """Positions of every slot that can hold a token, frozen ones first (free ones negative)."""
+        dense = super().held_positions()
+        return dense if self.frozen is None else torch.cat([self.frozen.positions, dense], dim=2)
+
+    def held_per_head(self) -> int:
+        """Tokens held per (sequence, KV head), the mean where heads hold different numbers (frozen Ada-KV)."""
+        if self.frozen is None or self.keys is None:
+            return self.live
+        batch, kv_heads = self.keys.shape[:2]
+        return self.live + round(self.frozen.tokens() / (batch * kv_heads))
+
+    def capturable(self) -> bool:
+        """A frozen part is materialised at every step, with shapes of its own."""
+        return self.frozen is None
+
+    def reserved_bytes(self) -> int:
+        """Bytes of the K and V tensors allocated, the frozen ones as held, read from the tensors."""
+        return super().reserved_bytes() + (0 if self.frozen is None or self.keys is None else self.frozen.kv_bytes())
+
+    def live_bytes(self) -> int:
+        """Bytes of K and V in the slots that hold a token and of the frozen tokens (packed and scaled, as held)."""
+        return super().live_bytes() + (0 if self.frozen is None else self.frozen.kv_bytes())
+
+    def aux_bytes(self) -> int:
+        """Bytes of the bookkeeping, the frozen part's indices included."""
+        return super().aux_bytes() + (0 if self.frozen is None else self.frozen.aux_bytes())
+
+    def freeze(self, hot: torch.Tensor, cold: torch.Tensor, tier: TierSpec) -> torch.Tensor:
+        """Move the ``hot`` and ``cold`` slots (``(batch, kv_heads, span)`` masks of held slots) into the frozen part at
+        the ``tier``'s precision; returns the layer's live slots in position order, which the heap then frees."""
+        span = hot.shape[-1]
+        keys, values, positions = self.slots(span)
+        self.frozen = freeze(keys, values, positions, hot, cold, tier)
+        return position_order(positions)[..., : self.live]

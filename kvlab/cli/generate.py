@@ -21,7 +21,8 @@ from kvlab.errors import KvlabError
 from kvlab.tasks.texts import read_text
 
 if TYPE_CHECKING:  # the engine imports torch; the parser must not
-    from kvlab.engine.generation import GenerationResult, RunSpec
+    from kvlab.engine.events import GenerationResult
+    from kvlab.engine.spec import RunSpec
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -88,7 +89,7 @@ def run_generate(args: argparse.Namespace) -> int:
             "licence": source.licence,
             "chat_template": chat,
             "policy": spec.policy.name,
-            "params": spec.policy.params(),
+            "params": spec.stored_params(),
             "mode": spec.mode,
             **result.to_json(),
         }
@@ -106,7 +107,7 @@ def _figures_line(spec: RunSpec, result: GenerationResult) -> str:
     full = result.kv_bytes_full
     share = f"{result.kv_bytes / full:.0%} of " if full else ""
     return (
-        f"[{spec.policy.name}, {spec.mode}, {spec.layout}] prompt {result.context_tokens:,} tokens, "
+        f"[{spec.policy.name}, {spec.mode}, {spec.cache.layout}] prompt {result.context_tokens:,} tokens, "
         f"{len(result.tokens[0]):,} generated, budget {result.budget_tokens or 'none'}; the cache kept "
         f"{kept_tokens(result)}; KV in use {result.kv_bytes:,} B ({share}the {full:,} B a full cache would hold), "
         f"peak {result.peak_kv_bytes:,} B; reserved {result.kv_reserved_bytes:,} B, dead share "
@@ -126,9 +127,9 @@ def kept_tokens(result: GenerationResult) -> str:
 
 def run_policies(args: argparse.Namespace) -> int:
     """List the policies with their parameters and defaults, then the cache options every scoring policy takes."""
+    from kvlab.cache.spec import CacheOptions
+    from kvlab.params import param_spec
     from kvlab.policies import POLICIES
-    from kvlab.policies.base import param_spec
-    from kvlab.policies.scoring import ScoringPolicy
 
     width = max(map(len, POLICIES)) + 1
     for name, cls in POLICIES.items():
@@ -136,12 +137,12 @@ def run_policies(args: argparse.Namespace) -> int:
         summary = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
         print(f"{name:{width}s} {params}")
         print(textwrap.fill(summary, width=110, initial_indent=" " * (width + 1), subsequent_indent=" " * (width + 1)))
-    scoring = ", ".join(name for name, cls in POLICIES.items() if issubclass(cls, ScoringPolicy))
-    print(f"\nCache options of every scoring policy ({scoring}), set with --param like its own:")
-    defaults = ScoringPolicy()
-    for option in ScoringPolicy.cache_option_names():
-        spec = param_spec(ScoringPolicy, option)
-        print(f"  {option}={getattr(defaults, option)!r}: {spec.help} ({spec.describe()})")
+    scoring = ", ".join(name for name, cls in POLICIES.items() if cls.ranks)
+    print(f"\nCache options of every scoring policy ({scoring}), set with --cache (or --param like its own):")
+    defaults = CacheOptions.defaults()
+    for option in CacheOptions.names():
+        spec = param_spec(CacheOptions, option)
+        print(f"  {option}={defaults[option]!r}: {spec.help} ({spec.describe()})")
     return 0
 
 

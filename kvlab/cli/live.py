@@ -61,7 +61,7 @@ def run_live(args: argparse.Namespace) -> int:
     from kvlab.runs.live_store import store_live_run
     from kvlab.store import open_store
 
-    policy, budget = policy_from_args(args)
+    variant, budget = policy_from_args(args)
     task = (
         NeedleTask(args.context, args.depth, args.template, args.seed)
         if args.text_file is None
@@ -71,8 +71,8 @@ def run_live(args: argparse.Namespace) -> int:
     loaded = load_model_from_args(args)
     prompt = build_prompt(loaded, task)
     settings = LiveSettings(
-        policy.name,
-        policy.params(),
+        variant.name,
+        variant.params(),
         budget,
         args.mode,
         args.chunk or DEFAULT_CHUNK,
@@ -90,7 +90,7 @@ def run_live(args: argparse.Namespace) -> int:
     result = outcome.result
     verdict = "not scored" if outcome.contains is None else ("found" if outcome.contains else "not found")
     print(
-        f"[{policy.name}, {args.mode}] {prompt.context_tokens:,} prompt tokens, {verdict}; KV in use "
+        f"[{variant.name}, {args.mode}] {prompt.context_tokens:,} prompt tokens, {verdict}; KV in use "
         f"{result.kv_bytes:,} B of {result.kv_bytes_full:,} B full (measured on {loaded.device_kind}); "
         + ("not stored: give --answer to score and store a text run" if run_id is None else f"stored as run {run_id}")
         + ("" if run_id is None else " with its replay"),

@@ -95,7 +95,14 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a policy parameter, e.g. --param sinks=4 (repeatable)",
+        help="a policy parameter, e.g. --param sinks=4, or a cache option of a scoring policy (repeatable)",
+    )
+    parser.add_argument(
+        "--cache",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a cache option, e.g. --cache hot=0.25 --cache key_bits=4 (repeatable; see `kvlab policies`)",
     )
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--keep", type=fraction, help="kept fraction of the context, in (0, 1]; 1 is the full cache")
@@ -162,38 +169,49 @@ def add_db_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
 
 
 def policy_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The policy and budget the arguments describe, checked."""
-    from kvlab.budget import Budget, check_budget
-    from kvlab.policies import make_policy, parse_params
+    """The variant (the policy with its cache options: ``--param``, ``--cache``) and the budget the arguments
+    describe, checked."""
+    from kvlab.budget import Budget
+    from kvlab.cache.spec import CacheOptions
+    from kvlab.policies import configure, parse_params
+    from kvlab.policies.base import check_budget
 
-    policy = make_policy(args.policy, **parse_params(args.policy, args.param))
+    not_options = [pair for pair in args.cache if pair.partition("=")[0] not in CacheOptions.names()]
+    if not_options:
+        raise KvlabError(
+            f"--cache takes the cache options ({', '.join(CacheOptions.names())}), not {not_options[0]!r}; a policy's "
+            "own parameters go to --param."
+        )
+    variant = configure(args.policy, **parse_params(args.policy, [*args.param, *args.cache]))
     budget = None
     if args.keep is not None or args.budget is not None:
         budget = Budget(tokens=args.budget, keep=args.keep)
-    if budget is None or budget.tokens is not None or not policy.evicts:
-        check_budget(policy, budget, context_tokens=0)
-    return policy, budget
+    if budget is None or budget.tokens is not None or not variant.policy.evicts:
+        check_budget(variant.policy, budget, context_tokens=0)
+    return variant, budget
 
 
-def run_spec_from_args(args: argparse.Namespace) -> Any:
-    """The ``RunSpec`` of one policy the arguments describe (``generate`` and ``eval``), stopping at the model's
-    end-of-sequence tokens until a caller sets other stop tokens."""
-    from kvlab.engine.generation import RunSpec
+def run_spec_from_args(args: argparse.Namespace, max_new_tokens: int | None = None) -> Any:
+    """The ``RunSpec`` of the variant the arguments describe (``generate``, ``eval``, ``quality``), stopping at the
+    model's end-of-sequence tokens until a caller sets other stop tokens."""
+    from kvlab.engine.spec import RunSpec
 
-    policy, budget = policy_from_args(args)
+    variant, budget = policy_from_args(args)
+    heap = heap_settings(args)
     return RunSpec(
-        policy,
+        variant.policy,
         budget,
         mode=args.mode,
         chunk=args.chunk,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=args.max_new_tokens if max_new_tokens is None else max_new_tokens,
         seed=args.seed,
-        **heap_settings(args),
+        cache=variant.cache(heap["layout"], heap["compact_at"]),
+        static=heap["static"],
     )
 
 
 def heap_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``RunSpec`` fields of the heap options."""
+    """The heap options as runs and sweeps take them: the layout, its threshold, and whether to decode eagerly."""
     return {"layout": args.layout, "compact_at": args.compact_at, "static": False if args.eager else None}
 
 

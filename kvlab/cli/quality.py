@@ -13,9 +13,9 @@ from kvlab.cli.options import (
     add_heap_arguments,
     add_model_arguments,
     add_policy_arguments,
-    heap_settings,
     load_model_from_args,
     policy_from_args,
+    run_spec_from_args,
     whole,
 )
 from kvlab.tasks.texts import DEFAULT_PREFIX, DEFAULT_TOKENS, MIN_PAST_BUDGET
@@ -62,22 +62,13 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_quality_command(args: argparse.Namespace) -> int:
     """Measure one pass over the text, store it, and print what it measured."""
-    from kvlab.engine.generation import RunSpec
     from kvlab.runs.quality import DEFAULT_TEXT, model_pass, run_quality
     from kvlab.store import open_store
     from kvlab.tasks.texts import read_text, scored_tokens
 
-    policy, budget = policy_from_args(args)  # bad settings, texts and stores are refused before the model loads
+    variant, budget = policy_from_args(args)  # bad settings, texts and stores are refused before the model loads
     tokens = scored_tokens(budget, args.prefix, args.tokens)
-    spec = RunSpec(
-        policy,
-        budget,
-        mode=args.mode,
-        chunk=args.chunk,
-        max_new_tokens=tokens,
-        seed=args.seed,
-        **heap_settings(args),
-    )
+    spec = run_spec_from_args(args, max_new_tokens=tokens)
     path = Path(args.text) if args.text is not None else DEFAULT_TEXT
     text = read_text(path)
     store = open_store(args.db)
@@ -87,8 +78,8 @@ def run_quality_command(args: argparse.Namespace) -> int:
     if args.json:
         payload = {
             "model": loaded.name,
-            "policy": policy.name,
-            "params": policy.params(),
+            "policy": variant.name,
+            "params": variant.params(),
             "mode": spec.mode,
             "budget_tokens": quality.result.budget_tokens,
             "text": passage.name,
@@ -106,7 +97,7 @@ def run_quality_command(args: argparse.Namespace) -> int:
             "prefix"
         )
         print(
-            f"[{policy.name}, {spec.mode}, budget {result.budget_tokens or 'none'}] kept {result.mean_kept_tokens:,} "
+            f"[{variant.name}, {spec.mode}, budget {result.budget_tokens or 'none'}] kept {result.mean_kept_tokens:,} "
             f"tokens per layer; KV in use {result.kv_bytes:,} B of {result.kv_bytes_full:,} B full, peak "
             f"{result.peak_kv_bytes:,} B (measured from the cache tensors on {result.device}); stored as run "
             f"{run_id} in {store.path}",

@@ -15,7 +15,7 @@ from kvlab.cache.allocation import (
     uniform_budgets,
 )
 from kvlab.dashboard.guides import ChartGuide
-from kvlab.engine.profile import Profile
+from kvlab.models.profiles import Profile
 
 ENTROPY_COLOUR = "#c9d3e3"
 ALLOCATION_COLOURS: dict[str, str] = {

@@ -21,11 +21,10 @@ import numpy as np
 import pandas as pd
 
 from kvlab.dashboard.inputs import cache_option_fields
-from kvlab.engine.profile import require_profile
 from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel
-from kvlab.policies import POLICIES, Policy
-from kvlab.policies.scoring import ScoringPolicy
+from kvlab.models.profiles import require_profile
+from kvlab.policies import POLICIES, Variant
 from kvlab.runs.sweep import Progress, SweepGrid, SweepRunner, SweepSummary, format_variant, parse_policies
 from kvlab.store import Store
 from kvlab.tasks.ruler import MAX_NEW_TOKENS, check_tasks
@@ -66,7 +65,7 @@ def grid_policies(names: Sequence[str], options: Mapping[str, object], also_with
     changed = {key: value for key, value in options.items() if defaults.get(key) != value}
     chosen: list[str] = []
     for name in names:
-        takes = bool(changed) and issubclass(POLICIES[name], ScoringPolicy)
+        takes = bool(changed) and POLICIES[name].ranks
         chosen.extend(
             [name, variant(name, changed)] if takes and also_without else [variant(name, changed if takes else {})]
         )
@@ -91,13 +90,13 @@ class NeedleGridRequest:
     tasks: tuple[str, ...] = ()
     query_aware: bool = True
 
-    def policy_objects(self) -> tuple[Policy, ...]:
+    def policy_objects(self) -> tuple[Variant, ...]:
         """The policies with their options; one the mode cannot run (precision tiers in streaming mode) or a bad
         combination of options is one sentence."""
-        policies = parse_policies(",".join(self.policies))
-        for policy in policies:
-            policy.check_mode(self.mode)
-        return policies
+        variants = parse_policies(",".join(self.policies))
+        for variant in variants:
+            variant.check_mode(self.mode)
+        return variants
 
     def grid(self) -> SweepGrid:
         """The sweep grid; a policy, budget, mode or RULER task it cannot run is one sentence. RULER's tasks may
@@ -133,7 +132,7 @@ class NeedleGridRequest:
         it)."""
         grid = self.grid()
         grid.check_fits(loaded)
-        if any(policy.measures_layers() == "profile" for policy in grid.policies):
+        if any(variant.options.measures_layers == "profile" for variant in grid.variants):
             require_profile(loaded)
         return grid
 

@@ -9,15 +9,15 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from kvlab.cache.spec import CacheOptions
 from kvlab.costs import GpuSpec, ModelSpec
 from kvlab.costs.gpus import GIB
 from kvlab.costs.models import require_decoder
 from kvlab.errors import KvlabError
 from kvlab.models.arch import arch_from_config
 from kvlab.models.loading import LoadedModel
+from kvlab.params import ParamSpec, param_spec
 from kvlab.policies import POLICIES
-from kvlab.policies.base import ParamSpec, Policy, param_spec
-from kvlab.policies.scoring import ScoringPolicy
 
 #: Cache precisions the calculator offers, by display name.
 KV_PRECISIONS: dict[str, str] = {"fp16 / bf16": "bf16", "fp8 / int8": "fp8", "int4": "int4", "2-bit": "int2"}
@@ -52,21 +52,16 @@ def longest_context(loaded: LoadedModel | None) -> int:
     return most if most is not None else FALLBACK_LONGEST_CONTEXT
 
 
-def _fields(cls: type[Policy], cache_options: bool) -> list[ParamField]:
-    """The class's parameters that are (or are not) cache options, in declaration order."""
+def _fields(cls: type) -> list[ParamField]:
+    """A dataclass's declared parameters (a policy's, or the cache options), in declaration order."""
     hints = typing.get_type_hints(cls)
-    options = set(ScoringPolicy.cache_option_names())
-    return [
-        ParamField(f.name, hints[f.name], f.default, param_spec(cls, f.name))
-        for f in dataclasses.fields(cls)
-        if (f.name in options) == cache_options
-    ]
+    return [ParamField(f.name, hints[f.name], f.default, param_spec(cls, f.name)) for f in dataclasses.fields(cls)]
 
 
 def policy_fields(policy: str) -> list[ParamField]:
     """A policy's own parameters as the page draws them, from its declaration: not the cache options every scoring
     policy takes (:func:`cache_option_fields`), which pages draw apart."""
-    return _fields(POLICIES[policy], cache_options=False)
+    return _fields(POLICIES[policy])
 
 
 #: The title of the expander where pages draw the cache options (:func:`cache_option_fields`).
@@ -74,10 +69,9 @@ CACHE_OPTIONS_TITLE = "Cache options: layer and head budgets, eviction scope, pr
 
 
 def cache_option_fields(policy: str | None = None) -> list[ParamField]:
-    """The cache options (:class:`~kvlab.policies.scoring.ScoringPolicy`) as the page draws them: those ``policy``
-    takes (none for a policy that ranks no tokens), or with no policy named, those every scoring policy takes."""
-    cls = ScoringPolicy if policy is None else POLICIES[policy]
-    return _fields(cls, cache_options=True) if issubclass(cls, ScoringPolicy) else []
+    """The cache options (:class:`~kvlab.cache.spec.CacheOptions`) as the page draws them: those ``policy`` takes
+    (none for a policy that ranks no tokens), or with no policy named, those every scoring policy takes."""
+    return _fields(CacheOptions) if policy is None or POLICIES[policy].ranks else []
 
 
 def policy_summary(policy: str) -> str:

@@ -21,21 +21,24 @@ probabilities. The scores are one float32 per slot, sequence, KV head and layer,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from kvlab.attention.function import Observer
-from kvlab.cache.heap import KVHeap
-from kvlab.cache.layouts import HeapLayout
-from kvlab.policies.base import KEEP
+from kvlab.attention.context import Observer
+from kvlab.cache.heap import KVHeap, Observed
+from kvlab.cache.ranking import KEEP
+from kvlab.cache.spec import CacheSpec
+from kvlab.policies.base import Policy
 from kvlab.policies.kvzip import KVzip
 from kvlab.tasks.items import has_chat_template
 from kvlab.tasks.needle import encode
 
-if TYPE_CHECKING:  # the engine calls this module with itself
-    from kvlab.engine.generation import Generation
+#: A forward pass over ``ids`` at ``positions`` (last position ``last``) into a ``heap``, its attention handed to an
+#: observer (:meth:`kvlab.engine.generation.Generation.model_forward`).
+Forward = Callable[..., torch.Tensor]
 
 FIRST_REQUEST = "\n\nRepeat the previous context exactly."
 LATER_REQUEST = "\n\nRepeat the part of the previous context exactly, starting with"
@@ -141,24 +144,30 @@ def _observer(scores: list[torch.Tensor], heap: KVHeap, chunk: Chunk, context: i
     return observe
 
 
-def reconstruct(generation: Generation) -> None:
-    """Score every context slot of the generation's heap by the reconstruction (see the module) and leave the scores,
-    ``(batch, kv_heads, capacity)`` float32 per layer, in the layers' ``scores`` for the policy; the chat template's
-    opening slots score :data:`~kvlab.policies.base.KEEP`. The fork's K/V count towards the run's peak bytes."""
-    policy = generation.spec.policy
-    assert isinstance(policy, KVzip)
-    heap = generation.cache
+def reconstruct(
+    heap: KVHeap,
+    context_ids: torch.Tensor,
+    tokenizer: Any,
+    policy: Policy,
+    forward: Forward,
+    note_peak: Callable[[int, int], None],
+) -> None:
+    """Score every context slot of ``heap`` (holding ``context_ids``) by the reconstruction (see the module) and leave
+    the scores, ``(batch, kv_heads, capacity)`` float32 per layer, in the layers' ``scores`` for the policy; the chat
+    template's opening slots score :data:`~kvlab.cache.ranking.KEEP`. ``forward`` runs the model over a chunk into the
+    fork; the fork's K/V count towards the run's peak bytes through ``note_peak(kv_bytes, reserved_bytes)``."""
+    assert isinstance(policy, KVzip), "only KVzip reconstructs its context"
     assert all(layer.dead == 0 for layer in heap.layers), "prefill mode evicts nothing before its compression"
     context = heap.seen_tokens
-    passes = chunks(generation.input_ids, RepeatRequest.for_tokenizer(generation.loaded.tokenizer), policy.chunk_size)
+    passes = chunks(context_ids, RepeatRequest.for_tokenizer(tokenizer), policy.chunk_size)
     longest = max(int(chunk.ids.shape[1]) for chunk in passes)
     fork = heap.fork(
-        capacities=[layer.used + longest for layer in heap.layers],
-        track_scores=False,
-        query_window=0,
-        layout=HeapLayout("bitmask"),
+        [layer.used + longest for layer in heap.layers],
+        CacheSpec(layout="bitmask"),
+        observed=Observed(),
         room=0,
         keep_planned=False,
+        evicting=False,
     )
     scores = []
     for layer in heap.layers:
@@ -169,18 +178,14 @@ def reconstruct(generation: Generation) -> None:
         count = int(chunk.ids.shape[1])
         positions = torch.arange(context, context + count, device=chunk.ids.device)
         observe = _observer(scores, heap, chunk, context, policy.sinks)
-        generation.model_forward(chunk.ids, positions, context + count - 1, cache=fork, observe=observe)
-        generation.peak_kv_bytes = max(generation.peak_kv_bytes, heap.kv_bytes() + fork.kv_bytes())
-        generation.peak_kv_reserved_bytes = max(
-            generation.peak_kv_reserved_bytes, heap.reserved_bytes() + fork.reserved_bytes()
-        )
+        forward(chunk.ids, positions, context + count - 1, cache=fork, observe=observe)
+        note_peak(heap.kv_bytes() + fork.kv_bytes(), heap.reserved_bytes() + fork.reserved_bytes())
         _drop_repetition(fork, heap, count)
         fork.restore(before)
     begin = passes[0].start
     for layer, layer_scores in zip(heap.layers, scores):
         assert layer.positions is not None
-        layer.scores = layer_scores.masked_fill_((layer.positions >= 0) & (layer.positions < begin), KEEP)
-        layer.shared.discard("scores")
+        layer.replace_scores(layer_scores.masked_fill_((layer.positions >= 0) & (layer.positions < begin), KEEP))
 
 
 def _drop_repetition(fork: KVHeap, heap: KVHeap, count: int) -> None:

@@ -12,7 +12,8 @@ What the host decides for a step (whether it evicts, how many tokens each layer 
 compacts a layer) is the step's *signature*. A steady streaming run has one; a run that fills its budget while
 decoding has a few. The first step of a signature runs eagerly (warming the kernels up); the next one is captured
 and replayed from then on. The host's counts (tokens seen, live slots, slots in use) advance by the same rules as in
-an eager step (:meth:`kvlab.cache.heap.KVHeap.account_write` and ``account_evict``), without touching the device.
+an eager step (:meth:`kvlab.cache.heap.KVHeap.account_appended` and ``account_evictions``), without touching the
+device.
 
 A sparse reader's selection (:mod:`kvlab.cache.sparse`) is part of the step: fixed shapes (pages of the whole capacity,
 a top-k of fixed size), its bytes read summed on the device.
@@ -23,24 +24,20 @@ exactly the tokens of eager decoding.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from kvlab.engine.generation import Event, Generation
+from kvlab.engine.decoding import Loop, evicts_after
 
 #: At most this many graphs are captured per generation; steps of further signatures run eagerly.
 MAX_GRAPHS = 4
 Signature = tuple[bool, tuple[int, ...], tuple[bool, ...]]
 
 
-class StaticDecoder:
-    """Decodes a generation in static steps, replaying captured graphs on a GPU."""
+class StaticSteps:
+    """Decode steps with fixed shapes, replaying captured graphs on a GPU (:class:`kvlab.engine.decoding.Steps`)."""
 
-    def __init__(self, generation: Generation, capture: bool) -> None:
-        self.generation = generation
+    def __init__(self, loop: Loop, capture: bool) -> None:
+        self.loop = loop
         self.capture = capture
         self.graphs: dict[Signature, torch.cuda.CUDAGraph] = {}
         self.warmed: set[Signature] = set()
@@ -49,102 +46,78 @@ class StaticDecoder:
         self.position: torch.Tensor | None = None
 
     @classmethod
-    def for_generation(cls, generation: Generation) -> StaticDecoder | None:
-        """The static decoder for a generation, or ``None`` where it decodes eagerly: when asked to
-        (``static=False``), when statistics are observed (they are read per step), on a CPU or for a policy whose
-        evictions while streaming cannot be captured unless asked (``static=True``), when an observation window is
-        not full yet (its shape would still change), after a compression into frozen layers, while evicted tokens
-        are demoted (pages are recalled from the host), and on a model whose layers run on several devices (a CUDA
-        graph is captured on one device, and accelerate's hooks move the activations between them)."""
-        spec = generation.spec
-        cuda = generation.loaded.device.type == "cuda"
-        if spec.static is False or spec.stats is not None or (spec.static is None and not cuda):
+    def for_loop(cls, loop: Loop) -> StaticSteps | None:
+        """The static steps for a generation, or ``None`` where it decodes eagerly: when asked to (``static=False``),
+        with forced tokens, when statistics are observed (they are read per step), on a CPU or for an eviction while
+        streaming that cannot be captured unless asked (``static=True``), when an observation window is not full yet
+        (its shape would still change), where a layer of the heap cannot be captured (a frozen part materialised per
+        step, pages recalled from the host), and on a model whose layers run on several devices (a CUDA graph is
+        captured on one device, and accelerate's hooks move the activations between them)."""
+        spec = loop.spec
+        cuda = loop.loaded.device.type == "cuda"
+        if loop.forced_ids is not None or spec.static is False or spec.stats is not None:
             return None
-        if len(generation.loaded.devices) > 1:
+        if (spec.static is None and not cuda) or len(loop.loaded.devices) > 1 or not loop.cache.capturable():
             return None
-        if any(layer.frozen is not None for layer in generation.cache.layers):
-            return None  # a frozen layer is materialised per step, with shapes of its own
-        if generation.cache.demotion is not None:
-            return None  # a recall's pages are chosen and copied from the host at every step
-        # only streaming mode evicts while decoding, so only there can a policy's eviction stop a capture
-        capturable = spec.mode != "streaming" or spec.policy.can_capture()
+        # only streaming mode evicts while decoding, so only there can an eviction stop a capture
+        capturable = spec.mode != "streaming" or (spec.policy.can_capture() and loop.cache.evictions_capturable())
         if spec.static is None and not capturable:
             return None  # uncaptured static steps would only be slower than eager ones
-        heap = generation.cache
-        if heap.query_window and any(
-            layer.recent_queries is None or layer.recent_queries.shape[2] < heap.query_window for layer in heap.layers
-        ):
+        if not loop.cache.windows_full():
             return None
-        return cls(generation, capture=cuda and capturable)
+        return cls(loop, capture=cuda and capturable)
 
-    def decode(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
-        """Greedy decoding in static steps: the same tokens and events as eager decoding (only the first event
-        carries logits: the steps keep theirs on the device)."""
-        generation = self.generation
-        spec = generation.spec
-        tokens = logits.argmax(dim=-1).tolist()
-        finished = torch.zeros(generation.batch_size, dtype=torch.bool)
-        for index in range(spec.max_new_tokens):
-            finished |= torch.tensor([token in generation.stops for token in tokens])
-            if index == spec.max_new_tokens - 1 or bool(finished.all()):
-                yield generation.make_event(
-                    "decode", step + index, token_ids=tokens, logits=logits if index == 0 else None
-                )
-                return
-            if self.ids is None:
-                self._start(tokens)
-            self._step(spec.mode == "streaming" and (index + 1) % spec.compression_interval == 0)
-            yield generation.make_event("decode", step + index, token_ids=tokens)
-            assert self.ids is not None
-            tokens = self.ids.view(-1).tolist()
-
-    def _start(self, tokens: list[int]) -> None:
-        """The device tensors the steps advance: the current token of each sequence and its position."""
-        generation = self.generation
-        device = generation.loaded.device
-        generation.cache.make_static()
-        self.ids = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(1)
-        self.position = torch.tensor([generation.cache.seen_tokens], dtype=torch.long, device=device)
-
-    def _signature(self, evicting: bool) -> Signature:
-        """What the host decides for the next step, worked out on a copy of its counts."""
-        generation = self.generation
-        heap = generation.cache
-        state = heap.host_state()
-        heap.seen_tokens += 1
-        for layer in heap.layers:
-            heap.account_write(layer, 1)
-        counts = tuple(generation.eviction_counts()) if evicting else (0,) * len(heap.layers)
-        compacts = tuple(bool(count) and heap.account_evict(layer, count) for layer, count in zip(heap.layers, counts))
-        heap.restore(state)
-        return evicting, counts, compacts
-
-    def _step(self, evicting: bool) -> None:
-        """One token: replay the step's graph, or capture it, or run it eagerly."""
+    def step(self, ids: torch.Tensor, index: int) -> tuple[torch.Tensor, None, None]:
+        """One token: replay the step's graph, or capture it, or run it eagerly; the next tokens stay on the device
+        until the loop reads them."""
+        if self.ids is None:
+            self._start(ids.view(-1).tolist())
+        evicting = evicts_after(self.loop.spec, index)
         signature = self._signature(evicting)
         graph = self.graphs.get(signature)
         if graph is None and self.capture and signature in self.warmed and len(self.graphs) < MAX_GRAPHS:
             graph = self._captured(evicting)
             self.graphs[signature] = graph
-            self.generation.decode_graphs += 1
+            self.loop.graph_captured()
         if graph is not None:
             graph.replay()
             self._advance(signature)
-            return
-        if self.capture and len(self.graphs) < MAX_GRAPHS:  # warm-up for a capture: on a side stream, as graphs need
+        elif self.capture and len(self.graphs) < MAX_GRAPHS:  # warm-up for a capture: on a side stream, as graphs need
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 self._run(evicting)
             torch.cuda.current_stream().wait_stream(stream)
+            self.warmed.add(signature)
         else:
             self._run(evicting)
-        self.warmed.add(signature)
+            self.warmed.add(signature)
+        assert self.ids is not None
+        return self.ids.view(-1), None, None
+
+    def _start(self, tokens: list[int]) -> None:
+        """The device tensors the steps advance: the current token of each sequence and its position."""
+        loop = self.loop
+        device = loop.loaded.device
+        loop.cache.make_static()
+        self.ids = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(1)
+        self.position = torch.tensor([loop.cache.seen_tokens], dtype=torch.long, device=device)
+
+    def _signature(self, evicting: bool) -> Signature:
+        """What the host decides for the next step, worked out on a copy of its counts."""
+        loop = self.loop
+        heap = loop.cache
+        state = heap.host_state()
+        heap.account_appended(1)
+        counts = tuple(loop.eviction_counts()) if evicting else (0,) * len(heap.layers)
+        compacts = heap.account_evictions(counts, replayed=False)
+        heap.restore(state)
+        return evicting, counts, compacts
 
     def _captured(self, evicting: bool) -> torch.cuda.CUDAGraph:
         """The step recorded in a CUDA graph. Recording runs the step's host logic but none of its device work, so
         the host's counts are put back afterwards; the replay that follows is the step."""
-        heap = self.generation.cache
+        heap = self.loop.cache
         state = heap.host_state()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
@@ -155,30 +128,20 @@ class StaticDecoder:
     def _run(self, evicting: bool, account: bool = True) -> None:
         """The step itself: the model over the current token at its position, the eviction, the next token. A step
         being recorded does not ``account`` its reads on the host: the replays do (:meth:`_advance`)."""
-        generation = self.generation
+        loop = self.loop
         assert self.ids is not None and self.position is not None
-        logits = generation.model_forward(self.ids, self.position, last_position=-1, decoding=True)
-        generation.record_peak()
-        if account:
-            generation.account_read()
+        logits = loop.model_forward(self.ids, self.position, -1, decoding=True)
+        loop.step_done(decoding=account)
         if evicting:
-            generation.evict(next_position=self.position + 1)
+            loop.evict(next_position=self.position + 1)
         self.ids.copy_(logits.argmax(dim=-1, keepdim=True))
         self.position.add_(1)
 
     def _advance(self, signature: Signature) -> None:
         """The host's counts after a replayed step, by the rules an eager step follows."""
-        generation = self.generation
-        heap = generation.cache
+        loop = self.loop
         evicting, counts, _ = signature
-        heap.seen_tokens += 1
-        for layer in heap.layers:
-            heap.account_write(layer, 1)
-        generation.record_peak()
-        generation.account_read()
+        loop.cache.account_appended(1)
+        loop.step_done(decoding=True)
         if evicting:
-            for layer, count in zip(heap.layers, counts):
-                if count:
-                    heap.account_ranking(layer, layer.span(static=True))
-                    heap.account_cut(layer)
-                    heap.account_evict(layer, count)
+            loop.cache.account_evictions(counts, replayed=True)

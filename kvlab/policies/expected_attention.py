@@ -7,8 +7,10 @@ from typing import ClassVar
 
 import torch
 
+from kvlab.cache.ranking import KEEP
 from kvlab.errors import KvlabError
-from kvlab.policies.base import KEEP, LayerView, param
+from kvlab.params import param
+from kvlab.policies.base import LayerView
 from kvlab.policies.scoring import ScoringPolicy
 
 

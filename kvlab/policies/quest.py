@@ -7,8 +7,10 @@ from typing import ClassVar
 
 import torch
 
+from kvlab.cache.ranking import by_score_then_position
 from kvlab.cache.sparse import SparseRead, grouped, page_key_bounds, page_of_slots, pages_held, quest_bounds
-from kvlab.policies.base import LayerView, Policy, by_score_then_position, param
+from kvlab.params import param
+from kvlab.policies.base import LayerView, Policy
 
 
 @dataclass

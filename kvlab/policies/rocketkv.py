@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import torch
 
+from kvlab.cache.ranking import by_score_then_position
 from kvlab.cache.sparse import (
     SparseRead,
     grouped,
@@ -19,7 +20,8 @@ from kvlab.cache.sparse import (
     rocket_token_scores,
 )
 from kvlab.errors import KvlabError
-from kvlab.policies.base import LayerView, Policy, by_score_then_position, param
+from kvlab.params import param
+from kvlab.policies.base import LayerView, Policy
 from kvlab.policies.snapkv import SnapKV
 
 

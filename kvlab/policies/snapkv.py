@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -10,8 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.budget import PYRAMID_BETA, pyramid_shares, split_budget
+from kvlab.cache.ranking import KEEP
 from kvlab.errors import KvlabError
-from kvlab.policies.base import KEEP, LayerView, param
+from kvlab.params import param
+from kvlab.policies.base import LayerView
 from kvlab.policies.scoring import ScoringPolicy
 
 
@@ -94,9 +95,7 @@ class PyramidKV(SnapKV):
         PYRAMID_BETA, minimum=1, help="how steeply the budget falls with depth (top layer: 1/beta of the mean)"
     )
 
-    def layer_budgets(
-        self, budget: int, num_layers: int, capacity: int | None = None, measured: Sequence[float] | None = None
-    ) -> list[int]:
+    def layer_budgets(self, budget: int, num_layers: int, capacity: int | None = None) -> list[int]:
         if num_layers == 1:
             return [budget]
         shares = pyramid_shares(budget - self.window, self.beta, num_layers)

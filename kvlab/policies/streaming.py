@@ -7,7 +7,9 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.policies.base import KEEP, LayerView, param
+from kvlab.cache.ranking import KEEP
+from kvlab.params import param
+from kvlab.policies.base import LayerView
 from kvlab.policies.scoring import ScoringPolicy
 
 

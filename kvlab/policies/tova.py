@@ -7,7 +7,8 @@ from typing import ClassVar
 
 import torch
 
-from kvlab.policies.base import LayerView, param
+from kvlab.params import param
+from kvlab.policies.base import LayerView
 from kvlab.policies.scoring import ScoringPolicy
 
 

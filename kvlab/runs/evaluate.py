@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.engine.generation import RunSpec, generate
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import shown_name
 from kvlab.models.loading import LoadedModel
 from kvlab.runs.records import batch_trials

@@ -24,16 +24,19 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from kvlab.attention.function import StatsRequest
+from kvlab.attention.stats import StatsRequest
 from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.dashboard.device_queue import DeviceQueue, Waiting
-from kvlab.engine.generation import Event, Generation, GenerationResult, Mode, RunSpec
-from kvlab.engine.profile import require_profile
+from kvlab.engine.events import Event, GenerationResult
+from kvlab.engine.generation import Generation
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.limits import check_seed
 from kvlab.models.loading import LoadedModel
-from kvlab.policies import Policy, make_policy
+from kvlab.models.profiles import require_profile
+from kvlab.modes import Mode
+from kvlab.policies import Variant, configure, make_policy
 from kvlab.runs.records import needle_sources_hash, stops_for
 from kvlab.tasks.facts import TEMPLATES, make_fact
 from kvlab.tasks.items import TaskItem, item_hash, prompt_ids, stop_token_ids, text_ids
@@ -185,16 +188,16 @@ class LiveSettings:
     n_bins: int = 128
     n_sink: int = 4
 
-    def checked_policy(self, loaded: LoadedModel | None = None) -> Policy:
-        """The policy with its parameters, refused in one sentence where it cannot run as set: a bad combination of
-        its options (key bits below 16 while every kept token stays at 16 bits), a mode its options cannot run in
-        (precision tiers in streaming mode), or, on ``loaded``, layer budgets that follow an attention profile the
-        model does not have yet (the sentence names the command that measures it)."""
-        policy = make_policy(self.policy, **self.params)
-        policy.check_mode(self.mode)
-        if loaded is not None and policy.measures_layers() == "profile":
+    def checked_variant(self, loaded: LoadedModel | None = None) -> Variant:
+        """The policy with its parameters and cache options, refused in one sentence where it cannot run as set: a
+        bad combination of its options (key bits below 16 while every kept token stays at 16 bits), a mode its
+        options cannot run in (precision tiers in streaming mode), or, on ``loaded``, layer budgets that follow an
+        attention profile the model does not have yet (the sentence names the command that measures it)."""
+        variant = configure(self.policy, **self.params)
+        variant.check_mode(self.mode)
+        if loaded is not None and variant.options.measures_layers == "profile":
             require_profile(loaded)
-        return policy
+        return variant
 
 
 def prompt_tokens(loaded: LoadedModel, task: NeedleTask | TextTask) -> int | None:
@@ -442,13 +445,13 @@ class LiveRun:
     """One live generation: the engine's events, each recorded in :attr:`trace` before it is handed on."""
 
     def __init__(self, loaded: LoadedModel, prompt: LivePrompt, settings: LiveSettings) -> None:
-        policy = settings.checked_policy(loaded)
-        budget = settings.budget if policy.evicts else None
+        variant = settings.checked_variant(loaded)
+        budget = settings.budget if variant.policy.evicts else None
         self.stops = stops_for(
             loaded, one_line_answers=prompt.answer is not None or bool(prompt.question_ids), chat=prompt.chat
         )
         self.spec = RunSpec(
-            policy,
+            variant.policy,
             budget,
             mode=cast(Mode, settings.mode),
             chunk=settings.chunk,  # RunSpec checks it
@@ -456,8 +459,7 @@ class LiveRun:
             stop_token_ids=self.stops.token_ids,
             seed=prompt.seed or 0,
             stats=StatsRequest(settings.n_sink, settings.n_bins),
-            layout=settings.layout,
-            compact_at=settings.compact_at,
+            cache=variant.cache(settings.layout, settings.compact_at),
         )
         together = settings.query_aware or not prompt.question_ids
         context = prompt.context_ids + prompt.question_ids if together else prompt.context_ids

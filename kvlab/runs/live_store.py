@@ -82,7 +82,7 @@ def replay_about(live: LiveRun, outcome: LiveOutcome) -> dict[str, str]:
             spec.mode,
             None if budget is None else budget.keep,
             None if budget is None else budget.tokens,
-            spec.policy.params(),
+            spec.stored_params(),
         ),
         "task": prompt.task_id,
         "prompt_tokens": f"{prompt.context_tokens:,}",

@@ -26,12 +26,14 @@ from typing import Any
 
 import torch
 
-from kvlab.engine.generation import Generation, GenerationResult, RunSpec
+from kvlab.engine.events import GenerationResult
+from kvlab.engine.generation import Generation
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import shown_name
 from kvlab.models.loading import LoadedModel
 from kvlab.policies.full import Full
-from kvlab.runs.records import run_config, text_trial
-from kvlab.store import Store
+from kvlab.runs.records import held_and_timed, run_config
+from kvlab.store import Store, Trial
 from kvlab.tasks.needle import HAYSTACK_DIR
 from kvlab.tasks.texts import TextPass, text_pass, token_budget
 
@@ -190,3 +192,21 @@ def run_quality(
 def _mean(values: list[torch.Tensor]) -> float:
     """The mean of per-step values over steps and sequences, in float64."""
     return float(torch.stack(values).double().mean())
+
+
+def text_trial(text: TextPass, quality: Quality) -> Trial:
+    """The one trial of a pass over a text: no answer to score (``correct`` is NULL), but the tokens it scored,
+    their mean negative log-likelihood and mean KL from the full cache, with the policy's kept tokens, KV bytes and
+    seconds. The peak GPU allocation is left out: the full cache's generation ran beside the policy's on the same
+    device, so the device's peak is theirs together."""
+    return Trial(
+        trial_key=text.name,
+        task_id=text.name,
+        context_tokens=len(text.ids),
+        correct=None,
+        item_hash=text.content_hash(),
+        **held_and_timed(quality.result),
+        scored_tokens=quality.scored_tokens,
+        nll=quality.nll,
+        kl=quality.kl,
+    )

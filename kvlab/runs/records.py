@@ -18,21 +18,19 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from kvlab.cache.demotion import DemotionReport
-from kvlab.engine.generation import GenerationResult, RunSpec, eos_token_ids
-from kvlab.engine.profile import require_profile
+from kvlab.engine.events import GenerationResult
+from kvlab.engine.spec import RunSpec
+from kvlab.engine.stopping import eos_token_ids
 from kvlab.models.loading import LoadedModel
+from kvlab.models.profiles import require_profile
 from kvlab.store import RunConfig, Trial
 from kvlab.tasks import facts, needle
 from kvlab.tasks.items import TaskItem, has_chat_template, stop_token_ids
 from kvlab.tasks.needle import HAYSTACK_DIR, score
 from kvlab.tasks.ruler_score import recall
-
-if TYPE_CHECKING:  # the quality pass files its runs through this module
-    from kvlab.runs.quality import Quality
-    from kvlab.tasks.texts import TextPass
 
 #: Which tokens end an answer: ``none`` for a text fed to its end (:mod:`kvlab.runs.quality`).
 StopRule = Literal["eos", "eos+line", "none"]
@@ -97,7 +95,7 @@ def run_config(
         policy=spec.policy.name,
         mode=spec.mode,
         task=task,
-        policy_params=spec.policy.params(),
+        policy_params=spec.stored_params(),
         weights_hash=loaded.weights_hash,
         tokenizer_hash=loaded.tokenizer_hash,
         task_hash=task_hash,
@@ -105,8 +103,8 @@ def run_config(
         budget_tokens=None if budget is None else budget.tokens,
         chunk=spec.chunk,
         compression_interval=spec.compression_interval,
-        layout=spec.layout,
-        compact_at=spec.compact_at if spec.layout == "threshold" else None,
+        layout=spec.cache.stored_layout()[0],
+        compact_at=spec.cache.stored_layout()[1],
         context_length=context_length,
         query_aware=query_aware,
         max_new_tokens=spec.max_new_tokens,
@@ -114,7 +112,7 @@ def run_config(
         seed=spec.seed,
         device=loaded.device_kind,
         dtype=loaded.dtype_name,
-        profile_hash=require_profile(loaded).digest() if spec.policy.measures_layers() == "profile" else None,
+        profile_hash=require_profile(loaded).digest() if spec.cache.options.measures_layers == "profile" else None,
     )
 
 
@@ -202,21 +200,3 @@ def device_figures(kv_bytes_per_device: dict[str, int], size: int) -> dict[str, 
     if len(kv_bytes_per_device) < 2:
         return {}
     return {"device_bytes": json.dumps({device: held // size for device, held in kv_bytes_per_device.items()})}
-
-
-def text_trial(text: TextPass, quality: Quality) -> Trial:
-    """The one trial of a pass over a text: no answer to score (``correct`` is NULL), but the tokens it scored,
-    their mean negative log-likelihood and mean KL from the full cache, with the policy's kept tokens, KV bytes and
-    seconds. The peak GPU allocation is left out: the full cache's generation ran beside the policy's on the same
-    device, so the device's peak is theirs together."""
-    return Trial(
-        trial_key=text.name,
-        task_id=text.name,
-        context_tokens=len(text.ids),
-        correct=None,
-        item_hash=text.content_hash(),
-        **held_and_timed(quality.result),
-        scored_tokens=quality.scored_tokens,
-        nll=quality.nll,
-        kl=quality.kl,
-    )

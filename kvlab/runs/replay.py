@@ -27,7 +27,7 @@ import pandas as pd
 from kvlab.cache.demotion import TIERS, DemotionReport
 from kvlab.errors import KvlabError
 from kvlab.paths import shipped
-from kvlab.policies import EVICTING
+from kvlab.policies import evicting
 from kvlab.runs.live import EventMark, LiveTrace, MemoryPoint, ObservedStep
 from kvlab.runs.tables import run_label
 
@@ -187,7 +187,7 @@ def showcase(replays: pd.DataFrame) -> int:
     """Which of ``replays`` (``Store.replays``, in its order) to show first: the first whose policy evicts and whose
     answer was still found (eviction at work, and working), else the first."""
     for index, row in enumerate(replays.itertuples(index=False)):
-        if row.policy in EVICTING and not pd.isna(row.correct) and bool(row.correct):
+        if row.policy in evicting() and not pd.isna(row.correct) and bool(row.correct):
             return index
     return 0
 

@@ -27,13 +27,18 @@ from typing import Literal, Protocol, cast
 
 import torch
 
-from kvlab.budget import Budget, check_budget
+from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
-from kvlab.engine.generation import MODES, Mode, Prefilled, RunSpec, generate, prefill_once
+from kvlab.engine.generation import generate, prefill_once
+from kvlab.engine.prefilled import Prefilled
+from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError, shown_name
 from kvlab.models.limits import check_seed
 from kvlab.models.loading import LoadedModel
-from kvlab.policies import Policy, make_policy
+from kvlab.modes import MODES, Mode
+from kvlab.policies import Policy, Variant, configure, parse_params
+from kvlab.policies.base import check_budget
+from kvlab.policies.variants import as_variant
 from kvlab.runs.records import batch_trials, needle_sources_hash, run_config, stops_for
 from kvlab.store import RunConfig, Store, Trial
 from kvlab.store.rows import canonical_json
@@ -49,25 +54,26 @@ GridKind = Kind | Literal["ruler"]
 
 @dataclass(frozen=True)
 class Cell:
-    """One policy at one budget in one mode: a stored run per context length."""
+    """One variant (a policy with its cache options) at one budget in one mode: a stored run per context length."""
 
-    policy: Policy
+    variant: Variant
     keep: float | None
     mode: Mode
 
     @property
     def label(self) -> str:
         keep = "" if self.keep is None else f" keep {self.keep:g}"
-        return f"{self.policy.name}{keep} {self.mode}"
+        return f"{self.variant.name}{keep} {self.mode}"
 
 
 @dataclass(frozen=True)
 class SweepGrid:
     """The grid to run. ``depths=None`` puts each trial's needle at a random depth (seeded). With ``kind="ruler"``,
     every cell answers ``trials`` items of each of ``ruler_tasks`` (RULER's names), and ``depths`` must be None:
-    RULER's tasks draw their needles' depths themselves."""
+    RULER's tasks draw their needles' depths themselves. ``policies`` are variants (a policy with its cache options;
+    a policy alone is its published variant), kept as :attr:`variants`."""
 
-    policies: tuple[Policy, ...]
+    policies: tuple[Variant | Policy, ...]
     keeps: tuple[float, ...]
     contexts: tuple[int, ...]
     depths: tuple[float, ...] | None
@@ -84,8 +90,11 @@ class SweepGrid:
     layout: str = DEFAULT_LAYOUT
     compact_at: float = DEFAULT_COMPACT_AT
     static: bool | None = None
+    variants: tuple[Variant, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        variants = tuple(as_variant(chosen) for chosen in self.policies)
+        object.__setattr__(self, "variants", variants)
         if not self.policies:
             raise KvlabError("A sweep needs at least one policy.")
         if not self.contexts:
@@ -116,14 +125,14 @@ class SweepGrid:
         for depth in self.depths or ():
             if not 0.0 <= depth <= 1.0:
                 raise KvlabError(f"A needle depth must lie in [0, 1], not {depth}.")
-        if any(p.evicts for p in self.policies) and not self.keeps:
+        if any(variant.policy.evicts for variant in self.variants) and not self.keeps:
             raise KvlabError(
                 "Policies that take a budget (evicting ones, and sparse readers) need at least one kept fraction "
                 "(--keep)."
             )
         for cell in self.cells():
             for context in self.contexts:
-                check_budget(cell.policy, Budget(keep=cell.keep) if cell.keep is not None else None, context)
+                check_budget(cell.variant.policy, Budget(keep=cell.keep) if cell.keep is not None else None, context)
 
     def check_fits(self, loaded: LoadedModel) -> None:
         """Refuse, before anything runs or is stored, a context that with its answer does not fit the model, and a
@@ -152,16 +161,16 @@ class SweepGrid:
     def shares_read(self, cell: Cell) -> bool:
         """Whether ``cell`` compresses a fork of a context read once for every such cell (evicting policies in
         prefill mode, unless sharing is off) rather than reading each context itself."""
-        return cell.mode == "prefill" and cell.policy.evicts and self.share_prefill
+        return cell.mode == "prefill" and cell.variant.policy.evicts and self.share_prefill
 
     def cells(self) -> list[Cell]:
         """Every (policy, keep, mode) of the grid; ``full`` once, in the first mode (it keeps everything)."""
         cells: list[Cell] = []
-        for policy in self.policies:
-            if not policy.evicts:
-                cells.append(Cell(policy, None, cast(Mode, self.modes[0])))
+        for variant in self.variants:
+            if not variant.policy.evicts:
+                cells.append(Cell(variant, None, cast(Mode, self.modes[0])))
                 continue
-            cells.extend(Cell(policy, keep, cast(Mode, mode)) for mode in self.modes for keep in self.keeps)
+            cells.extend(Cell(variant, keep, cast(Mode, mode)) for mode in self.modes for keep in self.keeps)
         return cells
 
 
@@ -375,15 +384,14 @@ class InProcess:
         """What the engine runs for a cell."""
         budget = Budget(keep=cell.keep) if cell.keep is not None else None
         return RunSpec(
-            cell.policy,
+            cell.variant.policy,
             budget,
             mode=cell.mode,
             chunk=grid.chunk,
             max_new_tokens=grid.max_new_tokens,
             stop_token_ids=self.stops.token_ids,
             seed=grid.seed,
-            layout=grid.layout,
-            compact_at=grid.compact_at,
+            cache=cell.variant.cache(grid.layout, grid.compact_at),
             static=grid.static,
         )
 
@@ -418,8 +426,8 @@ class InProcess:
                 result = generate(self.loaded, context, self.spec(grid, job.cell), suffix_ids=question)
                 yield job, batch_trials(unit.batch, result)
             return
-        policies = [job.cell.policy for job in unit.jobs]
-        prefilled: Prefilled = prefill_once(self.loaded, context, policies, chunk=grid.chunk)
+        variants = [job.cell.variant for job in unit.jobs]
+        prefilled: Prefilled = prefill_once(self.loaded, context, variants, chunk=grid.chunk)
         for job in unit.jobs:
             spec = self.spec(grid, job.cell)
             result = generate(self.loaded, None, spec, suffix_ids=question, prefilled=prefilled)
@@ -555,12 +563,11 @@ def _check_same_prompts(run_id: int, stored: dict[str, str | None], items: Seque
             )
 
 
-def parse_policies(names: str, params: Sequence[str] = ()) -> tuple[Policy, ...]:
-    """Policies from a comma list, each optionally with its own parameters in brackets, so that one policy can take
-    part several times (``h2o,h2o[layer_allocation=preset],h2o[hot=0.25,key_bits=4,value_bits=4]``), and with
-    ``policy.key=value`` parameters addressed to every listed variant of one policy by name."""
-    from kvlab.policies import parse_params
-
+def parse_policies(names: str, params: Sequence[str] = ()) -> tuple[Variant, ...]:
+    """Variants from a comma list of policies, each optionally with its own parameters and cache options in
+    brackets, so that one policy can take part several times (``h2o,h2o[layer_allocation=preset],h2o[hot=0.25,
+    key_bits=4,value_bits=4]``), and with ``policy.key=value`` parameters addressed to every listed variant of one
+    policy by name."""
     variants = [_variant(text) for text in _split_outside_brackets(names)]
     per_policy: dict[str, list[str]] = {name: [] for name, _ in variants}
     for pair in params:
@@ -568,14 +575,14 @@ def parse_policies(names: str, params: Sequence[str] = ()) -> tuple[Policy, ...]
         if not dot or target not in per_policy:
             raise KvlabError(f"Sweep parameters are written policy.key=value for a listed policy, not {pair!r}.")
         per_policy[target].append(rest)
-    policies = tuple(make_policy(name, **parse_params(name, own + per_policy[name])) for name, own in variants)
+    chosen = tuple(configure(name, **parse_params(name, own + per_policy[name])) for name, own in variants)
     seen: set[str] = set()
-    for policy in policies:
-        identity = canonical_json([policy.name, policy.params()])
+    for variant in chosen:
+        identity = canonical_json([variant.name, variant.params()])
         if identity in seen:
-            raise KvlabError(f"Policy {policy.name!r} is listed twice with the same parameters.")
+            raise KvlabError(f"Policy {variant.name!r} is listed twice with the same parameters.")
         seen.add(identity)
-    return policies
+    return chosen
 
 
 def format_variant(name: str, params: Sequence[tuple[str, object]]) -> str:

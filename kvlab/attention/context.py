@@ -1,0 +1,55 @@
+"""What the attention function knows during one forward pass of a kvlab run: the heap it reads and writes, and what
+the run observes of the pass (statistics, an observer of the probabilities, a sparse reader's selection)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from kvlab.attention.stats import StatsAccumulator
+from kvlab.cache.heap import KVHeap
+from kvlab.cache.sparse import ReadCount, SparseRead
+
+#: What observes a forward's attention probabilities block by block (see :attr:`ForwardContext.observe`).
+Observer = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+@dataclass
+class ForwardContext:
+    """What the attention function needs to know during one forward pass of a kvlab run (the positions of the pass
+    are the heap's :attr:`~kvlab.cache.heap.KVHeap.positions`)."""
+
+    cache: KVHeap
+    stats: StatsAccumulator | None = None
+    #: Called with every block of attention probabilities the pass computes: ``(layer_idx, probs, key_positions)``,
+    #: ``probs`` ``(batch, kv_heads, groups, queries, keys)`` in float32 and the keys' original positions
+    #: ``(batch, kv_heads, keys)``, keys in slot order (KVzip's reconstruction, :mod:`kvlab.engine.reconstruction`).
+    observe: Observer | None = None
+    #: While decoding under a sparse reader (Quest, RocketKV): its selection, applied to every layer it reads
+    #: sparsely, and the count of the bytes attention read (:mod:`kvlab.cache.sparse`).
+    reader: SparseRead | None = None
+    reads: ReadCount | None = None
+    #: Whether the pass decodes a token (what demoted pages it recalls is then counted per decoded token).
+    decoding: bool = False
+
+
+_CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("kvlab_forward", default=None)
+
+
+@contextlib.contextmanager
+def forward_context(context: ForwardContext) -> Iterator[None]:
+    """Make ``context`` visible to the attention function for the duration of one forward pass."""
+    token = _CONTEXT.set(context)
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def current() -> ForwardContext | None:
+    """The forward pass's context, or ``None`` outside a kvlab run."""
+    return _CONTEXT.get()

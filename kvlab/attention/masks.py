@@ -1,0 +1,45 @@
+"""Which keys each query may see, from the tokens' original positions: free slots, causal order and sliding windows
+stay right however the heap was evicted, refilled or compacted."""
+
+from __future__ import annotations
+
+import torch
+
+from kvlab.cache.layer import HeapLayer
+
+
+def allowed_keys(
+    key_positions: torch.Tensor, query_positions: torch.Tensor, sliding_window: int | None
+) -> torch.Tensor:
+    """Which keys each query may attend to, from original positions: ``(..., q, keys)`` booleans.
+
+    A key is visible when its slot holds a token (position 0 or more), it is not in the query's future and, on
+    sliding-window layers, it lies fewer than ``sliding_window`` positions back (the convention of transformers'
+    sliding-window masks).
+    """
+    keys = key_positions.unsqueeze(-2).long()
+    queries = query_positions.long().unsqueeze(-1)
+    allowed = (keys >= 0) & (keys <= queries)
+    if sliding_window is not None:
+        allowed &= (queries - keys) < sliding_window
+    return allowed
+
+
+def slot_causal_mask(n_queries: int, n_keys: int, device: torch.device) -> torch.Tensor:
+    """Mask for queries that are the last ``n_queries`` of ``n_keys`` slots in position order: every earlier slot
+    visible, later ones causal."""
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_queries)
+
+
+def ordered_mask(layer: HeapLayer, query_positions: torch.Tensor, last_position: int) -> torch.Tensor | None:
+    """The mask of a forward over slots in position order whose queries are the last slots: ``None`` (everything
+    visible, or causal by slot order when the forward has no past), ``(q, keys)`` shared by all heads, or
+    ``(batch, kv_heads, q, keys)`` once a sliding window can hide some cached tokens. Decided from host-side
+    integers only, so that building it never waits for the GPU."""
+    n_queries, n_keys = query_positions.shape[0], layer.used
+    window = layer.sliding_window
+    if window is None or last_position < window:
+        if n_queries == 1 or n_queries == n_keys:
+            return None
+        return slot_causal_mask(n_queries, n_keys, query_positions.device)
+    return allowed_keys(layer.slots(n_keys)[2], query_positions, window)

@@ -1,0 +1,142 @@
+"""A run's plan, made before the first token is read: the budget in tokens, how it is spread over layers, how many
+slots each layer's heap allocates, and what attention must observe for the policy.
+
+Planning once is what lets the heap allocate once and write in place: in streaming mode a layer holds at most its
+budget (or, on sliding-window layers, the window) plus one chunk; in prefill mode everything until the one
+compression, which then leaves room for the question and the tokens to generate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvlab.cache.allocation import CAKE_WINDOW
+from kvlab.cache.heap import Observed
+from kvlab.cache.scopes import local_budgets
+from kvlab.cache.sparse import SparseRead
+from kvlab.cache.spec import CacheOptions
+from kvlab.engine.spec import RunSpec
+from kvlab.models.arch import ArchFacts
+from kvlab.models.profiles import Profile
+from kvlab.policies.base import Policy, check_budget
+from kvlab.policies.variants import Variant
+
+#: A layer budget that never cuts anything.
+NO_BUDGET = 1 << 62
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run decides before reading: ``budget_tokens`` (``None``: nothing to evict), the sparse ``reader`` and
+    the tokens each layer holds per KV head (``held_tokens``; a sparse reader's own, else the budget), whether it
+    evicts to a budget, whether evictions can free anything at all (``prunes``: a budget, sliding-window layers, or
+    tokens the policy never keeps), the layer budgets, each layer's planned slots and the room a compaction leaves,
+    and what attention observes."""
+
+    budget_tokens: int | None
+    reader: SparseRead | None
+    held_tokens: int | None
+    evicting: bool
+    prunes: bool
+    layer_budgets: tuple[int, ...]
+    capacities: tuple[int, ...]
+    room: int
+    span: int
+    observed: Observed
+
+
+def plan_run(
+    spec: RunSpec,
+    arch: ArchFacts,
+    layer_groups: Sequence[str],
+    context_tokens: int,
+    suffix_tokens: int,
+    profile: Profile | None,
+    observe_for: Sequence[Variant] = (),
+) -> Plan:
+    """The plan of a run of ``spec`` over ``context_tokens`` (and a question of ``suffix_tokens``) on a model of
+    ``arch`` whose layers are in ``layer_groups``; ``profile`` is the attention profile an ``entropy`` allocation
+    follows; ``observe_for`` are further policies whose needs the heap must also observe (a context read once for
+    several, :func:`kvlab.engine.prefilled.prefill_once`)."""
+    policy, options = spec.policy, spec.cache.options
+    span = context_tokens + suffix_tokens + spec.max_new_tokens
+    budget_tokens = check_budget(policy, spec.budget, context_tokens)
+    reader = policy.sparse_read(budget_tokens, span) if budget_tokens is not None else None
+    held_tokens = budget_tokens if reader is None else reader.held
+    evicting = held_tokens is not None
+    if held_tokens is None:
+        layer_budgets = [NO_BUDGET] * arch.num_layers
+    else:
+        measured = None if profile is None else profile.entropy
+        layer_budgets = local_budgets(
+            lambda layers, own: spread(policy, options, held_tokens, layers, context_tokens, own),
+            layer_groups,
+            measured,
+        )
+    capacities, room = _capacities(spec, arch, layer_budgets, held_tokens, context_tokens, span)
+    compresses = evicting or options.freezes or policy.removes() > 0
+    observed = [*([Variant(policy, options)] if compresses else []), *observe_for]
+    return Plan(
+        budget_tokens=budget_tokens,
+        reader=reader,
+        held_tokens=held_tokens,
+        evicting=evicting,
+        prunes=evicting or bool(arch.sliding_layers) or policy.removes() > 0,
+        layer_budgets=tuple(layer_budgets),
+        capacities=tuple(capacities),
+        room=room,
+        span=span,
+        observed=Observed(
+            scores=any(variant.policy.needs_scores for variant in observed),
+            query_window=max((observed_window(variant) for variant in observed), default=0),
+            query_moments=any(variant.policy.needs_query_moments for variant in observed),
+        ),
+    )
+
+
+def observed_window(variant: Variant) -> int:
+    """How many recent queries a run must remember for ``variant``: its policy's own observation window, and CAKE's
+    when its layer budgets follow the prompt's attention."""
+    cake = CAKE_WINDOW if variant.options.measures_layers == "prompt" else 0
+    return max(variant.policy.query_window(), cake)
+
+
+def spread(
+    policy: Policy,
+    options: CacheOptions,
+    budget: int,
+    num_layers: int,
+    capacity: int | None,
+    measured: Sequence[float] | None,
+) -> list[int]:
+    """``num_layers`` layer budgets at the same total as ``budget`` each: the policy's own shape (PyramidKV) or the
+    cache's layer allocation (``measured``: its per-layer weights, a profile's entropies or CAKE's preferences)."""
+    if policy.own_layer_budgets:
+        return policy.layer_budgets(budget, num_layers, capacity)
+    return options.layer_budgets(
+        budget, num_layers, policy.min_budget(), capacity, None if measured is None else list(measured)
+    )
+
+
+def _capacities(
+    spec: RunSpec,
+    arch: ArchFacts,
+    layer_budgets: Sequence[int],
+    held_tokens: int | None,
+    context_tokens: int,
+    span: int,
+) -> tuple[list[int], int]:
+    """Slots per layer, and the room a compaction leaves for the tokens still to come between evictions. A layer of
+    PyramidKV that holds no more than the uniform budget keeps everything, so its capacity covers the uniform budget
+    too."""
+    chunk = spec.chunk_size(context_tokens)
+    uniform = held_tokens if held_tokens is not None else NO_BUDGET
+    capacities = []
+    for layer, budget in enumerate(layer_budgets):
+        keep = max(budget, uniform)
+        if arch.is_sliding(layer) and arch.sliding_window is not None:
+            keep = min(keep, arch.sliding_window - 1)
+        capacities.append(span if spec.mode == "prefill" else min(span, keep + chunk))
+    room = chunk if spec.mode == "streaming" else span - context_tokens
+    return capacities, room
