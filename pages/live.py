@@ -10,7 +10,6 @@ from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP,
 from kvlab.dashboard import live_figures as figures
 from kvlab.dashboard.allocation_figures import ALLOCATION_GUIDE, allocation_figure
 from kvlab.dashboard.chart_view import how_to_read, show_chart
-from kvlab.dashboard.device_queue import DEVICE_QUEUE
 from kvlab.dashboard.inputs import (
     CACHE_OPTIONS_TITLE,
     cache_option_fields,
@@ -27,6 +26,7 @@ from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel
 from kvlab.models.profiles import load_profile
 from kvlab.policies import POLICIES, Variant
+from kvlab.runs.device_queue import DEVICE_QUEUE
 from kvlab.runs.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt, prompt_tokens
 from kvlab.runs.live_store import LiveResult, file_live_run
 from kvlab.runs.replay import EXAMPLES_DB, replay_choices, replay_stores

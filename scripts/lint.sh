@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Lint, formatting, types and the documentation: ruff check, ruff format --check and mypy (configured in
-# pyproject.toml), then a strict build of the documentation site (mkdocs.yml: a broken link, a missing page or a
+# Lint, formatting, types, the layering and the documentation: ruff check, ruff format --check, mypy and lint-imports
+# (kvlab's layers and no import circle; all configured in pyproject.toml), then a strict build of the documentation site (mkdocs.yml: a broken link, a missing page or a
 # docstring the API reference cannot render fails it), in .venv. The site is built into a temporary directory that is
 # removed afterwards, so nothing is written into the tree. scripts/test.sh runs it before the tests, so CI fails on
 # any of them.
@@ -11,6 +11,7 @@ cd "$root"
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 "$venv/bin/mypy"
+"$venv/bin/lint-imports" --no-cache
 if [ ! -x "$venv/bin/mkdocs" ]; then
   echo "mkdocs is not installed in $venv: install kvlab's docs extra (KVLAB_EXTRAS with docs in it)." >&2
   exit 1

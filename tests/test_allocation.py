@@ -12,14 +12,13 @@ from kvlab.budget import PYRAMID_BETA, pyramid_shares, split_budget
 from kvlab.cache.allocation import (
     allocate,
     cake_budgets,
-    cake_dispersion_and_shift,
-    cake_preference,
     entropy_budgets,
     preset_budgets,
     preset_groups,
     preset_weights,
     uniform_budgets,
 )
+from kvlab.cache.cake import cake_dispersion_and_shift, cake_preference
 from kvlab.errors import KvlabError
 from kvlab.policies.snapkv import PyramidKV
 

@@ -11,10 +11,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from test_pages import open_page, shown, sweep_job, widget
 
-from kvlab.dashboard.device_queue import DEVICE_QUEUE
 from kvlab.dashboard.grid import NeedleGridRequest, depth_label, evenly_spaced_depths
 from kvlab.dashboard.grid_figures import depth_accuracy, needle_grid, needle_heatmaps, panel_title
 from kvlab.dashboard.sweep_jobs import SWEEP_JOBS
+from kvlab.runs.device_queue import DEVICE_QUEUE
 from kvlab.runs.sweep import SweepRunner
 
 DEPTHS = "Needle depths (how many)"

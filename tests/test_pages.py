@@ -14,10 +14,10 @@ from streamlit.testing.v1 import AppTest
 from test_ui_tables import add_run
 
 from kvlab.dashboard import session
-from kvlab.dashboard.device_queue import DEVICE_QUEUE
 from kvlab.dashboard.sweep_jobs import SWEEP_JOBS
 from kvlab.engine.generation import Generation
 from kvlab.models.loading import default_model
+from kvlab.runs.device_queue import DEVICE_QUEUE
 from kvlab.store import open_store
 
 REPO = Path(__file__).resolve().parents[1]

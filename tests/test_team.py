@@ -17,9 +17,9 @@ import pytest
 from browser import Server, idle, launch, needs_chromium
 
 from kvlab.budget import Budget
-from kvlab.dashboard.device_queue import DeviceQueue, Ticket, Waiting
 from kvlab.dashboard.grid import NeedleGridRequest
 from kvlab.dashboard.sweep_jobs import SweepJobs
+from kvlab.runs.device_queue import DeviceQueue, Ticket, Waiting
 from kvlab.runs.live import LiveRun, LiveSettings, NeedleTask, build_prompt
 from kvlab.runs.live_store import store_live_run
 from kvlab.store import open_store

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from kvlab.dashboard.device_queue import DeviceQueue, Waiting
+from kvlab.runs.device_queue import DeviceQueue, Waiting
 
 
 def test_runs_take_turns_in_arrival_order_and_waiters_see_their_place():

@@ -10,12 +10,12 @@ from datetime import datetime
 import pytest
 import torch
 
-from kvlab.dashboard.device_queue import DeviceQueue
 from kvlab.dashboard.grid import NeedleGridRequest, grid_policies, variant
 from kvlab.dashboard.inputs import cache_option_fields
 from kvlab.dashboard.sweep_jobs import SweepJobs, filling_job, filling_sentence, sweep_views
 from kvlab.engine.generation import Generation
 from kvlab.errors import KvlabError
+from kvlab.runs.device_queue import DeviceQueue
 from kvlab.store import SweepRecord
 
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import kvlab.policies
 from kvlab.budget import Budget
 from kvlab.engine.generation import Generation, generate
 from kvlab.engine.spec import RunSpec
@@ -19,9 +18,6 @@ from kvlab.models.loading import wrap_model
 from kvlab.policies import POLICIES, make_policy
 
 # --8<-- [end:setup]
-
-if not hasattr(kvlab.policies, "register_policy"):  # the registry's decorator came with a later kvlab
-    pytest.skip("this kvlab has no kvlab.policies.register_policy", allow_module_level=True)
 
 # --8<-- [start:fixtures]
 BUDGET, SINKS, LENGTH = 12, 2, 40

@@ -26,11 +26,13 @@ from kvlab.cli.options import (
     run_spec_from_args,
     whole,
 )
+from kvlab.errors import KvlabError
+from kvlab.store import RunFilter, Store, default_db_path, open_store
+from kvlab.tasks.ruler_score import ruler_scores
 
 if TYPE_CHECKING:  # the parser is built without loading torch
     from kvlab.models.loading import LoadedModel
     from kvlab.runs.sweep import GridKind, SweepGrid, UnitExecutor
-    from kvlab.store import Store
 
 GRID_KINDS: dict[str, GridKind] = {
     "needle": "single",
@@ -155,9 +157,8 @@ def _stop_on_sigterm() -> Callable[[], bool]:
 
 def sweep_grid(args: argparse.Namespace):
     """The grid the ``sweep`` arguments describe, checked (no model is needed to check it)."""
-    from kvlab.errors import KvlabError
-    from kvlab.runs.sweep import SweepGrid, parse_policies
-    from kvlab.tasks.ruler import MAX_NEW_TOKENS, RULER_TASKS
+    from kvlab.runs.sweep import SweepGrid, parse_policies  # loads torch: not at import time
+    from kvlab.tasks.ruler import MAX_NEW_TOKENS, RULER_TASKS  # loads torch: not at import time
 
     ruler = args.task == "ruler"
     if args.ruler_tasks is not None and not ruler:
@@ -189,7 +190,6 @@ def sweep_grid(args: argparse.Namespace):
 def existing_store(path: str | None) -> Store | None:
     """The database at ``path`` (or the default one) opened read-only, or None when there is none yet: a dry run
     creates and changes nothing."""
-    from kvlab.store import default_db_path, open_store
 
     where = Path(path) if path else default_db_path()
     return open_store(where, read_only=True) if where.is_file() and where.stat().st_size > 0 else None
@@ -202,7 +202,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     import torch
 
-    from kvlab.runs.cluster import runs_in_process
+    from kvlab.runs.cluster import runs_in_process  # loads torch: not at import time
 
     grid = sweep_grid(args)
     gpus = 0 if args.device_map is not None else torch.cuda.device_count()  # a split model fills its GPUs itself
@@ -214,8 +214,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def _sweep_in_process(args: argparse.Namespace, grid: SweepGrid) -> int:
     """The sweep with the model loaded here, estimated first (only estimated with ``--dry-run``)."""
-    from kvlab.runs.estimate import measure_speed, sweep_estimate
-    from kvlab.store import open_store
+    from kvlab.runs.estimate import measure_speed, sweep_estimate  # loads torch: not at import time
 
     loaded = load_model_from_args(args)
     grid.check_fits(loaded)  # before the store is opened: a grid that cannot run creates no database
@@ -230,9 +229,7 @@ def _sweep_in_process(args: argparse.Namespace, grid: SweepGrid) -> int:
 
 def _sweep_on_workers(args: argparse.Namespace, grid: SweepGrid) -> int:
     """The sweep on Ray workers, each loading the model the options name; this process writes the store."""
-    from kvlab.errors import KvlabError
-    from kvlab.runs.cluster import ModelRecipe, SweepWorkers
-    from kvlab.store import open_store
+    from kvlab.runs.cluster import ModelRecipe, SweepWorkers  # loads torch: not at import time
 
     if args.device_map is not None:
         raise KvlabError("A model split by --device-map runs in one process; leave out --workers and --ray-address.")
@@ -249,7 +246,7 @@ def _run_and_report(model: LoadedModel | UnitExecutor, store: Store, grid: Sweep
     """Run the sweep with a progress bar; report what ran, or how to resume after an interruption."""
     from tqdm import tqdm
 
-    from kvlab.runs.sweep import SweepRunner
+    from kvlab.runs.sweep import SweepRunner  # loads torch: not at import time
 
     bar = tqdm(total=0, unit="trial", file=sys.stderr, disable=args.quiet)
 
@@ -283,9 +280,7 @@ def _run_and_report(model: LoadedModel | UnitExecutor, store: Store, grid: Sweep
 
 def print_ruler_scores(store: Store, run_ids: list[int]) -> None:
     """Each run's RULER score (the mean over its tasks of their mean recall) with its 95 % interval."""
-    from kvlab.runs.tables import run_label
-    from kvlab.store import RunFilter
-    from kvlab.tasks.ruler_score import ruler_scores
+    from kvlab.runs.tables import run_label  # loads torch: not at import time
 
     runs = store.list_runs(RunFilter(run_ids=tuple(run_ids))).set_index("run_id")
     for run_id, score in ruler_scores(store.trials_frame(RunFilter(run_ids=tuple(run_ids)))).items():
@@ -300,10 +295,9 @@ def print_ruler_scores(store: Store, run_ids: list[int]) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Answer every task of a JSONL file under one policy; print accuracy and per-item results."""
-    from kvlab.runs.evaluate import evaluate_items
-    from kvlab.runs.records import items_hash, run_config, stops_for
-    from kvlab.store import open_store
-    from kvlab.tasks.items import load_jsonl
+    from kvlab.runs.evaluate import evaluate_items  # loads torch: not at import time
+    from kvlab.runs.records import items_hash, run_config, stops_for  # loads torch: not at import time
+    from kvlab.tasks.items import load_jsonl  # loads torch: not at import time
 
     spec = run_spec_from_args(args)  # bad settings and stores are refused before the model loads
     store = open_store(args.db) if args.db else None

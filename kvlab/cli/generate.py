@@ -9,6 +9,7 @@ import sys
 import textwrap
 from typing import TYPE_CHECKING
 
+from kvlab.cache.spec import CacheOptions
 from kvlab.cli.options import (
     add_generation_arguments,
     add_heap_arguments,
@@ -18,6 +19,8 @@ from kvlab.cli.options import (
     run_spec_from_args,
 )
 from kvlab.errors import KvlabError
+from kvlab.models.catalog import available_models
+from kvlab.params import param_spec
 from kvlab.tasks.texts import read_text
 
 if TYPE_CHECKING:  # the engine imports torch; the parser must not
@@ -70,8 +73,8 @@ def run_generate(args: argparse.Namespace) -> int:
     """Generate from one prompt under a policy and print the text, or the figures as JSON."""
     import torch
 
-    from kvlab.engine.generation import generate
-    from kvlab.tasks.items import has_chat_template, text_ids
+    from kvlab.engine.generation import generate  # loads torch: not at import time
+    from kvlab.tasks.items import has_chat_template, text_ids  # loads torch: not at import time
 
     spec = run_spec_from_args(args)
     prompt = _read_prompt(args)
@@ -127,9 +130,7 @@ def kept_tokens(result: GenerationResult) -> str:
 
 def run_policies(args: argparse.Namespace) -> int:
     """List the policies with their parameters and defaults, then the cache options every scoring policy takes."""
-    from kvlab.cache.spec import CacheOptions
-    from kvlab.params import param_spec
-    from kvlab.policies import POLICIES
+    from kvlab.policies import POLICIES  # loads torch: not at import time
 
     width = max(map(len, POLICIES)) + 1
     for name, cls in POLICIES.items():
@@ -150,8 +151,6 @@ def run_models(args: argparse.Namespace) -> int:
     """List the models found on this machine, each with the name to pass as ``--model``, where it comes from and
     its licence."""
     from dataclasses import asdict
-
-    from kvlab.models.catalog import available_models
 
     for entry in available_models():
         if args.json:

@@ -17,6 +17,7 @@ from kvlab.cli.options import (
     policy_from_args,
     whole,
 )
+from kvlab.store import open_store
 from kvlab.tasks.texts import read_text
 
 DEFAULT_CONTEXT = 2048
@@ -57,9 +58,14 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_live(args: argparse.Namespace) -> int:
     """Run, print the output and where it was stored."""
-    from kvlab.runs.live import LiveRun, LiveSettings, NeedleTask, TextTask, build_prompt
-    from kvlab.runs.live_store import store_live_run
-    from kvlab.store import open_store
+    from kvlab.runs.live import (  # loads torch: not at import time
+        LiveRun,
+        LiveSettings,
+        NeedleTask,
+        TextTask,
+        build_prompt,
+    )
+    from kvlab.runs.live_store import store_live_run  # loads torch: not at import time
 
     variant, budget = policy_from_args(args)
     task = (

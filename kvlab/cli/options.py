@@ -6,6 +6,9 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kvlab.budget import Budget
+from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
+from kvlab.cache.spec import CacheOptions
 from kvlab.errors import KvlabError
 from kvlab.models.limits import MAX_SEED
 from kvlab.store import DB_ENV_VAR
@@ -75,7 +78,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_model_from_args(args: argparse.Namespace) -> LoadedModel:
     """The model the model options name, loaded (the one place the command line loads a model)."""
-    from kvlab.models.loading import load_model
+    from kvlab.models.loading import load_model  # loads torch: not at import time
 
     return load_model(
         args.model,
@@ -121,7 +124,6 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
 def add_heap_arguments(parser: argparse.ArgumentParser, eager: bool = True) -> None:
     """Options of the KV heap: its layout, the threshold layout's dead share, and (with ``eager``) eager decoding
     (a command that observes attention always decodes eagerly, and has no such option)."""
-    from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
 
     parser.add_argument(
         "--layout",
@@ -171,10 +173,8 @@ def add_db_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
 def policy_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
     """The variant (the policy with its cache options: ``--param``, ``--cache``) and the budget the arguments
     describe, checked."""
-    from kvlab.budget import Budget
-    from kvlab.cache.spec import CacheOptions
-    from kvlab.policies import configure, parse_params
-    from kvlab.policies.base import check_budget
+    from kvlab.policies import configure, parse_params  # loads torch: not at import time
+    from kvlab.policies.base import check_budget  # loads torch: not at import time
 
     not_options = [pair for pair in args.cache if pair.partition("=")[0] not in CacheOptions.names()]
     if not_options:
@@ -194,7 +194,7 @@ def policy_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
 def run_spec_from_args(args: argparse.Namespace, max_new_tokens: int | None = None) -> Any:
     """The ``RunSpec`` of the variant the arguments describe (``generate``, ``eval``, ``quality``), stopping at the
     model's end-of-sequence tokens until a caller sets other stop tokens."""
-    from kvlab.engine.spec import RunSpec
+    from kvlab.engine.spec import RunSpec  # loads torch: not at import time
 
     variant, budget = policy_from_args(args)
     heap = heap_settings(args)

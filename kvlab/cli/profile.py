@@ -9,7 +9,15 @@ import sys
 from pathlib import Path
 
 from kvlab.cli.options import add_model_arguments, load_model_from_args, whole
-from kvlab.models.profiles import DEFAULT_PROFILE_TEXT, DEFAULT_PROFILE_TOKENS, PROFILE_CHUNK
+from kvlab.models.profiles import (
+    DEFAULT_PROFILE_TEXT,
+    DEFAULT_PROFILE_TOKENS,
+    PROFILE_CHUNK,
+    check_output,
+    output_path,
+    save_profile,
+)
+from kvlab.tasks.texts import read_text
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -49,9 +57,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_profile_command(args: argparse.Namespace) -> int:
     """Measure the profile, save it, and print its entropy per layer."""
-    from kvlab.engine.profile import measure_profile
-    from kvlab.models.profiles import check_output, output_path, save_profile
-    from kvlab.tasks.texts import read_text
+    from kvlab.engine.profile import measure_profile  # loads torch: not at import time
 
     check_output(args.out)  # a bad text or output costs no model load
     path = Path(args.text) if args.text is not None else DEFAULT_PROFILE_TEXT

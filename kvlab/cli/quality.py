@@ -18,7 +18,8 @@ from kvlab.cli.options import (
     run_spec_from_args,
     whole,
 )
-from kvlab.tasks.texts import DEFAULT_PREFIX, DEFAULT_TOKENS, MIN_PAST_BUDGET
+from kvlab.store import open_store
+from kvlab.tasks.texts import DEFAULT_PREFIX, DEFAULT_TOKENS, MIN_PAST_BUDGET, read_text, scored_tokens
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -62,9 +63,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_quality_command(args: argparse.Namespace) -> int:
     """Measure one pass over the text, store it, and print what it measured."""
-    from kvlab.runs.quality import DEFAULT_TEXT, model_pass, run_quality
-    from kvlab.store import open_store
-    from kvlab.tasks.texts import read_text, scored_tokens
+    from kvlab.runs.quality import DEFAULT_TEXT, model_pass, run_quality  # loads torch: not at import time
 
     variant, budget = policy_from_args(args)  # bad settings, texts and stores are refused before the model loads
     tokens = scored_tokens(budget, args.prefix, args.tokens)

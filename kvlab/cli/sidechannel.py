@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvlab.budget import Budget
 from kvlab.cli.options import (
     add_heap_arguments,
     add_model_arguments,
@@ -87,9 +88,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> SideChannelSettings:
     """The experiment the arguments describe, checked before any model is loaded."""
-    from kvlab.budget import Budget
-    from kvlab.experiments.sidechannel import NoiseLevel, SideChannelSettings
-    from kvlab.policies import parse_params
+    from kvlab.experiments.sidechannel import NoiseLevel, SideChannelSettings  # loads torch: not at import time
+    from kvlab.policies import parse_params  # loads torch: not at import time
 
     keep = DEFAULT_KEEP if args.keep is None else args.keep
     budget = Budget(tokens=args.budget) if args.budget is not None else Budget(keep=keep)
@@ -119,7 +119,7 @@ def settings_from_args(args: argparse.Namespace) -> SideChannelSettings:
 
 def run_sidechannel_command(args: argparse.Namespace) -> int:
     """Run the experiment, print its table and write the JSON."""
-    from kvlab.experiments.sidechannel import run_side_channel
+    from kvlab.experiments.sidechannel import run_side_channel  # loads torch: not at import time
 
     settings = settings_from_args(args)
     out = Path(args.out) if args.out is not None else None
@@ -143,7 +143,7 @@ def run_sidechannel_command(args: argparse.Namespace) -> int:
 def report_lines(result: SideChannelResult) -> list[str]:
     """The table the command prints: per noise level, the canary's survival and the retrieval accuracy, then each
     channel's accuracy, interval and verdict."""
-    from kvlab.experiments.sidechannel import CHANNELS
+    from kvlab.experiments.sidechannel import CHANNELS  # loads torch: not at import time
 
     budget = f"keep {result.keep:g}" if result.keep is not None else f"budget {result.budget_tokens}"
     lines = [

@@ -14,6 +14,7 @@ import pandas as pd
 
 from kvlab.cli.options import add_db_argument
 from kvlab.store import RunFilter, export_runs, export_trials, open_store
+from kvlab.tasks.ruler_score import ruler_scores
 
 #: The columns ``runs`` prints (``export --table runs`` writes every run column); the policy with the parameters
 #: it set away from their defaults, each share with its 95 % interval (``accuracy_ci``: Wilson's; ``recall_ci``:
@@ -125,8 +126,7 @@ def runs_listing(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """``Store.list_runs`` rows as ``runs`` prints them (:data:`LIST_COLUMNS`): shares as fractions to three places,
     intervals as ``0.240–0.760``, ``—`` where a run has none (a text's pass answers nothing; runs stored before the
     tie share was recorded have none); a RULER run's score is the mean over its tasks of their mean recall."""
-    from kvlab.runs.tables import policy_name, present, with_shares
-    from kvlab.tasks.ruler_score import ruler_scores
+    from kvlab.runs.tables import policy_name, present, with_shares  # loads torch: not at import time
 
     shares = with_shares(runs, trials)
     scores = ruler_scores(trials)

@@ -15,7 +15,7 @@ The pages in ``pages/`` hold layout and widgets only. Everything they show is co
 * :mod:`kvlab.dashboard.sweep_jobs`: needle grids running in the server's background, visible to every session,
   resumable;
 * :mod:`kvlab.dashboard.downloads`: stored runs and trials as CSV or Parquet bytes;
-* :mod:`kvlab.dashboard.device_queue`: the process-wide queue that lets one session at a time use the device;
+* :mod:`kvlab.runs.device_queue`: the process-wide queue that lets one session at a time use the device;
 * :mod:`kvlab.dashboard.access`: who may use the server (login or localhost) and which models it may load;
 * :mod:`kvlab.dashboard.session`: the Streamlit side shared by all pages (login, model picker, store, waiting notices);
 * :mod:`kvlab.dashboard.chart_view` and :mod:`kvlab.dashboard.live_view`: the Streamlit side of charts (drawn with their

@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 
 from kvlab.dashboard.inputs import cache_option_fields
+from kvlab.engine.plan import layer_profile
 from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel
-from kvlab.models.profiles import require_profile
 from kvlab.policies import POLICIES, Variant
 from kvlab.runs.sweep import Progress, SweepGrid, SweepRunner, SweepSummary, format_variant, parse_policies
 from kvlab.store import Store
@@ -132,8 +132,8 @@ class NeedleGridRequest:
         it)."""
         grid = self.grid()
         grid.check_fits(loaded)
-        if any(variant.options.measures_layers == "profile" for variant in grid.variants):
-            require_profile(loaded)
+        for variant in grid.variants:
+            layer_profile(loaded, variant.cache())
         return grid
 
     def own_runs(self, runs: pd.DataFrame) -> pd.DataFrame:

@@ -8,9 +8,9 @@ import functools
 
 import streamlit as st
 
-from kvlab.dashboard.device_queue import DEVICE_QUEUE, Waiting
 from kvlab.dashboard.grid import NeedleGridRequest
 from kvlab.models.loading import LoadedModel
+from kvlab.runs.device_queue import DEVICE_QUEUE, Waiting
 from kvlab.runs.estimate import Speed, measure_speed, sweep_estimate
 from kvlab.runs.sweep import SweepGrid
 from kvlab.store import Store

@@ -32,12 +32,12 @@ from kvlab.dashboard.access import (
     user_label,
 )
 from kvlab.dashboard.claims import NeedleEvidence, needle_evidence
-from kvlab.dashboard.device_queue import Waiting
 from kvlab.dashboard.text import plain
 from kvlab.errors import KvlabError, NotAModel
 from kvlab.guard import log_to_server
 from kvlab.models.catalog import ModelEntry, available_models
 from kvlab.models.loading import LoadedModel, default_model, load_model
+from kvlab.runs.device_queue import Waiting
 from kvlab.runs.live import warm_up
 from kvlab.runs.replay import Replay, unpack
 from kvlab.runs.tables import short_model_name

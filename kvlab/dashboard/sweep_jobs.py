@@ -4,7 +4,7 @@ A Streamlit session runs its script in a thread that ends when the tab is closed
 stop a long sweep half way. So a sweep runs in a thread of its own, registered in a process-wide :class:`SweepJobs`
 that every session reads: any session opening the needle grid page sees each sweep of the server with its place in
 the device queue or its progress, and can stop it. The sweep takes its turn on the device like a live run
-(:mod:`kvlab.dashboard.device_queue`), and is recorded in the store (:meth:`kvlab.store.Store.begin_sweep`) with its
+(:mod:`kvlab.runs.device_queue`), and is recorded in the store (:meth:`kvlab.store.Store.begin_sweep`) with its
 grid, so that a sweep whose server died (marked interrupted when the store is next opened) can be resumed: its runs are
 found again by their configuration and the stored trials are skipped.
 
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from kvlab.dashboard.device_queue import DEVICE_QUEUE, DeviceQueue, Waiting
 from kvlab.dashboard.grid import NeedleGridRequest, run_needle_grid
 from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel
+from kvlab.runs.device_queue import DEVICE_QUEUE, DeviceQueue, Waiting
 from kvlab.runs.sweep import SweepSummary
 from kvlab.store import Store, SweepRecord, SweepStatus
 

@@ -32,7 +32,7 @@ from kvlab.attention.function import install_attention
 from kvlab.attention.kernels import sdpa_backends
 from kvlab.attention.observe import window_probabilities
 from kvlab.attention.stats import StatsAccumulator, StatsRequest
-from kvlab.cache.allocation import cake_preference
+from kvlab.cache.cake import cake_preference
 from kvlab.cache.heap import KVHeap
 from kvlab.cache.layer import HeapLayer
 from kvlab.cache.ranking import eviction_count
@@ -49,7 +49,6 @@ from kvlab.engine.static import StaticSteps
 from kvlab.engine.stopping import StopTokens, eos_token_ids
 from kvlab.errors import KvlabError, shown_name
 from kvlab.models.loading import LoadedModel, device_name
-from kvlab.models.profiles import require_profile
 from kvlab.models.rope import Rope
 from kvlab.policies.base import LayerView, Policy
 from kvlab.policies.full import Full
@@ -89,11 +88,7 @@ class Generation:
         self.context_tokens = int(input_ids.shape[1])
         suffix_tokens = 0 if self.suffix_ids is None else int(self.suffix_ids.shape[1])
         loaded.limits.check(self.context_tokens + suffix_tokens, spec.max_new_tokens, shown_name(loaded.name))
-        #: The stored attention profile an ``entropy`` layer allocation follows, else ``None``.
-        self.profile = require_profile(loaded) if spec.cache.options.measures_layers == "profile" else None
-        self.plan = plan_run(
-            spec, loaded.arch, loaded.layer_groups, self.context_tokens, suffix_tokens, self.profile, observe_for
-        )
+        self.plan = plan_run(spec, loaded, self.context_tokens, suffix_tokens, observe_for)
         #: Each layer's budget (the plan's, until CAKE's or the global scope's are decided at the compression).
         self.layer_budgets = list(self.plan.layer_budgets)
         #: The model's rotary embedding (for policies that model future queries), found once per generation.
@@ -179,12 +174,12 @@ class Generation:
         leaves space for the question and the tokens to generate), or freeze what every layer keeps, after the
         passes the policy and the cache spec need first (KVzip's reconstruction; CAKE's and the global scope's
         layer budgets)."""
-        options, policy = self.spec.cache.options, self.spec.policy
-        if self.plan.evicting and options.measures_layers == "prompt":
+        policy = self.spec.policy
+        if self.plan.rebudget == "prompt":
             self.allocate_by_prompt()
         if policy.reconstructs() and (self.cache.freezes or any(self.eviction_counts())):
             self.reconstruct()
-        if self.plan.evicting and options.global_scope and any(self.eviction_counts()):
+        if self.plan.rebudget == "global" and any(self.eviction_counts()):
             self.allocate_globally()
         for view in self.layer_views():
             compress_layer(self.cache, policy, view)

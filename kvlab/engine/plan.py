@@ -1,24 +1,29 @@
 """A run's plan, made before the first token is read: the budget in tokens, how it is spread over layers, how many
-slots each layer's heap allocates, and what attention must observe for the policy.
+slots each layer's heap allocates, what attention must observe for the policy, and which measurements decide the
+layer budgets at prefill mode's compression.
 
 Planning once is what lets the heap allocate once and write in place: in streaming mode a layer holds at most its
 budget (or, on sliding-window layers, the window) plus one chunk; in prefill mode everything until the one
-compression, which then leaves room for the question and the tokens to generate.
+compression, which then leaves room for the question and the tokens to generate. This module is where the engine
+reads the cache's options (:class:`~kvlab.cache.spec.CacheOptions`): the rest of the engine follows the plan and
+asks the heap, whose layers the options built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from kvlab.cache.allocation import CAKE_WINDOW
 from kvlab.cache.heap import Observed
 from kvlab.cache.scopes import local_budgets
 from kvlab.cache.sparse import SparseRead
-from kvlab.cache.spec import CacheOptions
+from kvlab.cache.spec import CacheOptions, CacheSpec
 from kvlab.engine.spec import RunSpec
 from kvlab.models.arch import ArchFacts
-from kvlab.models.profiles import Profile
+from kvlab.models.loading import LoadedModel
+from kvlab.models.profiles import Profile, ProfiledModel, require_profile
 from kvlab.policies.base import Policy, check_budget
 from kvlab.policies.variants import Variant
 
@@ -32,7 +37,8 @@ class Plan:
     the tokens each layer holds per KV head (``held_tokens``; a sparse reader's own, else the budget), whether it
     evicts to a budget, whether evictions can free anything at all (``prunes``: a budget, sliding-window layers, or
     tokens the policy never keeps), the layer budgets, each layer's planned slots and the room a compaction leaves,
-    and what attention observes."""
+    what attention observes, and what decides the layer budgets anew at the compression (``rebudget``: ``prompt`` for
+    CAKE's preferences measured from the prompt, ``global`` for one threshold over every layer, ``None``)."""
 
     budget_tokens: int | None
     reader: SparseRead | None
@@ -44,22 +50,22 @@ class Plan:
     room: int
     span: int
     observed: Observed
+    rebudget: Literal["prompt", "global"] | None
 
 
 def plan_run(
     spec: RunSpec,
-    arch: ArchFacts,
-    layer_groups: Sequence[str],
+    loaded: LoadedModel,
     context_tokens: int,
     suffix_tokens: int,
-    profile: Profile | None,
     observe_for: Sequence[Variant] = (),
 ) -> Plan:
-    """The plan of a run of ``spec`` over ``context_tokens`` (and a question of ``suffix_tokens``) on a model of
-    ``arch`` whose layers are in ``layer_groups``; ``profile`` is the attention profile an ``entropy`` allocation
-    follows; ``observe_for`` are further policies whose needs the heap must also observe (a context read once for
-    several, :func:`kvlab.engine.prefilled.prefill_once`)."""
-    policy, options = spec.policy, spec.cache.options
+    """The plan of a run of ``spec`` over ``context_tokens`` (and a question of ``suffix_tokens``) on ``loaded``
+    (its layers, their placement groups, and the stored attention profile an ``entropy`` allocation follows, refused
+    in one sentence when there is none); ``observe_for`` are further variants whose needs the heap must also observe
+    (a context read once for several, :func:`kvlab.engine.generation.prefill_once`)."""
+    policy, options, arch = spec.policy, spec.cache.options, loaded.arch
+    profile = layer_profile(loaded, spec.cache)
     span = context_tokens + suffix_tokens + spec.max_new_tokens
     budget_tokens = check_budget(policy, spec.budget, context_tokens)
     reader = policy.sparse_read(budget_tokens, span) if budget_tokens is not None else None
@@ -71,7 +77,7 @@ def plan_run(
         measured = None if profile is None else profile.entropy
         layer_budgets = local_budgets(
             lambda layers, own: spread(policy, options, held_tokens, layers, context_tokens, own),
-            layer_groups,
+            loaded.layer_groups,
             measured,
         )
     capacities, room = _capacities(spec, arch, layer_budgets, held_tokens, context_tokens, span)
@@ -92,7 +98,22 @@ def plan_run(
             query_window=max((observed_window(variant) for variant in observed), default=0),
             query_moments=any(variant.policy.needs_query_moments for variant in observed),
         ),
+        rebudget=(
+            None
+            if not evicting
+            else "prompt"
+            if options.measures_layers == "prompt"
+            else "global"
+            if options.global_scope
+            else None
+        ),
     )
+
+
+def layer_profile(loaded: ProfiledModel, cache: CacheSpec) -> Profile | None:
+    """The stored attention profile the cache's layer allocation follows (``entropy``), else ``None``; a model without
+    one is refused in one sentence naming the command that measures it, before anything runs."""
+    return require_profile(loaded) if cache.options.measures_layers == "profile" else None
 
 
 def observed_window(variant: Variant) -> int:

@@ -10,7 +10,8 @@ import torch
 from kvlab import __version__
 from kvlab.attention.observe import window_probabilities
 from kvlab.attention.stats import StatsRequest
-from kvlab.cache.allocation import CAKE_WINDOW, cake_dispersion_and_shift
+from kvlab.cache.allocation import CAKE_WINDOW
+from kvlab.cache.cake import cake_dispersion_and_shift
 from kvlab.engine.generation import Generation
 from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError

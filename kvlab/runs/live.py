@@ -27,16 +27,16 @@ import torch
 from kvlab.attention.stats import StatsRequest
 from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
-from kvlab.dashboard.device_queue import DeviceQueue, Waiting
 from kvlab.engine.events import Event, GenerationResult
 from kvlab.engine.generation import Generation
+from kvlab.engine.plan import layer_profile
 from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.limits import check_seed
 from kvlab.models.loading import LoadedModel
-from kvlab.models.profiles import require_profile
 from kvlab.modes import Mode
 from kvlab.policies import Variant, configure, make_policy
+from kvlab.runs.device_queue import DeviceQueue, Waiting
 from kvlab.runs.records import needle_sources_hash, stops_for
 from kvlab.tasks.facts import TEMPLATES, make_fact
 from kvlab.tasks.items import TaskItem, item_hash, prompt_ids, stop_token_ids, text_ids
@@ -195,8 +195,8 @@ class LiveSettings:
         attention profile the model does not have yet (the sentence names the command that measures it)."""
         variant = configure(self.policy, **self.params)
         variant.check_mode(self.mode)
-        if loaded is not None and variant.options.measures_layers == "profile":
-            require_profile(loaded)
+        if loaded is not None:
+            layer_profile(loaded, variant.cache())
         return variant
 
 

@@ -22,10 +22,10 @@ from typing import Any, Literal
 
 from kvlab.cache.demotion import DemotionReport
 from kvlab.engine.events import GenerationResult
+from kvlab.engine.plan import layer_profile
 from kvlab.engine.spec import RunSpec
 from kvlab.engine.stopping import eos_token_ids
 from kvlab.models.loading import LoadedModel
-from kvlab.models.profiles import require_profile
 from kvlab.store import RunConfig, Trial
 from kvlab.tasks import facts, needle
 from kvlab.tasks.items import TaskItem, has_chat_template, stop_token_ids
@@ -112,7 +112,7 @@ def run_config(
         seed=spec.seed,
         device=loaded.device_kind,
         dtype=loaded.dtype_name,
-        profile_hash=require_profile(loaded).digest() if spec.cache.options.measures_layers == "profile" else None,
+        profile_hash=None if (profile := layer_profile(loaded, spec.cache)) is None else profile.digest(),
     )
 
 
