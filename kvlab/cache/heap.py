@@ -417,48 +417,35 @@ class KVHeap:
 
     # --- forks, observation and figures ------------------------------------------------------------------------
 
-    def fork(
-        self,
-        capacities: list[int],
-        spec: CacheSpec,
-        *,
-        observed: Observed,
-        room: int,
-        keep_planned: bool,
-        evicting: bool,
-    ) -> KVHeap:
-        """An independent heap holding the same tokens, built for another run's cache ``spec`` and what its policy
-        observes, for that run to compress.
+    def share(self, source: KVHeap) -> KVHeap:
+        """Hold the tokens ``source`` holds, as a fork of it: built for another run's cache spec and what its policy
+        observes (:meth:`build`), then given the source's tensors and counts, for that run to compress.
 
-        K, V, positions and scores are shared with this heap and copied only when the fork first changes them, so
-        a fork costs no memory until it diverges (a compaction builds new tensors without copying first).
-        """
-        forked = KVHeap.build(
-            capacities, spec, observed=observed, room=room, keep_planned=keep_planned, rope=self.rope, evicting=evicting
-        )
-        forked.positions = Positions(self.positions.seen)
-        for source, target in zip(self.layers, forked.layers):
-            target.keys, target.values, target.positions = source.keys, source.values, source.positions
-            target.used, target.live, target.ordered = source.used, source.live, source.ordered
-            target.shape = source.shape
-            target.shared = {"keys", "values", "positions"}
-            if observed.scores:
-                if source.scores is None:
+        K, V, positions and scores are shared with the source and copied only when this heap first changes them, so
+        a fork costs no memory until it diverges (a compaction builds new tensors without copying first)."""
+        self.positions = Positions(source.positions.seen)
+        for held, layer in zip(source.layers, self.layers):
+            layer.keys, layer.values, layer.positions = held.keys, held.values, held.positions
+            layer.used, layer.live, layer.ordered = held.used, held.live, held.ordered
+            layer.shape = held.shape
+            layer.shared = {"keys", "values", "positions"}
+            if self.track_scores:
+                if held.scores is None:
                     raise ValueError("The shared prefill did not accumulate attention scores.")
-                target.scores = source.scores
-                target.shared.add("scores")
-            window = observed.query_window
+                layer.scores = held.scores
+                layer.shared.add("scores")
+            window = self.query_window
             if window:
-                if source.recent_queries is None or source.recent_queries.shape[2] < min(window, self.seen_tokens):
+                if held.recent_queries is None or held.recent_queries.shape[2] < min(window, source.seen_tokens):
                     raise ValueError("The shared prefill did not remember enough queries.")
-                assert source.recent_query_positions is not None
-                target.recent_queries = source.recent_queries[:, :, -window:].clone()
-                target.recent_query_positions = source.recent_query_positions[-window:].clone()
-            if forked.query_moments:
-                if source.moments is None:
+                assert held.recent_query_positions is not None
+                layer.recent_queries = held.recent_queries[:, :, -window:].clone()
+                layer.recent_query_positions = held.recent_query_positions[-window:].clone()
+            if self.query_moments:
+                if held.moments is None:
                     raise ValueError("The shared prefill did not accumulate query moments.")
-                target.moments = source.moments.clone()
-        return forked
+                layer.moments = held.moments.clone()
+        return self
 
     def capturable(self) -> bool:
         """Whether decode steps over every layer can be captured in a CUDA graph (no frozen part materialised per

@@ -122,26 +122,17 @@ class Generation:
 
     def _heap(self, prefilled: Prefilled | None) -> KVHeap:
         """The run's heap as its plan and cache spec say: new, or a fork of a context read once."""
-        plan, spec = self.plan, self.spec
-        capacities, keep_planned = list(plan.capacities), spec.mode == "streaming"
-        if prefilled is not None:
-            return prefilled.cache.fork(
-                capacities,
-                spec.cache,
-                observed=plan.observed,
-                room=plan.room,
-                keep_planned=keep_planned,
-                evicting=plan.evicting,
-            )
-        return KVHeap.build(
-            capacities,
-            spec.cache,
+        plan = self.plan
+        heap = KVHeap.build(
+            list(plan.capacities),
+            self.spec.cache,
             observed=plan.observed,
             room=plan.room,
-            keep_planned=keep_planned,
+            keep_planned=self.spec.mode == "streaming",
             rope=self.rope,
             evicting=plan.evicting,
         )
+        return heap if prefilled is None else heap.share(prefilled.cache)
 
     @property
     def batch_size(self) -> int:

@@ -7,7 +7,7 @@ forward pass, so that the cost grows with the context rather than its square. Th
 starting with" and the previous chunk's last eight tokens before the others; then what closes the user's turn in the
 model's chat template (a newline without one); then the chunk.
 
-The passes run on a fork of the heap (:meth:`kvlab.cache.heap.KVHeap.fork`), and each chunk's tokens are dropped from
+The passes run on a fork of the heap (:meth:`kvlab.cache.heap.KVHeap.share`), and each chunk's tokens are dropped from
 the fork before the next chunk is read: every chunk sees the context alone, as in the references, and the original cache
 never holds a reconstruction token. A chunk's attention is normalised as the references normalise it, over the keys
 of the sinks before the chunk, of the chunk itself and of the repetition: kvlab's attention observes probabilities
@@ -161,14 +161,15 @@ def reconstruct(
     context = heap.seen_tokens
     passes = chunks(context_ids, RepeatRequest.for_tokenizer(tokenizer), policy.chunk_size)
     longest = max(int(chunk.ids.shape[1]) for chunk in passes)
-    fork = heap.fork(
+    fork = KVHeap.build(
         [layer.used + longest for layer in heap.layers],
         CacheSpec(layout="bitmask"),
         observed=Observed(),
         room=0,
         keep_planned=False,
+        rope=heap.rope,
         evicting=False,
-    )
+    ).share(heap)
     scores = []
     for layer in heap.layers:
         assert layer.positions is not None

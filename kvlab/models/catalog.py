@@ -72,9 +72,11 @@ def _package_models() -> tuple[ModelEntry, ...]:
     """Read once per process: which packages are installed does not change while it runs, and reading every
     package's file list takes a fraction of a second."""
     entries = []
+    shipped_dir = SHIPPED_MODELS_DIR.resolve()
     for distribution in importlib.metadata.distributions():
         files = distribution.files or []
-        paths = [Path(str(distribution.locate_file(item))) for item in files if _model_file(str(item))]
+        located = [Path(str(distribution.locate_file(item))) for item in files if _model_file(str(item))]
+        paths = [path for path in located if not path.resolve().is_relative_to(shipped_dir)]  # kvlab's own: shipped
         if not paths:
             continue
         package = distribution.name
