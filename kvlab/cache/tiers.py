@@ -7,7 +7,8 @@ the same number of 16-bit tokens:
   ``key_bits``/``value_bits`` (KIVI's grouping, :mod:`kvlab.cache.quant`), physically packed with its scales;
 * **head-adaptive budgets** (Ada-KV): the heads of a layer share its budget, so each holds its own number of tokens.
 
-So at the compression the kept tokens leave the dense heap for a :class:`FrozenLayer`: flat tensors of tokens, head
+So at the compression the kept tokens of a :class:`TieredLayer` (the layer type a cache spec with either option
+builds) leave its dense slots for a :class:`FrozenLayer`: flat tensors of tokens, head
 by head in position order, the hot ones as they were, the cold ones quantised (keys in groups of ``group``
 consecutive tokens of one head, padded with copies of the head's last token to a whole group, as KIVI groups keys
 along tokens). Nothing is added to it afterwards: the question and the generated tokens go to the now empty dense
