@@ -44,6 +44,7 @@ from kvlab.cache.layouts import LAYOUTS  # noqa: E402
 from kvlab.engine.generation import Mode, RunSpec, generate  # noqa: E402
 from kvlab.models.loading import wrap_model  # noqa: E402
 from kvlab.policies import POLICIES, make_policy  # noqa: E402
+from kvlab.units import GB, GIB  # noqa: E402
 
 LLAMA3_8B = dict(
     vocab_size=128256,
@@ -95,7 +96,8 @@ def copy_bandwidth(device: str) -> float:
     """Bytes per second of a large device-to-device copy (read + write), the median of 10."""
     if device != "cuda":
         return float("nan")
-    source = torch.randn(1 << 30, device="cuda", dtype=torch.float16)  # 2 GiB
+    size = 2 * GIB
+    source = torch.randn(size // 2, device="cuda", dtype=torch.float16)
     target = torch.empty_like(source)
     times = []
     for _ in range(12):
@@ -106,7 +108,7 @@ def copy_bandwidth(device: str) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1000)
     del source, target
-    return 2 * (1 << 30) * 2 / statistics.median(times[2:])
+    return 2 * size / statistics.median(times[2:])
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -160,7 +162,7 @@ def kvlab_row(
 
 
 def _gib(value: int | None) -> float | None:
-    return None if value is None else round(value / 2**30, 3)
+    return None if value is None else round(value / GIB, 3)
 
 
 def hf_rows(
@@ -346,7 +348,7 @@ def part_decode(
     weights = weight_bytes(model)
     arch = loaded.arch
     kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 2
-    print(json.dumps({"bandwidth_gb_s": round(bandwidth / 1e9, 1), "weight_gib": _gib(weights)}), flush=True)
+    print(json.dumps({"bandwidth_gb_s": round(bandwidth / GB, 1), "weight_gib": _gib(weights)}), flush=True)
     table: dict[str, Any] = {"bandwidth_bytes_per_s": bandwidth, "weight_bytes": weights, "contexts": {}}
     configs = [(label, spec) for label, spec in decode_configs() if only is None or label in only]
     for context in contexts:

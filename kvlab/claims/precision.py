@@ -32,6 +32,7 @@ from kvlab.claims.needle_claims import NEEDLE_TASK, NEGLIGIBLE_LOSS, cell_text, 
 from kvlab.claims.sinks import perplexity
 from kvlab.claims.units import percent
 from kvlab.claims.verdicts import ABOUT, Evaluation, about, judged, missing
+from kvlab.units import MIB
 
 CLAIMED_SAVING = 0.92
 """Claim 16: "total KV memory -92%"."""
@@ -166,7 +167,7 @@ def keys_and_values_bits(evidence: Evidence) -> Evaluation:
 
 
 def _bytes_text(cell: pd.Series, full: pd.Series) -> str:
-    return f"{cell['kv_bytes'] / 2**20:,.2f} MiB against {full['kv_bytes'] / 2**20:,.2f} MiB"
+    return f"{cell['kv_bytes'] / MIB:,.2f} MiB against {full['kv_bytes'] / MIB:,.2f} MiB"
 
 
 def hybrid_precision(evidence: Evidence) -> Evaluation:
