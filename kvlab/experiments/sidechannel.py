@@ -47,7 +47,6 @@ answer shows whether the code did.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import random
 import statistics
@@ -64,6 +63,7 @@ from kvlab.budget import Budget, check_budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.engine.generation import Generation, RunSpec
 from kvlab.errors import KvlabError
+from kvlab.hashing import text_sha256
 from kvlab.models.limits import MAX_SEED
 from kvlab.models.loading import LoadedModel
 from kvlab.policies import POLICIES, Policy, make_policy
@@ -229,8 +229,7 @@ def canary_positions(tokenizer: Any, context_ids: Sequence[int], fact: Fact) -> 
 
 def trial_seed(seed: int, index: int) -> int:
     """The seed of one trial's noise, drawn from the experiment's seed: distinct trials, distinct draws."""
-    digest = hashlib.sha256(f"{seed}/noise/{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & MAX_SEED
+    return int(text_sha256(f"{seed}/noise/{index}")[:16], 16) & MAX_SEED
 
 
 def canary_prompts(tokenizer: Any, settings: SideChannelSettings) -> list[CanaryPrompt]:

@@ -17,7 +17,6 @@ for itself. A unit is computed by :meth:`InProcess.unit_trials` wherever it runs
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections import Counter
@@ -31,6 +30,7 @@ from kvlab.budget import Budget, check_budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
 from kvlab.engine.generation import MODES, Mode, Prefilled, RunSpec, generate, prefill_once
 from kvlab.errors import KvlabError, shown_name
+from kvlab.hashing import sources_sha256
 from kvlab.models.limits import check_seed
 from kvlab.models.loading import LoadedModel
 from kvlab.policies import Policy, make_policy
@@ -183,10 +183,7 @@ def ruler_sources_hash(task: str) -> str:
     """The identity of generated RULER items of one task set: what needle prompts are made from
     (:func:`~kvlab.runs.records.needle_sources_hash`: the haystacks, which are RULER's essay, and the needle helpers)
     and the RULER generators with their word lists (:data:`~kvlab.tasks.ruler.RULER_SOURCES`)."""
-    digest = hashlib.sha256(needle_sources_hash(task, "sweep").encode() + b"\n")
-    for path in RULER_SOURCES:
-        digest.update(path.name.encode() + b"\n" + hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
-    return digest.hexdigest()
+    return sources_sha256(needle_sources_hash(task, "sweep"), RULER_SOURCES)
 
 
 def trial_slots(grid: SweepGrid, context: int) -> list[tuple[str, float | None]]:
