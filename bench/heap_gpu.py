@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -41,8 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.budget import Budget  # noqa: E402
 from kvlab.cache.layouts import LAYOUTS  # noqa: E402
-from kvlab.engine.generation import Mode, RunSpec, generate  # noqa: E402
+from kvlab.engine.generation import RunSpec, generate  # noqa: E402
 from kvlab.models.loading import wrap_model  # noqa: E402
+from kvlab.modes import MODES, Mode  # noqa: E402
 from kvlab.policies import POLICIES, make_policy  # noqa: E402
 from kvlab.units import GB, GIB  # noqa: E402
 
@@ -229,13 +230,13 @@ def part_check(device: str) -> dict[str, Any]:
     for policy_name in POLICIES:
         params = {"window": 16} if policy_name in ("snapkv", "pyramidkv") else {}
         budget = None if policy_name == "full" else Budget(keep=0.2)
-        for mode in ("prefill", "streaming"):
+        for mode in MODES:
             for layout in LAYOUTS:
 
                 def run(
                     static: bool | None,
                     name: str = policy_name,
-                    mode: str = mode,
+                    mode: Mode = mode,
                     layout: str = layout,
                     params: dict[str, Any] = params,
                     budget: Budget | None = budget,
@@ -243,7 +244,7 @@ def part_check(device: str) -> dict[str, Any]:
                     spec = RunSpec(
                         make_policy(name, **params),
                         budget,
-                        mode=cast(Mode, mode),
+                        mode=mode,
                         chunk=128,
                         max_new_tokens=24,
                         stop_token_ids=(),

@@ -18,15 +18,15 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.budget import Budget  # noqa: E402
 from kvlab.cache.layouts import DEFAULT_LAYOUT, LAYOUTS  # noqa: E402
-from kvlab.engine.generation import MODES, Mode, RunSpec  # noqa: E402
+from kvlab.engine.generation import RunSpec  # noqa: E402
 from kvlab.errors import KvlabError  # noqa: E402
 from kvlab.models.loading import load_model  # noqa: E402
+from kvlab.modes import MODES, Mode, check_mode  # noqa: E402
 from kvlab.policies import Policy  # noqa: E402
 from kvlab.runs.quality import DEFAULT_TEXT, model_pass, run_quality  # noqa: E402
 from kvlab.runs.sweep import parse_policies  # noqa: E402
@@ -40,7 +40,7 @@ def parse_pass(text: str) -> list[tuple[Mode, Policy, Budget | None]]:
     if mode not in MODES or not policies or not (budget == "none" or budget.isdigit()):
         raise KvlabError(f"A pass is written MODE:BUDGET:POLICIES (e.g. prefill:615:h2o,snapkv), not {text!r}.")
     tokens = None if budget == "none" else Budget(tokens=int(budget))
-    return [(cast(Mode, mode), policy, tokens if policy.evicts else None) for policy in parse_policies(policies)]
+    return [(check_mode(mode), policy, tokens if policy.evicts else None) for policy in parse_policies(policies)]
 
 
 def main() -> None:

@@ -49,6 +49,7 @@ from heap_gpu import LLAMA3_8B, build, steady_ms  # noqa: E402
 from kvlab.budget import Budget  # noqa: E402
 from kvlab.engine.generation import Generation, GenerationResult, RunSpec  # noqa: E402
 from kvlab.models.loading import LoadedModel, load_model, place_model, wrap_model  # noqa: E402
+from kvlab.modes import PREFILL  # noqa: E402
 from kvlab.policies import make_policy  # noqa: E402
 
 KEEP = 0.1
@@ -199,7 +200,7 @@ def part_needle(
         contexts=contexts,
         depths=depths,
         trials=trials,
-        modes=("prefill",),
+        modes=(PREFILL,),
     )
     with open_store(out / "needle.duckdb") as store:
         summary = SweepRunner(loaded, store, grid).run()

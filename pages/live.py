@@ -25,6 +25,7 @@ from kvlab.dashboard.text import plain
 from kvlab.engine.profile import load_profile
 from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel
+from kvlab.modes import PREFILL, STREAMING, modes_help
 from kvlab.policies import POLICIES, Policy
 from kvlab.runs.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt, prompt_tokens
 from kvlab.runs.live_store import LiveResult, file_live_run
@@ -288,10 +289,9 @@ with policy_column:
 with run_column:
     mode = st.radio(
         "Mode",
-        ["streaming", "prefill"],
+        [STREAMING, PREFILL],
         horizontal=True,
-        help="streaming: the budget holds all the time, evicting after every chunk and token. prefill: "
-        "the whole prompt is read, then compressed once; peak memory is the full prompt.",
+        help=modes_help((STREAMING, PREFILL)),
         key="live_mode",
         persist_state="session",
     )

@@ -30,6 +30,7 @@ from kvlab.dashboard.sweep_jobs import SWEEP_JOBS, SweepJob, SweepView, filling_
 from kvlab.dashboard.text import plain
 from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel
+from kvlab.modes import MODES, modes_help
 from kvlab.policies import POLICIES
 from kvlab.store import RunFilter, Store, SweepRecord, open_store
 from kvlab.tasks.ruler import RULER_TASKS
@@ -67,7 +68,7 @@ settings, contexts_column, actions = st.columns([1.4, 1.4, 1])
 with settings:
     policies = st.multiselect("Policies", list(POLICIES), default=["full", "h2o", "streaming", "random"])
     keep = st.slider("Kept fraction", 0.01, 1.0, 0.1, 0.01)
-    mode = st.radio("Mode", ["prefill", "streaming"], horizontal=True)
+    mode = st.radio("Mode", MODES, horizontal=True, help=modes_help())
 with contexts_column:
     longest = longest_context(loaded)
     usable = [c for c in CONTEXTS if c <= longest]

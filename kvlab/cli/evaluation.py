@@ -26,6 +26,7 @@ from kvlab.cli.options import (
     run_spec_from_args,
     whole,
 )
+from kvlab.modes import MODES, PREFILL, modes_help
 
 if TYPE_CHECKING:  # the parser is built without loading torch
     from kvlab.models.loading import LoadedModel
@@ -60,7 +61,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="a parameter of one listed policy, e.g. snapkv.window=16 (repeatable)",
     )
     sweep.add_argument("--keep", default="", help="kept fractions, e.g. 0.1,0.3,0.5")
-    sweep.add_argument("--mode", default="prefill", help="prefill, streaming, or both: prefill,streaming")
+    sweep.add_argument(
+        "--mode", default=PREFILL, help=f"{', '.join(MODES)}, or both: {','.join(MODES)}. {modes_help()}"
+    )
     add_heap_arguments(sweep)
     sweep.add_argument("--contexts", required=True, help="context lengths in tokens, e.g. 1024,2048")
     sweep.add_argument(

@@ -17,6 +17,7 @@ from kvlab.cli.options import (
     policy_from_args,
     whole,
 )
+from kvlab.modes import STREAMING
 from kvlab.tasks.texts import read_text
 
 DEFAULT_CONTEXT = 2048
@@ -48,7 +49,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--raw-prompt", action="store_true", help="give a chat model the text as it is, not in its chat template"
     )
     add_policy_arguments(live)
-    live.set_defaults(mode="streaming")
+    live.set_defaults(mode=STREAMING)
     add_heap_arguments(live, eager=False)
     add_generation_arguments(live, default=24)
     add_db_argument(live, "database file the run and its replay are stored in")

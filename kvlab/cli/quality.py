@@ -18,6 +18,7 @@ from kvlab.cli.options import (
     policy_from_args,
     whole,
 )
+from kvlab.modes import STREAMING
 from kvlab.tasks.texts import DEFAULT_PREFIX, DEFAULT_TOKENS, MIN_PAST_BUDGET
 
 
@@ -53,7 +54,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         f"{MIN_PAST_BUDGET:,} are scored past the budget)",
     )
     add_policy_arguments(quality)
-    quality.set_defaults(mode="streaming")
+    quality.set_defaults(mode=STREAMING)
     add_heap_arguments(quality)
     add_db_argument(quality, "database file the run is stored in")
     quality.add_argument("--json", action="store_true", help="print one JSON object with the figures")

@@ -66,6 +66,7 @@ from kvlab.errors import KvlabError
 from kvlab.hashing import text_sha256
 from kvlab.models.limits import MAX_SEED
 from kvlab.models.loading import LoadedModel
+from kvlab.modes import PREFILL, check_mode
 from kvlab.policies import POLICIES, Policy, make_policy
 from kvlab.policies.scoring import ScoringPolicy
 from kvlab.stats import wilson_interval
@@ -123,7 +124,7 @@ class SideChannelSettings:
     params: dict[str, object]
     budget: Budget
     noise: tuple[NoiseLevel, ...]
-    mode: str = "prefill"
+    mode: str = PREFILL
     trials: int = 40
     context_tokens: int = 1024
     new_tokens: int = 16
@@ -174,7 +175,7 @@ class SideChannelSettings:
         return RunSpec(
             self.policy_at(level),
             self.budget,
-            mode=self.mode,  # type: ignore[arg-type]
+            mode=check_mode(self.mode),
             chunk=self.chunk,
             max_new_tokens=self.new_tokens,
             stop_token_ids=(),

@@ -14,13 +14,13 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 import pandas as pd
 import torch
 
-from kvlab.engine.generation import Generation, Mode, RunSpec, prefill_once
+from kvlab.engine.generation import Generation, RunSpec, prefill_once
 from kvlab.models.loading import LoadedModel
+from kvlab.modes import check_mode
 from kvlab.policies.full import Full
 from kvlab.runs.sweep import SweepGrid, SweepRunner, trial_slots
 from kvlab.store import RunFilter, Store, run_key
@@ -154,7 +154,7 @@ def measure_speed(loaded: LoadedModel, grid: SweepGrid) -> Speed:
     ``max_new_tokens`` (an answer that stops early takes less)."""
     tokens = min(min(grid.contexts), MEASURED_TOKENS)
     observed = [cell.policy for cell in grid.cells() if cell.policy.evicts]
-    chunk = RunSpec(Full(), mode=cast(Mode, grid.modes[0]), chunk=grid.chunk).chunk_size(tokens)
+    chunk = RunSpec(Full(), mode=check_mode(grid.modes[0]), chunk=grid.chunk).chunk_size(tokens)
     prefill_once(loaded, _prompt_ids(loaded, 1, min(tokens, 32)), observed, chunk=min(chunk, 32))
     read = prefill_once(loaded, _prompt_ids(loaded, grid.batch_size, tokens), observed, chunk=chunk)
     forced = torch.zeros((grid.batch_size, MEASURED_STEPS), dtype=torch.long)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,11 +28,12 @@ from kvlab.attention.function import StatsRequest
 from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.dashboard.device_queue import DeviceQueue, Waiting
-from kvlab.engine.generation import Event, Generation, GenerationResult, Mode, RunSpec
+from kvlab.engine.generation import Event, Generation, GenerationResult, RunSpec
 from kvlab.engine.profile import require_profile
 from kvlab.errors import KvlabError
 from kvlab.models.limits import check_seed
 from kvlab.models.loading import LoadedModel
+from kvlab.modes import STREAMING, check_mode
 from kvlab.policies import Policy, make_policy
 from kvlab.runs.records import needle_sources_hash, stops_for
 from kvlab.tasks.facts import TEMPLATES, make_fact
@@ -176,7 +177,7 @@ class LiveSettings:
     policy: str
     params: dict[str, object] = field(default_factory=dict)
     budget: Budget | None = None
-    mode: str = "streaming"
+    mode: str = STREAMING
     chunk: int = 256
     max_new_tokens: int = 24
     query_aware: bool = True
@@ -450,7 +451,7 @@ class LiveRun:
         self.spec = RunSpec(
             policy,
             budget,
-            mode=cast(Mode, settings.mode),
+            mode=check_mode(settings.mode),
             chunk=settings.chunk,  # RunSpec checks it
             max_new_tokens=settings.max_new_tokens,
             stop_token_ids=self.stops.token_ids,
@@ -519,7 +520,7 @@ def warm_up(loaded: LoadedModel) -> None:
     stop_token_ids(loaded.tokenizer)
     ids = torch.arange(48, dtype=torch.long).remainder(max(len(loaded.tokenizer), 1)).unsqueeze(0)
     spec = RunSpec(
-        make_policy("h2o"), Budget(tokens=16), mode="streaming", chunk=16, max_new_tokens=2, stats=StatsRequest(4, 16)
+        make_policy("h2o"), Budget(tokens=16), mode=STREAMING, chunk=16, max_new_tokens=2, stats=StatsRequest(4, 16)
     )
     for _ in Generation(loaded, spec, ids).events():
         pass

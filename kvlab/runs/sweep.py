@@ -22,17 +22,18 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, cast
+from typing import Literal, Protocol
 
 import torch
 
 from kvlab.budget import Budget, check_budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
-from kvlab.engine.generation import MODES, Mode, Prefilled, RunSpec, generate, prefill_once
+from kvlab.engine.generation import Prefilled, RunSpec, generate, prefill_once
 from kvlab.errors import KvlabError, shown_name
 from kvlab.hashing import sources_sha256
 from kvlab.models.limits import check_seed
 from kvlab.models.loading import LoadedModel
+from kvlab.modes import MODES, PREFILL, Mode, check_mode
 from kvlab.policies import Policy, make_policy
 from kvlab.runs.records import batch_trials, needle_sources_hash, run_config, stops_for
 from kvlab.store import RunConfig, Store, Trial
@@ -72,7 +73,7 @@ class SweepGrid:
     contexts: tuple[int, ...]
     depths: tuple[float, ...] | None
     trials: int
-    modes: tuple[str, ...] = ("prefill",)
+    modes: tuple[str, ...] = (PREFILL,)
     seed: int = 0
     kind: GridKind = "single"
     ruler_tasks: tuple[str, ...] = RULER_TASKS
@@ -99,7 +100,7 @@ class SweepGrid:
             if self.depths is not None:
                 raise KvlabError("RULER's tasks draw their needles' depths themselves; leave out --depths.")
         if not self.modes:
-            raise KvlabError("A sweep needs at least one mode (prefill, streaming).")
+            raise KvlabError(f"A sweep needs at least one mode ({', '.join(MODES)}).")
         if self.max_new_tokens < 1:
             raise KvlabError(f"A sweep must generate at least one token per answer, not {self.max_new_tokens}.")
         check_seed(self.seed)
@@ -109,8 +110,7 @@ class SweepGrid:
         if self.batch_size < 1:
             raise KvlabError(f"The batch size must be at least 1, not {self.batch_size}.")
         for mode in self.modes:
-            if mode not in MODES:
-                raise KvlabError(f"Unknown mode {mode!r}; use 'prefill' or 'streaming'.")
+            check_mode(mode)
         for keep in self.keeps:
             Budget(keep=keep)
         for depth in self.depths or ():
@@ -152,16 +152,16 @@ class SweepGrid:
     def shares_read(self, cell: Cell) -> bool:
         """Whether ``cell`` compresses a fork of a context read once for every such cell (evicting policies in
         prefill mode, unless sharing is off) rather than reading each context itself."""
-        return cell.mode == "prefill" and cell.policy.evicts and self.share_prefill
+        return cell.mode == PREFILL and cell.policy.evicts and self.share_prefill
 
     def cells(self) -> list[Cell]:
         """Every (policy, keep, mode) of the grid; ``full`` once, in the first mode (it keeps everything)."""
         cells: list[Cell] = []
         for policy in self.policies:
             if not policy.evicts:
-                cells.append(Cell(policy, None, cast(Mode, self.modes[0])))
+                cells.append(Cell(policy, None, check_mode(self.modes[0])))
                 continue
-            cells.extend(Cell(policy, keep, cast(Mode, mode)) for mode in self.modes for keep in self.keeps)
+            cells.extend(Cell(policy, keep, check_mode(mode)) for mode in self.modes for keep in self.keeps)
         return cells
 
 
