@@ -18,11 +18,11 @@ from typing import Iterable
 import kvlab
 from kvlab.errors import KvlabError
 from kvlab.hashing import file_sha256, text_sha256
+from kvlab.paths import PACKAGE_DIR, checkout
 
 #: Distributions whose versions can change a result or its timing; recorded with every run.
 TRACKED_PACKAGES: tuple[str, ...] = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "duckdb")
 
-_PACKAGE_DIR = Path(kvlab.__file__).resolve().parent
 _GIT_TIMEOUT_S = 5.0
 
 
@@ -59,18 +59,20 @@ def package_versions(names: Iterable[str] = TRACKED_PACKAGES) -> dict[str, str |
     return versions
 
 
-def git_commit(package_dir: Path = _PACKAGE_DIR) -> str | None:
-    """The commit of the git checkout that holds ``package_dir`` at its top level, or ``None``.
+def git_commit(package_dir: Path = PACKAGE_DIR) -> str | None:
+    """The commit of the source checkout (:func:`kvlab.paths.checkout`) that holds ``package_dir``, or ``None``.
 
-    ``None`` when git is missing, the directory is not in a repository, the repository has no commit yet, or the
-    package is installed inside some other repository (a virtual environment within a project): that repository's
-    commit would say nothing about this code.
+    ``None`` when kvlab is installed rather than run from a checkout, git is missing, the checkout is not the top
+    level of a git repository (a package installed inside some other repository, a virtual environment within a
+    project: that repository's commit would say nothing about this code), or it has no commit yet.
     """
-    checkout = package_dir.resolve().parent
-    lines = _git(checkout, "rev-parse", "--show-toplevel", "HEAD")
-    if lines is None or len(lines) != 2 or Path(lines[0]).resolve() != checkout:
+    root = checkout(package_dir)
+    if root is None:
         return None
-    changes = _git(checkout, "status", "--porcelain", "--untracked-files=no")
+    lines = _git(root, "rev-parse", "--show-toplevel", "HEAD")
+    if lines is None or len(lines) != 2 or Path(lines[0]).resolve() != root:
+        return None
+    changes = _git(root, "status", "--porcelain", "--untracked-files=no")
     return lines[1] + ("-dirty" if changes else "")
 
 

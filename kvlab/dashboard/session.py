@@ -17,6 +17,7 @@ import streamlit as st
 import torch
 from streamlit.delta_generator import DeltaGenerator
 from streamlit.runtime.pages_manager import PagesManager
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from kvlab.dashboard.access import (
     allowed_hosts,
@@ -45,7 +46,6 @@ from kvlab.store import Store, default_db_path, open_store
 
 _LOGGER = logging.getLogger(__name__)
 
-APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
 MODEL_KEY = "kvlab_model_name"
 PICK_KEY = "kvlab_model_pick"
 LOADED_KEY = "kvlab_loaded_model"
@@ -66,10 +66,13 @@ def page_setup() -> None:
     mode, which it leaves only once ``app.py`` has declared the pages. When the very first request a server gets
     opens a page by its URL, Streamlit runs that page file on its own. Then ``app.py`` is run here, in the same
     script run (so a click that started it is not lost, and the login is asked for), and it draws the sidebar and
-    runs the page; this run of the page file ends when that is done.
+    runs the page; this run of the page file ends when that is done. ``app.py`` is the script the server was started
+    with, found from the running script's context rather than from kvlab's own location, which is ``site-packages``
+    when kvlab is installed.
     """
-    if PagesManager.uses_pages_directory:
-        runpy.run_path(str(APP_SCRIPT), run_name="__main__")
+    context = get_script_run_ctx()
+    if PagesManager.uses_pages_directory and context is not None:
+        runpy.run_path(context.main_script_path, run_name="__main__")
         st.stop()
 
 
