@@ -25,7 +25,7 @@ from kvlab.dashboard.inputs import (
     model_spec_from_json,
     model_spec_from_loaded,
 )
-from kvlab.dashboard.session import current_model, page_setup, reading_store
+from kvlab.dashboard.session import current_model, page_setup, page_store
 from kvlab.dashboard.text import plain, plain_frame
 from kvlab.errors import KvlabError
 from kvlab.units import GB, GIB
@@ -99,7 +99,7 @@ with scenario_column:
     if keep_source == "typed":
         keep = st.slider("Kept fraction of the context", 0.01, 1.0, 0.25, 0.01)
     else:
-        store = reading_store()
+        store = page_store()
         options = stored_keep_fractions(store.list_runs()) if store is not None else {}
         if options:
             keep = options[st.selectbox("Stored run", list(options))]

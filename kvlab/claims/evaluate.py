@@ -13,7 +13,7 @@ from kvlab.claims.catalogue import BY_ID, CATALOGUE, Claim
 from kvlab.claims.commands import claims_command
 from kvlab.claims.evidence import Evidence
 from kvlab.errors import KvlabError
-from kvlab.store import ClaimRecord, Store, open_store
+from kvlab.store import ClaimRecord, Store, has_database, open_store
 from kvlab.store.rows import utcnow
 
 
@@ -49,7 +49,7 @@ def refresh(store: Store, results: Path | None = None) -> list[ClaimRecord]:
 
 def evaluate_file(path: Path, results: Path | None = None) -> list[ClaimRecord]:
     """Every claim evaluated against the store at ``path`` without writing anything (no file yet: no runs)."""
-    store = open_store(path, read_only=True) if path.is_file() and path.stat().st_size > 0 else None
+    store = open_store(path, read_only=True) if has_database(path) else None
     return evaluate_all(Evidence(store, path, results))
 
 

@@ -192,10 +192,10 @@ def sweep_grid(args: argparse.Namespace):
 def existing_store(path: str | None) -> Store | None:
     """The database at ``path`` (or the default one) opened read-only, or None when there is none yet: a dry run
     creates and changes nothing."""
-    from kvlab.store import default_db_path, open_store
+    from kvlab.store import default_db_path, has_database, open_store
 
     where = Path(path) if path else default_db_path()
-    return open_store(where, read_only=True) if where.is_file() and where.stat().st_size > 0 else None
+    return open_store(where, read_only=True) if has_database(where) else None
 
 
 def run_sweep(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ from kvlab.models.loading import LoadedModel, default_model, load_model
 from kvlab.runs.live import warm_up
 from kvlab.runs.replay import Replay, unpack
 from kvlab.runs.tables import short_model_name
-from kvlab.store import Store, default_db_path, open_store
+from kvlab.store import Store, default_db_path, has_database, open_store
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -300,24 +300,22 @@ def current_model() -> LoadedModel | None:
     return loaded if isinstance(loaded, LoadedModel) else None
 
 
-def reading_store() -> Store | None:
-    """The run database opened read-only, for what a page shows: never created, migrated or changed by reading.
-    None when there is none yet (the page says so) or it cannot be read (the page shows why)."""
-    path = default_db_path()
-    if not path.is_file() or path.stat().st_size == 0:
-        return None
-    try:
-        return open_store(path, read_only=True)
-    except KvlabError as error:
-        st.error(plain(str(error)))
-        return None
+def open_page_store(path: Path | None = None, *, write: bool = False) -> Store:
+    """The one way the dashboard opens a run store: the store at ``path``, else the dashboard's own
+    (:func:`~kvlab.store.default_db_path`), read-only unless the page writes into it (a run, a sweep, a refresh of
+    the claims), so that showing a store never creates, migrates or changes it. A store that cannot be opened
+    (missing, for reading; locked, corrupt, not kvlab's, a full disk) is one sentence, raised."""
+    return open_store(path if path is not None else default_db_path(), read_only=not write)
 
 
-def writing_store(slot: DeltaGenerator | None = None) -> Store | None:
-    """The run database opened for writing (created when missing), for a run or sweep to store into; None with
-    the reason shown in ``slot`` (locked by another process, corrupt, not kvlab's, a full disk)."""
+def page_store(path: Path | None = None, *, write: bool = False, slot: DeltaGenerator | None = None) -> Store | None:
+    """:func:`open_page_store` for a page that goes on without the store: None when there is nothing to read yet
+    (no file: the page says so), or with the reason it cannot be opened shown in ``slot``."""
+    target = path if path is not None else default_db_path()
+    if not write and not has_database(target):
+        return None
     try:
-        return open_store()
+        return open_page_store(target, write=write)
     except KvlabError as error:
         (slot or st).error(plain(str(error)))
         return None
@@ -341,7 +339,7 @@ def _unpacked(payload: bytes) -> Replay:
 
 def stored_replay(path: Path, run_id: int, trial_key: str) -> Replay:
     """The replay of one stored run, from the store at ``path`` opened read-only."""
-    with open_store(path, read_only=True) as store:
+    with open_page_store(path) as store:
         payload = store.replay_payload(run_id, trial_key)
     return _unpacked(payload)
 
@@ -349,7 +347,8 @@ def stored_replay(path: Path, run_id: int, trial_key: str) -> Replay:
 @st.cache_data(show_spinner=False, max_entries=4)
 def _needle_evidence(path: str, modified_ns: int) -> NeedleEvidence:
     """:func:`~kvlab.dashboard.claims.needle_evidence`, read again only when the file changes."""
-    return needle_evidence(Path(path))
+    with open_page_store(Path(path)) as store:
+        return needle_evidence(store)
 
 
 def shipped_needle_evidence(path: Path) -> NeedleEvidence:
