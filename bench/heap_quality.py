@@ -32,6 +32,7 @@ from kvlab.runs.quality import DEFAULT_TEXT, model_pass, run_quality  # noqa: E4
 from kvlab.runs.sweep import parse_policies  # noqa: E402
 from kvlab.store import open_store  # noqa: E402
 from kvlab.tasks.texts import DEFAULT_PREFIX, read_text, scored_tokens  # noqa: E402
+from kvlab.units import exact_bytes  # noqa: E402
 
 
 def parse_pass(text: str) -> list[tuple[Mode, Policy, Budget | None]]:
@@ -88,7 +89,8 @@ def main() -> None:
         print(
             f"{mode:9s} {budget.tokens if budget is not None else 'none':>5} {shown}: perplexity "
             f"{quality.perplexity:.3f} (x{quality.perplexity / quality.full_perplexity:.3f}), KL {quality.kl:.4f} "
-            f"nats, KV {result.kv_bytes:,} B, ranked {result.ranked_slots:,} slots in {result.ranking_seconds:.3f} s, "
+            f"nats, KV {exact_bytes(result.kv_bytes)}, ranked {result.ranked_slots:,} slots in "
+            f"{result.ranking_seconds:.3f} s, "
             f"run {run_id} ({time.perf_counter() - started:.0f} s)",
             flush=True,
         )

@@ -40,6 +40,11 @@ def byte_unit(value: float) -> tuple[str, int]:
     return chosen
 
 
+def exact_bytes(count: int) -> str:
+    """A byte count to the byte, as the command line prints what it measured: ``2,621,440 B``."""
+    return f"{count:,} B"
+
+
 def format_bytes(value: float, unit: tuple[str, int] | None = None) -> str:
     """``21.0 MiB``, ``512 KiB``, ``1.25 GiB``: three significant digits in ``unit`` (or the value's own unit);
     whole bytes as they are."""

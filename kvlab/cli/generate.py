@@ -19,6 +19,7 @@ from kvlab.cli.options import (
 )
 from kvlab.errors import KvlabError
 from kvlab.tasks.texts import read_text
+from kvlab.units import exact_bytes
 
 if TYPE_CHECKING:  # the engine imports torch; the parser must not
     from kvlab.engine.generation import GenerationResult, RunSpec
@@ -108,8 +109,9 @@ def _figures_line(spec: RunSpec, result: GenerationResult) -> str:
     return (
         f"[{spec.policy.name}, {spec.mode}, {spec.layout}] prompt {result.context_tokens:,} tokens, "
         f"{len(result.tokens[0]):,} generated, budget {result.budget_tokens or 'none'}; the cache kept "
-        f"{kept_tokens(result)}; KV in use {result.kv_bytes:,} B ({share}the {full:,} B a full cache would hold), "
-        f"peak {result.peak_kv_bytes:,} B; reserved {result.kv_reserved_bytes:,} B, dead share "
+        f"{kept_tokens(result)}; KV in use {exact_bytes(result.kv_bytes)} ({share}the {exact_bytes(full)} a full "
+        "cache would hold), "
+        f"peak {exact_bytes(result.peak_kv_bytes)}; reserved {exact_bytes(result.kv_reserved_bytes)}, dead share "
         f"{result.dead_share:.0%}, {result.compactions} compactions (in use, peak and reserved measured from the "
         f"cache tensors on {result.device})"
     )

@@ -19,6 +19,7 @@ from kvlab.cli.options import (
 )
 from kvlab.modes import STREAMING
 from kvlab.tasks.texts import read_text
+from kvlab.units import exact_bytes
 
 DEFAULT_CONTEXT = 2048
 DEFAULT_CHUNK = 256
@@ -92,7 +93,8 @@ def run_live(args: argparse.Namespace) -> int:
     verdict = "not scored" if outcome.contains is None else ("found" if outcome.contains else "not found")
     print(
         f"[{policy.name}, {args.mode}] {prompt.context_tokens:,} prompt tokens, {verdict}; KV in use "
-        f"{result.kv_bytes:,} B of {result.kv_bytes_full:,} B full (measured on {loaded.device_kind}); "
+        f"{exact_bytes(result.kv_bytes)} of {exact_bytes(result.kv_bytes_full)} full (measured on "
+        f"{loaded.device_kind}); "
         + ("not stored: give --answer to score and store a text run" if run_id is None else f"stored as run {run_id}")
         + ("" if run_id is None else " with its replay"),
         file=sys.stderr,

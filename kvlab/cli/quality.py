@@ -20,6 +20,7 @@ from kvlab.cli.options import (
 )
 from kvlab.modes import STREAMING
 from kvlab.tasks.texts import DEFAULT_PREFIX, DEFAULT_TOKENS, MIN_PAST_BUDGET
+from kvlab.units import exact_bytes
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -108,8 +109,9 @@ def run_quality_command(args: argparse.Namespace) -> int:
         )
         print(
             f"[{policy.name}, {spec.mode}, budget {result.budget_tokens or 'none'}] kept {result.mean_kept_tokens:,} "
-            f"tokens per layer; KV in use {result.kv_bytes:,} B of {result.kv_bytes_full:,} B full, peak "
-            f"{result.peak_kv_bytes:,} B (measured from the cache tensors on {result.device}); stored as run "
+            f"tokens per layer; KV in use {exact_bytes(result.kv_bytes)} of {exact_bytes(result.kv_bytes_full)} "
+            "full, peak "
+            f"{exact_bytes(result.peak_kv_bytes)} (measured from the cache tensors on {result.device}); stored as run "
             f"{run_id} in {store.path}",
             file=sys.stderr,
         )
