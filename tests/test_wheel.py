@@ -71,6 +71,21 @@ def install(wheel: Path, environment: Path) -> Path:
     return python
 
 
+#: The identities stored runs are found by that depend on files kvlab ships: its model's and its tasks' sources'.
+IDENTITIES = (
+    "from kvlab.paths import shipped; from kvlab.provenance import weights_hash; "
+    "from kvlab.runs.records import needle_sources_hash; from kvlab.runs.sweep import ruler_sources_hash; "
+    "print(weights_hash(shipped('models', 'kvlab-tiny-llama')), needle_sources_hash('needle', 'sweep'), "
+    "ruler_sources_hash('ruler'))"
+)
+
+
+def identities_here() -> list[str]:
+    """:data:`IDENTITIES` as this checkout computes them."""
+    done = subprocess.run([sys.executable, "-c", IDENTITIES], cwd=REPO, capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -111,6 +126,8 @@ def test_an_installed_wheel_works_from_any_directory(tmp_path: Path) -> None:
     ).stdout.split()
     package = Path(where[0]).parent
     assert package.is_relative_to(environment) and where[1] == "None"  # the wheel's kvlab, and no checkout
+    identities = subprocess.run([str(python), "-c", IDENTITIES], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert identities.stdout.split() == identities_here()  # stored runs are found again wherever kvlab is installed
 
     assert "kvlab-tiny-llama  [shipped; shipped with kvlab" in kvlab("models").stdout
 
