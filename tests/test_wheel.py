@@ -33,6 +33,14 @@ NOT_BUILT = shutil.ignore_patterns("__pycache__", "*.pyc", "*.wal")
 pytestmark = pytest.mark.slow
 
 
+def outside_env(work: Path) -> dict[str, str]:
+    """The environment of a process that knows nothing of this checkout: no ``PYTHONPATH`` (through which pip would
+    see an editable install's ``kvlab.egg-info`` and take kvlab for installed), no kvlab settings, a home of its own
+    and no network for the model hub."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH" and not key.startswith("KVLAB_")}
+    return env | {"HOME": str(work / "home"), "XDG_DATA_HOME": str(work / "data"), "HF_HUB_OFFLINE": "1"}
+
+
 def build_wheel(work: Path) -> Path:
     """The wheel of this checkout, built from a copy of its sources under ``work``. Without build isolation when
     this environment has the build backend pyproject.toml asks for (no index is needed), else with it."""
@@ -49,7 +57,8 @@ def build_wheel(work: Path) -> Path:
         isolation = []
     wheels = work / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    subprocess.run([*pip, "wheel", "--no-deps", *isolation, "-q", "-w", str(wheels), str(source)], check=True)
+    build = [*pip, "wheel", "--no-deps", *isolation, "-q", "-w", str(wheels), str(source)]
+    subprocess.run(build, cwd=work, env=outside_env(work), check=True)
     [wheel] = wheels.glob("kvlab-*.whl")
     return wheel
 
@@ -60,7 +69,12 @@ def install(wheel: Path, environment: Path) -> Path:
     venv.create(environment, with_pip=False)
     python = environment / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(python)]
-    subprocess.run([*pip, "install", "--no-deps", "-q", str(wheel)], check=True)
+    subprocess.run(
+        [*pip, "install", "--no-deps", "-q", str(wheel)],
+        cwd=environment.parent,
+        env=outside_env(environment.parent),
+        check=True,
+    )
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
@@ -106,8 +120,7 @@ def test_an_installed_wheel_works_from_any_directory(tmp_path: Path) -> None:
     python = install(wheel, environment)
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH" and not key.startswith("KVLAB_")}
-    env |= {"HOME": str(tmp_path / "home"), "XDG_DATA_HOME": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1"}
+    env = outside_env(tmp_path)
 
     def kvlab(*args: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
@@ -116,14 +129,15 @@ def test_an_installed_wheel_works_from_any_directory(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         return done
 
-    where = subprocess.run(
+    found = subprocess.run(
         [str(python), "-c", "import kvlab, kvlab.paths; print(kvlab.__file__); print(kvlab.paths.checkout())"],
         cwd=elsewhere,
         env=env,
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout.split()
+    )
+    assert found.returncode == 0, found.stderr
+    where = found.stdout.split()
     package = Path(where[0]).parent
     assert package.is_relative_to(environment) and where[1] == "None"  # the wheel's kvlab, and no checkout
     identities = subprocess.run([str(python), "-c", IDENTITIES], cwd=elsewhere, env=env, capture_output=True, text=True)
