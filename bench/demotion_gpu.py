@@ -42,11 +42,12 @@ from kvlab.budget import Budget  # noqa: E402
 from kvlab.engine.generation import Generation, prefill_once  # noqa: E402
 from kvlab.engine.spec import RunSpec
 from kvlab.policies import configure  # noqa: E402
+from kvlab.units import GIB, MIB  # noqa: E402
 
 KEEP = 0.1
 QUESTION = 32
 #: Enough CPU memory and file for every demoted token of the default context (about 15.5 GB of 17.2).
-TIER_MIB = 32 * 1024.0
+TIER_MIB = 32 * GIB / MIB
 CONFIGURATIONS: dict[str, dict[str, Any]] = {
     "snapkv, evicted tokens deleted": {},
     "cpu tier, promote": {"cpu_tier_mib": TIER_MIB},

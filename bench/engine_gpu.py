@@ -34,6 +34,7 @@ from kvlab.engine.generation import generate
 from kvlab.engine.spec import RunSpec  # noqa: E402
 from kvlab.models.loading import wrap_model  # noqa: E402
 from kvlab.policies import make_policy  # noqa: E402
+from kvlab.units import GIB  # noqa: E402
 
 
 def build_model(layers: int | None):
@@ -187,7 +188,7 @@ def main() -> None:
                 print(
                     f"{context:>6} {label:32s} decode {row['decode_ms_per_token']:7.2f} ms/token"
                     + (
-                        f"  prefill {row['prefill_s']:6.2f} s  peak {row['peak_gpu_bytes'] / 2**30:6.2f} GiB"
+                        f"  prefill {row['prefill_s']:6.2f} s  peak {row['peak_gpu_bytes'] / GIB:6.2f} GiB"
                         if "prefill_s" in row
                         else ""
                     )

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -45,8 +45,12 @@ from kvlab.cache.spec import CacheSpec
 from kvlab.engine.generation import generate
 from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import wrap_model  # noqa: E402
-from kvlab.modes import Mode  # noqa: E402
+from kvlab.modes import (
+    MODES,  # noqa: E402
+    Mode,  # noqa: E402
+)
 from kvlab.policies import POLICIES, make_policy  # noqa: E402
+from kvlab.units import GB, GIB  # noqa: E402
 
 LLAMA3_8B = dict(
     vocab_size=128256,
@@ -98,7 +102,8 @@ def copy_bandwidth(device: str) -> float:
     """Bytes per second of a large device-to-device copy (read + write), the median of 10."""
     if device != "cuda":
         return float("nan")
-    source = torch.randn(1 << 30, device="cuda", dtype=torch.float16)  # 2 GiB
+    size = 2 * GIB
+    source = torch.randn(size // 2, device="cuda", dtype=torch.float16)
     target = torch.empty_like(source)
     times = []
     for _ in range(12):
@@ -109,7 +114,7 @@ def copy_bandwidth(device: str) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1000)
     del source, target
-    return 2 * (1 << 30) * 2 / statistics.median(times[2:])
+    return 2 * size / statistics.median(times[2:])
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -163,7 +168,7 @@ def kvlab_row(
 
 
 def _gib(value: int | None) -> float | None:
-    return None if value is None else round(value / 2**30, 3)
+    return None if value is None else round(value / GIB, 3)
 
 
 def hf_rows(
@@ -230,13 +235,13 @@ def part_check(device: str) -> dict[str, Any]:
     for policy_name in POLICIES:
         params = {"window": 16} if policy_name in ("snapkv", "pyramidkv") else {}
         budget = None if policy_name == "full" else Budget(keep=0.2)
-        for mode in ("prefill", "streaming"):
+        for mode in MODES:
             for layout in LAYOUTS:
 
                 def run(
                     static: bool | None,
                     name: str = policy_name,
-                    mode: str = mode,
+                    mode: Mode = mode,
                     layout: str = layout,
                     params: dict[str, Any] = params,
                     budget: Budget | None = budget,
@@ -244,7 +249,7 @@ def part_check(device: str) -> dict[str, Any]:
                     spec = RunSpec(
                         make_policy(name, **params),
                         budget,
-                        mode=cast(Mode, mode),
+                        mode=mode,
                         chunk=128,
                         max_new_tokens=24,
                         stop_token_ids=(),
@@ -349,7 +354,7 @@ def part_decode(
     weights = weight_bytes(model)
     arch = loaded.arch
     kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 2
-    print(json.dumps({"bandwidth_gb_s": round(bandwidth / 1e9, 1), "weight_gib": _gib(weights)}), flush=True)
+    print(json.dumps({"bandwidth_gb_s": round(bandwidth / GB, 1), "weight_gib": _gib(weights)}), flush=True)
     table: dict[str, Any] = {"bandwidth_bytes_per_s": bandwidth, "weight_bytes": weights, "contexts": {}}
     configs = [(label, spec) for label, spec in decode_configs() if only is None or label in only]
     for context in contexts:

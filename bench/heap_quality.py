@@ -26,12 +26,17 @@ from kvlab.cache.layouts import DEFAULT_LAYOUT, LAYOUTS  # noqa: E402
 from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError  # noqa: E402
 from kvlab.models.loading import load_model  # noqa: E402
-from kvlab.modes import MODES, Mode  # noqa: E402
+from kvlab.modes import (  # noqa: E402
+    MODES,
+    Mode,
+    check_mode,  # noqa: E402
+)
 from kvlab.policies import Variant  # noqa: E402
 from kvlab.runs.quality import DEFAULT_TEXT, model_pass, run_quality  # noqa: E402
 from kvlab.runs.sweep import parse_policies  # noqa: E402
 from kvlab.store import open_store  # noqa: E402
 from kvlab.tasks.texts import DEFAULT_PREFIX, read_text, scored_tokens  # noqa: E402
+from kvlab.units import exact_bytes  # noqa: E402
 
 
 def parse_pass(text: str) -> list[tuple[Mode, Variant, Budget | None]]:
@@ -41,7 +46,7 @@ def parse_pass(text: str) -> list[tuple[Mode, Variant, Budget | None]]:
         raise KvlabError(f"A pass is written MODE:BUDGET:POLICIES (e.g. prefill:615:h2o,snapkv), not {text!r}.")
     tokens = None if budget == "none" else Budget(tokens=int(budget))
     chosen = parse_policies(policies)
-    return [(mode, variant, tokens if variant.policy.evicts else None) for variant in chosen]
+    return [(check_mode(mode), variant, tokens if variant.policy.evicts else None) for variant in chosen]
 
 
 def main() -> None:
@@ -89,7 +94,8 @@ def main() -> None:
         print(
             f"{mode:9s} {budget.tokens if budget is not None else 'none':>5} {shown}: perplexity "
             f"{quality.perplexity:.3f} (x{quality.perplexity / quality.full_perplexity:.3f}), KL {quality.kl:.4f} "
-            f"nats, KV {result.kv_bytes:,} B, ranked {result.ranked_slots:,} slots in {result.ranking_seconds:.3f} s, "
+            f"nats, KV {exact_bytes(result.kv_bytes)}, ranked {result.ranked_slots:,} slots in "
+            f"{result.ranking_seconds:.3f} s, "
             f"run {run_id} ({time.perf_counter() - started:.0f} s)",
             flush=True,
         )

@@ -35,6 +35,7 @@ from kvlab.policies import Variant  # noqa: E402
 from kvlab.runs.sweep import parse_policies  # noqa: E402
 from kvlab.tasks.facts import TRAIN_TEMPLATES, make_fact  # noqa: E402
 from kvlab.tasks.needle import build_needle, load_haystacks  # noqa: E402
+from kvlab.units import MIB  # noqa: E402
 
 
 def needle_prompt(loaded: LoadedModel, context: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,8 +116,8 @@ def main() -> None:
     for row in rows:
         print(
             f"{row['policy']:20} prefill {row['prefill_s'] * 1000:8.1f} ms"
-            f"  decode {row['decode_ms_per_token'] or 0:6.2f} ms/token  held {row['kv_bytes'] / 2**20:8.2f} MiB"
-            f"  read/token {(row['read_bytes_per_token'] or 0) / 2**20:8.2f} MiB"
+            f"  decode {row['decode_ms_per_token'] or 0:6.2f} ms/token  held {row['kv_bytes'] / MIB:8.2f} MiB"
+            f"  read/token {(row['read_bytes_per_token'] or 0) / MIB:8.2f} MiB"
         )
 
 

@@ -51,6 +51,7 @@ from kvlab.engine.events import GenerationResult
 from kvlab.engine.generation import Generation  # noqa: E402
 from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import LoadedModel, load_model, place_model, wrap_model  # noqa: E402
+from kvlab.modes import PREFILL  # noqa: E402
 from kvlab.policies import make_policy  # noqa: E402
 
 KEEP = 0.1
@@ -201,7 +202,7 @@ def part_needle(
         contexts=contexts,
         depths=depths,
         trials=trials,
-        modes=("prefill",),
+        modes=(PREFILL,),
     )
     with open_store(out / "needle.duckdb") as store:
         summary = SweepRunner(loaded, store, grid).run()

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvlab.claims import PRUNING, side_by_side  # noqa: E402
 from kvlab.models.loading import load_model  # noqa: E402
+from kvlab.modes import MODES, PREFILL  # noqa: E402
 from kvlab.runs.sweep import SweepGrid, SweepRunner, parse_policies  # noqa: E402
 from kvlab.store import open_store  # noqa: E402
 
@@ -73,7 +74,7 @@ def main() -> None:
         contexts=(args.context,),
         depths=None,
         trials=args.trials,
-        modes=("prefill", "streaming"),
+        modes=MODES,
         chunk=args.chunk,
         batch_size=args.batch_size,
     )
@@ -96,7 +97,7 @@ def main() -> None:
         for share in (True, False):
             shared_grid = dataclasses.replace(
                 grid,
-                modes=("prefill",),
+                modes=(PREFILL,),
                 policies=evicting,
                 share_prefill=share,
                 trials=args.sharing_trials or args.trials,

@@ -27,6 +27,7 @@ from kvlab.budget import Budget
 from kvlab.engine.generation import generate
 from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import load_model
+from kvlab.modes import MODES, PREFILL
 from kvlab.policies import make_policy
 from kvlab.tasks.items import text_ids
 from kvlab.tasks.needle import HAYSTACK_DIR
@@ -54,7 +55,7 @@ def main() -> None:
     parser.add_argument("--contexts", default="1024,2048,3072,4096")
     parser.add_argument("--policies", default="streaming,h2o,snapkv,tova")
     parser.add_argument("--keep", type=float, default=0.5, help="kept fraction for the evicting policies")
-    parser.add_argument("--mode", default="prefill", choices=("prefill", "streaming"))
+    parser.add_argument("--mode", default=PREFILL, choices=MODES)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, required=True)

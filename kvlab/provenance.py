@@ -8,23 +8,21 @@ git repository gives ``None``, not an error. The one exception is :func:`weights
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.metadata
 import platform
 import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import kvlab
 from kvlab.errors import KvlabError
+from kvlab.hashing import file_sha256, text_sha256
+from kvlab.paths import PACKAGE_DIR, checkout
 
 #: Distributions whose versions can change a result or its timing; recorded with every run.
 TRACKED_PACKAGES: tuple[str, ...] = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "duckdb")
 
-_PACKAGE_DIR = Path(kvlab.__file__).resolve().parent
-_HASH_CHUNK_BYTES = 8 * 1024 * 1024
 _GIT_TIMEOUT_S = 5.0
 
 
@@ -61,18 +59,20 @@ def package_versions(names: Iterable[str] = TRACKED_PACKAGES) -> dict[str, str |
     return versions
 
 
-def git_commit(package_dir: Path = _PACKAGE_DIR) -> str | None:
-    """The commit of the git checkout that holds ``package_dir`` at its top level, or ``None``.
+def git_commit(package_dir: Path = PACKAGE_DIR) -> str | None:
+    """The commit of the source checkout (:func:`kvlab.paths.checkout`) that holds ``package_dir``, or ``None``.
 
-    ``None`` when git is missing, the directory is not in a repository, the repository has no commit yet, or the
-    package is installed inside some other repository (a virtual environment within a project): that repository's
-    commit would say nothing about this code.
+    ``None`` when kvlab is installed rather than run from a checkout, git is missing, the checkout is not the top
+    level of a git repository (a package installed inside some other repository, a virtual environment within a
+    project: that repository's commit would say nothing about this code), or it has no commit yet.
     """
-    checkout = package_dir.resolve().parent
-    lines = _git(checkout, "rev-parse", "--show-toplevel", "HEAD")
-    if lines is None or len(lines) != 2 or Path(lines[0]).resolve() != checkout:
+    root = checkout(package_dir)
+    if root is None:
         return None
-    changes = _git(checkout, "status", "--porcelain", "--untracked-files=no")
+    lines = _git(root, "rev-parse", "--show-toplevel", "HEAD")
+    if lines is None or len(lines) != 2 or Path(lines[0]).resolve() != root:
+        return None
+    changes = _git(root, "status", "--porcelain", "--untracked-files=no")
     return lines[1] + ("-dirty" if changes else "")
 
 
@@ -95,8 +95,7 @@ def weights_hash(source: str | Path | Iterable[str | Path]) -> str:
     Models loaded from the Hugging Face hub without local files can use ``config._commit_hash`` instead.
     """
     files = _weight_files(source)
-    listing = "\n".join(f"{path.name} {file_sha256(path)}" for path in sorted(files, key=lambda p: p.name))
-    return hashlib.sha256(listing.encode()).hexdigest()
+    return text_sha256("\n".join(f"{path.name} {file_sha256(path)}" for path in sorted(files, key=lambda p: p.name)))
 
 
 def _weight_files(source: str | Path | Iterable[str | Path]) -> list[Path]:
@@ -113,28 +112,6 @@ def _weight_files(source: str | Path | Iterable[str | Path]) -> list[Path]:
     if missing:
         raise KvlabError(f"The weights file {missing[0]} does not exist.")
     return files
-
-
-_digest_cache: dict[tuple[str, int, int], str] = {}
-_digest_lock = threading.Lock()
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of one file's bytes, cached by (resolved path, size, modification time)."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    with _digest_lock:
-        cached = _digest_cache.get(key)
-    if cached is not None:
-        return cached
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    hexdigest = digest.hexdigest()
-    with _digest_lock:
-        _digest_cache[key] = hexdigest
-    return hexdigest
 
 
 def weights_identity(name: str, config: object) -> str | None:

@@ -1,19 +1,30 @@
-"""Bytes as people read them: binary units (KiB, MiB, GiB) with three significant digits, and axis ticks at round
-values of one unit, so a chart of bytes never reads "2 3 4 5 6 7 8 9 10 2" or a table "21000000"."""
+"""Byte units, the one place kvlab defines them: binary units (KiB, MiB, GiB, TiB) for what memory holds, decimal
+ones (KB, MB, GB) for what the articles and datasheets write, and bytes as people read them: three significant
+digits in a binary unit, and axis ticks at round values of one unit, so a chart of bytes never reads
+"2 3 4 5 6 7 8 9 10 2" or a table "21000000"."""
 
 from __future__ import annotations
 
 import math
 
-#: Bytes in a MiB, the unit of the demotion tiers' budgets as a run takes them.
+#: Binary units: memory chips, tensors and caches come in powers of two.
+KIB = 1 << 10
 MIB = 1 << 20
-#: Binary units, smallest first.
+GIB = 1 << 30
+TIB = 1 << 40
+#: Decimal units: what bandwidth datasheets and the articles' "GB" mean (the articles' may also mean GiB, which
+#: :func:`gigabytes` shows beside it).
+KB = 1e3
+MB = 1e6
+GB = 1e9
+
+#: Binary units by name, smallest first.
 BYTE_UNITS: tuple[tuple[str, int], ...] = (
     ("B", 1),
-    ("KiB", 1 << 10),
-    ("MiB", 1 << 20),
-    ("GiB", 1 << 30),
-    ("TiB", 1 << 40),
+    ("KiB", KIB),
+    ("MiB", MIB),
+    ("GiB", GIB),
+    ("TiB", TIB),
 )
 #: Steps of a linear axis, in one unit, times a power of ten.
 _NICE_STEPS = (1.0, 2.0, 2.5, 5.0)
@@ -29,6 +40,11 @@ def byte_unit(value: float) -> tuple[str, int]:
     return chosen
 
 
+def exact_bytes(count: int) -> str:
+    """A byte count to the byte, as the command line prints what it measured: ``2,621,440 B``."""
+    return f"{count:,} B"
+
+
 def format_bytes(value: float, unit: tuple[str, int] | None = None) -> str:
     """``21.0 MiB``, ``512 KiB``, ``1.25 GiB``: three significant digits in ``unit`` (or the value's own unit);
     whole bytes as they are."""
@@ -38,6 +54,11 @@ def format_bytes(value: float, unit: tuple[str, int] | None = None) -> str:
     scaled = value / size
     digits = max(0, 2 - int(math.floor(math.log10(abs(scaled))))) if scaled else 0
     return f"{scaled:,.{digits}f} {name}"
+
+
+def gigabytes(size: float) -> str:
+    """Bytes in decimal and binary gigabytes, since the articles' "GB" may mean either: ``42.9 GB (40.0 GiB)``."""
+    return f"{size / GB:,.1f} GB ({size / GIB:,.1f} GiB)"
 
 
 def _tick_text(value: float, unit: tuple[str, int]) -> str:

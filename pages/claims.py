@@ -6,10 +6,10 @@ import streamlit as st
 
 from kvlab.claims import ARTICLES, EVIDENCE_DB, VERDICTS, refresh
 from kvlab.dashboard.claims import MARKS, claims_of, claims_view, verdict_badge, verdict_counts
-from kvlab.dashboard.session import page_setup, writing_store
+from kvlab.dashboard.session import open_page_store, page_setup, page_store
 from kvlab.dashboard.text import plain
 from kvlab.errors import KvlabError
-from kvlab.store import default_db_path
+from kvlab.store import default_db_path, has_database
 
 page_setup()
 st.title("Claims")
@@ -27,7 +27,7 @@ chosen = st.radio("Evaluated against", list(stores), horizontal=True, format_fun
 path = stores[chosen]
 
 try:
-    claims, stored = claims_of(path)
+    claims, stored = claims_of(open_page_store(path) if has_database(path) else None, path)
 except KvlabError as error:
     st.error(plain(str(error)))
     st.stop()
@@ -50,7 +50,7 @@ else:
 
 if path == default_db_path():
     if st.button("Refresh from the store", help="Evaluate every claim again and keep the result in the store."):
-        store = writing_store()
+        store = page_store(write=True)
         if store is not None:
             try:
                 refresh(store)

@@ -6,7 +6,6 @@ import pandas as pd
 import streamlit as st
 
 from kvlab.costs import FORMULAS, GPU_PRESETS, MODEL_PRESETS, MOST_GPUS, Scenario, compare, cost_table
-from kvlab.costs.gpus import GIB
 from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.cost_view import (
     COST_BARS_GUIDE,
@@ -26,9 +25,10 @@ from kvlab.dashboard.inputs import (
     model_spec_from_json,
     model_spec_from_loaded,
 )
-from kvlab.dashboard.session import current_model, page_setup, reading_store
+from kvlab.dashboard.session import current_model, page_setup, page_store
 from kvlab.dashboard.text import plain, plain_frame
 from kvlab.errors import KvlabError
+from kvlab.units import GB, GIB
 
 NOTICE_CALLS = {"error": st.error, "warning": st.warning, "info": st.info}
 
@@ -99,7 +99,7 @@ with scenario_column:
     if keep_source == "typed":
         keep = st.slider("Kept fraction of the context", 0.01, 1.0, 0.25, 0.01)
     else:
-        store = reading_store()
+        store = page_store()
         options = stored_keep_fractions(store.list_runs()) if store is not None else {}
         if options:
             keep = options[st.selectbox("Stored run", list(options))]
@@ -112,7 +112,7 @@ with gpu_column:
     base = GPU_PRESETS[gpu_name]
     memory = st.number_input("Memory (GiB)", min_value=1.0, value=base.memory_bytes / GIB, key=f"mem-{gpu_name}")
     bandwidth = st.number_input(
-        "Bandwidth (GB/s)", min_value=1.0, value=base.bandwidth_bytes_per_s / 1e9, key=f"bw-{gpu_name}"
+        "Bandwidth (GB/s)", min_value=1.0, value=base.bandwidth_bytes_per_s / GB, key=f"bw-{gpu_name}"
     )
     tflops = st.number_input("Dense BF16 TFLOP/s", min_value=1.0, value=base.peak_flops / 1e12, key=f"fl-{gpu_name}")
     price = st.number_input(

@@ -3,6 +3,8 @@ or replay stored runs, one or two side by side, with a scrubber and no model."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import streamlit as st
 
 from kvlab.budget import Budget
@@ -19,18 +21,26 @@ from kvlab.dashboard.inputs import (
     read_upload,
 )
 from kvlab.dashboard.live_view import draw_charts, param_widget, stacked_slots, wide_slots
-from kvlab.dashboard.session import current_model, current_user, page_setup, stored_replay, waiting_notice
+from kvlab.dashboard.session import (
+    current_model,
+    current_user,
+    open_page_store,
+    page_setup,
+    stored_replay,
+    waiting_notice,
+)
 from kvlab.dashboard.text import plain
 from kvlab.engine.plan import spread
 from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel
 from kvlab.models.profiles import load_profile
+from kvlab.modes import PREFILL, STREAMING, modes_help
 from kvlab.policies import POLICIES, Variant
 from kvlab.runs.device_queue import DEVICE_QUEUE
 from kvlab.runs.live import LiveRun, LiveSettings, NeedleTask, RedrawClock, TextTask, build_prompt, prompt_tokens
 from kvlab.runs.live_store import LiveResult, file_live_run
 from kvlab.runs.replay import EXAMPLES_DB, replay_choices, replay_stores
-from kvlab.store import default_db_path, open_store
+from kvlab.store import default_db_path
 from kvlab.tasks.facts import TEMPLATES
 from kvlab.tasks.items import has_chat_template
 from kvlab.units import format_bytes
@@ -72,7 +82,7 @@ def replay_page() -> None:
         st.info("No stored runs to replay yet: run a live run first (it is stored with its replay).")
         return
     where = st.radio("From", list(stores), horizontal=True, key="live_replay_store", persist_state="session")
-    with open_store(stores[where], read_only=True) as store:
+    with open_page_store(stores[where]) as store:
         listed = store.replays()
     choices = replay_choices(listed)
     if not choices:
@@ -289,10 +299,9 @@ with policy_column:
 with run_column:
     mode = st.radio(
         "Mode",
-        ["streaming", "prefill"],
+        [STREAMING, PREFILL],
         horizontal=True,
-        help="streaming: the budget holds all the time, evicting after every chunk and token. prefill: "
-        "the whole prompt is read, then compressed once; peak memory is the full prompt.",
+        help=modes_help((STREAMING, PREFILL)),
         key="live_mode",
         persist_state="session",
     )
@@ -396,7 +405,7 @@ if run and loaded is not None and task is not None:
                     output.code(loaded.tokenizer.decode(live.trace.token_ids) or "…", language=None)
                     draw_charts(slots, live.trace, layer, str(index))
         outcome = live.outcome()
-        filed = file_live_run(open_store, live, outcome, current_user())
+        filed = file_live_run(partial(open_page_store, write=True), live, outcome, current_user())
         st.session_state[RESULT_KEY] = LiveResult(live.trace, outcome, prompt, filed, asked)
     except KvlabError as error:
         notice.error(plain(str(error)))

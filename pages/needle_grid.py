@@ -22,16 +22,17 @@ from kvlab.dashboard.session import (
     allowed_model,
     current_model,
     current_user,
+    open_page_store,
     page_setup,
-    reading_store,
-    writing_store,
+    page_store,
 )
 from kvlab.dashboard.sweep_jobs import SWEEP_JOBS, SweepJob, SweepView, filling_job, filling_sentence, sweep_views
 from kvlab.dashboard.text import plain
 from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel
+from kvlab.modes import MODES, modes_help
 from kvlab.policies import POLICIES
-from kvlab.store import RunFilter, Store, SweepRecord, open_store
+from kvlab.store import RunFilter, Store, SweepRecord
 from kvlab.tasks.ruler import RULER_TASKS
 from kvlab.tasks.ruler_score import ruler_scores
 
@@ -51,7 +52,7 @@ st.caption(
     "sees it below, and a sweep that was stopped or cut short by a server restart resumes where it stopped."
 )
 loaded = current_model()
-store = reading_store()
+store = page_store()
 
 ruler = (
     st.radio(
@@ -67,7 +68,7 @@ settings, contexts_column, actions = st.columns([1.4, 1.4, 1])
 with settings:
     policies = st.multiselect("Policies", list(POLICIES), default=["full", "h2o", "streaming", "random"])
     keep = st.slider("Kept fraction", 0.01, 1.0, 0.1, 0.01)
-    mode = st.radio("Mode", ["prefill", "streaming"], horizontal=True)
+    mode = st.radio("Mode", MODES, horizontal=True, help=modes_help())
 with contexts_column:
     longest = longest_context(loaded)
     usable = [c for c in CONTEXTS if c <= longest]
@@ -162,7 +163,7 @@ run = run_slot.button("Run grid", type="primary", disabled=not runnable, icon=":
 
 notice = st.empty()
 if run and loaded is not None and request is not None:
-    store = writing_store(notice)
+    store = page_store(write=True, slot=notice)
     try:
         if store is not None:
             job = SWEEP_JOBS.start(request, loaded, store, current_user())
@@ -179,7 +180,9 @@ def resume(record: SweepRecord, sweep_store: Store) -> None:
     """Start a stored sweep again on its own model (if this server still allows it), by whoever resumes it."""
     request = NeedleGridRequest.from_spec(record.spec)
     with st.spinner(f"Loading {plain(request.model)}…"):
-        SWEEP_JOBS.start(request, allowed_model(request.model), open_store(sweep_store.path), current_user())
+        SWEEP_JOBS.start(
+            request, allowed_model(request.model), open_page_store(sweep_store.path, write=True), current_user()
+        )
 
 
 def draw_sweep(view: SweepView, record: SweepRecord, sweep_store: Store) -> None:

@@ -9,12 +9,11 @@ import streamlit as st
 from kvlab.claims import CLAIM_CONTEXT, EVIDENCE_DB
 from kvlab.dashboard import live_figures as figures
 from kvlab.dashboard.chart_view import how_to_read, show_chart
-from kvlab.dashboard.session import page_setup, shipped_needle_evidence, stored_replay
+from kvlab.dashboard.session import open_page_store, page_setup, shipped_needle_evidence, stored_replay
 from kvlab.dashboard.store_figures import FRONTIER_GUIDE, frontier_figure
 from kvlab.dashboard.text import plain
 from kvlab.runs.replay import EXAMPLES_DB, EXAMPLES_LABEL, replay_choices, showcase
 from kvlab.runs.tables import FRONTIER_AXES, METRICS, short_model_name
-from kvlab.store import open_store
 
 page_setup()
 st.title("Overview")
@@ -31,7 +30,7 @@ if not EVIDENCE_DB.is_file() or not EXAMPLES_DB.is_file():
     st.info("This installation has no shipped example runs (kvlab/data/runs/); open Live run to make some.")
     st.stop()
 
-with open_store(EXAMPLES_DB, read_only=True) as examples:
+with open_page_store(EXAMPLES_DB) as examples:
     listed = examples.replays()
     shipped_replays = replay_choices(listed)
 first_replay = showcase(listed)

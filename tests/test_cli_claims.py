@@ -98,3 +98,39 @@ def _no_repository_writes():
     before = shipped.stat().st_mtime_ns if shipped.exists() else None
     yield
     assert (shipped.stat().st_mtime_ns if shipped.exists() else None) == before
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch) -> Path:
+    """kvlab as a wheel installs it: no source checkout, its shipped files under ``tmp_path/data`` (the shipped
+    evidence store among them) and no benchmark results."""
+    from kvlab import paths
+
+    monkeypatch.setattr(paths, "checkout", lambda package_dir=paths.PACKAGE_DIR: None)
+    monkeypatch.setattr(paths, "SHIPPED_DIR", tmp_path / "data")
+    monkeypatch.delenv(paths.BENCH_RESULTS_ENV, raising=False)
+    shipped = tmp_path / "data" / "runs" / "claims.duckdb"
+    monkeypatch.setattr(evidence, "EVIDENCE_DB", shipped)
+    open_store(shipped).close()
+    return shipped
+
+
+def test_an_installed_kvlab_evaluates_its_shipped_evidence_without_writing_it(installed, capsys):
+    before = (installed.read_bytes(), installed.stat().st_mtime_ns)
+    assert claims("--only", "1,29") == 0
+    out, err = capsys.readouterr()
+    flat = " ".join(out.split())
+    assert [line[:3].strip() for line in out.splitlines() if line[:3].strip().isdigit()] == ["1", "29"]
+    assert "bench/results/attention (the benchmark results are not installed when kvlab runs from a wheel" in flat
+    assert f"claims evaluated against {installed}, which is installed with kvlab and left as it is." in err
+    assert (installed.read_bytes(), installed.stat().st_mtime_ns) == before
+    with open_store(installed, read_only=True) as store:
+        assert store.claims_frame().empty
+
+
+def test_the_benchmark_results_can_be_named_for_an_installed_kvlab(installed, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KVLAB_BENCH_RESULTS", str(tmp_path / "results"))
+    assert evidence.Evidence(None, installed).results == tmp_path / "results"
+    assert claims("--only", "29", "--format", "json") == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert f"no attention profile in {tmp_path / 'results' / 'attention'}" in row["reason"]

@@ -32,9 +32,9 @@ from kvlab.costs import (
     query_seconds,
     sequences_that_fit,
 )
-from kvlab.costs.gpus import GIB
 from kvlab.errors import KvlabError
 from kvlab.models.arch import arch_from_config
+from kvlab.units import GIB
 
 H100 = GPU_PRESETS["H100 SXM 80GB"]
 LLAMA3_8B = MODEL_PRESETS["Llama-3-8B"]

@@ -26,10 +26,10 @@ from kvlab.costs import (
     gpus_that_fit,
     sequences_per_gpu,
 )
-from kvlab.costs.gpus import GIB
 from kvlab.costs.models import ENCODER_DECODER_TYPES, ENCODER_ONLY_TYPES
 from kvlab.dashboard import cost_view, inputs
 from kvlab.errors import KvlabError
+from kvlab.units import GIB
 
 H100 = GPU_PRESETS["H100 SXM 80GB"]
 LLAMA3_70B = MODEL_PRESETS["Llama-3-70B"]

@@ -447,3 +447,15 @@ def test_nothing_in_the_browser_can_switch_trust_remote_code_on(db, tmp_path, mo
         for value in re.findall(r"trust_remote_code\s*=\s*(\w+)", source.read_text(encoding="utf-8"))
     ]
     assert settings == ["False"]
+
+
+def test_pages_open_stores_only_through_the_session():
+    """One way to a store: every page and dashboard module opens it with ``session.open_page_store`` (read-only
+    unless it writes), which alone calls the store's opener."""
+    sources = [REPO / "app.py", *(REPO / "pages").glob("*.py"), *(REPO / "kvlab" / "dashboard").glob("*.py")]
+    openers = [
+        f"{source.name}: {call}"
+        for source in sources
+        for call in re.findall(r"\b(?:open_store|Store)\(", source.read_text(encoding="utf-8"))
+    ]
+    assert openers == ["session.py: open_store("]

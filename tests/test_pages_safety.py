@@ -16,7 +16,6 @@ from test_store_safety import damaged_database, write_v4_database
 from test_ui_tables import add_run
 from tiny_models import save_tiny_checkpoint
 
-from kvlab import store as store_package
 from kvlab.dashboard import access, session
 from kvlab.errors import KvlabError
 from kvlab.models.loading import default_model
@@ -129,7 +128,7 @@ def test_a_live_run_that_cannot_be_stored_keeps_its_result_for_download(db, monk
     widget(app.number_input, "Context length (tokens)").set_value(128)
     widget(app.number_input, "Tokens to generate (at most)").set_value(2)
     app.run()
-    monkeypatch.setattr(store_package, "open_store", full_disk)
+    monkeypatch.setattr(session, "open_store", full_disk)  # every page opens its stores through the session
     click(app, "Run")
     problem = next(shown(error.value) for error in app.error if "disk" in error.value)
     assert "could not be written because its disk is full" in problem and "kept on this page" in problem

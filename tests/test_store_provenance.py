@@ -40,9 +40,11 @@ def git(cwd: Path, *args: str) -> None:
 
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
-    """A git checkout with a package ``pkg`` at its top level and one commit."""
+    """A source checkout (``pyproject.toml`` and ``bench/``) with a package ``pkg`` at its top level and one commit."""
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "bench").mkdir()
     (tmp_path / "venv" / "lib" / "pkg").mkdir(parents=True)
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", "pkg/__init__.py")
@@ -60,7 +62,11 @@ def test_git_commit_of_a_checkout_and_of_an_edited_one(checkout: Path) -> None:
 
 @needs_git
 def test_git_commit_is_none_outside_a_checkout_or_inside_another_one(checkout: Path, tmp_path_factory) -> None:
-    assert git_commit(checkout / "venv" / "lib" / "pkg") is None
+    nested = checkout / "venv" / "lib"
+    assert git_commit(nested / "pkg") is None
+    (nested / "pyproject.toml").write_text("")
+    (nested / "bench").mkdir()
+    assert git_commit(nested / "pkg") is None  # a checkout's layout, but the commit would be the outer repository's
     outside = tmp_path_factory.mktemp("plain") / "pkg"
     outside.mkdir()
     assert git_commit(outside) is None

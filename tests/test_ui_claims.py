@@ -14,17 +14,17 @@ from kvlab.store import open_store
 
 def test_claims_are_evaluated_on_the_spot_until_a_refresh_stores_them(tmp_path):
     path = tmp_path / "runs.duckdb"
-    evaluated, stored = claims_of(path)
+    evaluated, stored = claims_of(None, path)
     assert not stored and len(evaluated) == len(CATALOGUE) and not path.exists()  # reading never creates a store
     store = open_store(path)
     refresh(store)
-    kept, stored = claims_of(path)
+    kept, stored = claims_of(open_store(path, read_only=True), path)
     assert stored and kept["claim_id"].tolist() == evaluated["claim_id"].tolist()
     store.close()
 
 
 def test_the_view_filters_and_never_shows_a_row_without_a_figure_or_a_reason(tmp_path):
-    claims, _ = claims_of(tmp_path / "none.duckdb")
+    claims, _ = claims_of(None, tmp_path / "none.duckdb")
     broken = pd.DataFrame([dict.fromkeys(COLUMNS) | {"claim_id": "99", "article": "x", "verdict": HOLDS}])
     view = claims_view(pd.concat([claims, broken], ignore_index=True))
     assert len(view) == len(CATALOGUE)  # the row with neither is left out

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.tasks.facts import HELD_OUT_TEMPLATES, TRAIN_TEMPLATES
+from kvlab.units import MB
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_BENCHES = (REPO_ROOT / "bench" / "cpu_forward.json", REPO_ROOT / "bench" / "cpu_forward_eager.json")
@@ -112,7 +113,7 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
     layers_bos_top = sum(b >= 0.5 for b in attention["first_token_is_top_key"])
     sink_heads = [(layer, head, m) for layer, heads in enumerate(per_head) for head, m in enumerate(heads) if m > 0.5]
     contamination = corpus["haystack_contamination"]
-    size_mb = (model_dir / "model.safetensors").stat().st_size / 1e6
+    size_mb = (model_dir / "model.safetensors").stat().st_size / MB
     last_held = [r for r in log if "heldout_lm_loss" in r][-1]
     lines = [
         "# kvlab-tiny-llama",
@@ -137,10 +138,10 @@ def write_card(model_dir: Path, workdir: Path) -> Path:
         "",
         f"Built by `python -m training prepare` from the `.py`, `.pyi`, `.md`, `.rst` and `.txt` files of the "
         f"Python {corpus['python']} installation and its site-packages on the training machine (nothing downloaded): "
-        f"{corpus['train']['files']} training files, {corpus['train']['bytes'] / 1e6:.0f} MB, "
+        f"{corpus['train']['files']} training files, {corpus['train']['bytes'] / MB:.0f} MB, "
         f"{corpus['train']['tokens'] / 1e6:.1f}M tokens (file-list SHA-256 "
         f"`{corpus['train']['file_list_sha256'][:16]}…`); "
-        f"hold-out split {corpus['heldout']['files']} files, {corpus['heldout']['bytes'] / 1e6:.1f} MB, "
+        f"hold-out split {corpus['heldout']['files']} files, {corpus['heldout']['bytes'] / MB:.1f} MB, "
         f"{corpus['heldout']['tokens'] / 1e6:.2f}M tokens (rule: `{corpus['holdout_rule']}`). Files of "
         f"{corpus['file_bytes_range'][0]} bytes to {corpus['file_bytes_range'][1]} bytes, deduplicated by content, "
         "ordered by content hash and capped; paths containing "

@@ -27,6 +27,7 @@ from typing import Any
 from kvlab.cache.allocation import cake_budgets, entropy_budgets, preset_budgets
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUTS, HeapLayout
 from kvlab.errors import KvlabError
+from kvlab.modes import PREFILL
 from kvlab.params import check_values, defaults, names, param
 from kvlab.units import MIB
 
@@ -244,7 +245,7 @@ class CacheOptions:
     def check_mode(self, policy: str, mode: str) -> None:
         """Refuse, in one sentence, a mode these options cannot run in: what is set once at prefill mode's
         compression needs prefill mode."""
-        if mode == "prefill":
+        if mode == PREFILL:
             return
         uses = [
             what

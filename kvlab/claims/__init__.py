@@ -2,9 +2,9 @@
 
 A claim's figure is computed from published configs with :mod:`kvlab.costs`, measured from the runs of a kvlab
 store (needle accuracy, perplexity and KL divergence, KV bytes of evicted, quantised and reallocated caches, decode
-time, the slots evictions rank) or from the benchmark results the repository keeps (attention profiles, short-context
-timings, attention entropy with the heavy hitters removed, the side-channel experiment), or the claim cannot be
-measured here and says why.
+time, the slots evictions rank) or from the benchmark results a source checkout keeps (attention profiles,
+short-context timings, attention entropy with the heavy hitters removed, the side-channel experiment;
+:func:`kvlab.paths.bench_results`), or the claim cannot be measured here and says why.
 Verdicts follow from the figures by one small rule per claim.
 :func:`refresh` writes them to a store's claims table, for ``kvlab claims`` and the dashboard's Claims page.
 
@@ -14,7 +14,7 @@ Frontier page and ``bench/needle_claim.py``) live in :mod:`kvlab.claims.needle`.
 
 from kvlab.claims.catalogue import ARTICLES, BY_ID, CATALOGUE, Claim
 from kvlab.claims.evaluate import check_ids, evaluate_all, evaluate_file, refresh, select
-from kvlab.claims.evidence import EVIDENCE_DB, RESULTS_DIR, Evidence, default_claims_db
+from kvlab.claims.evidence import EVIDENCE_DB, Evidence, default_claims_db
 from kvlab.claims.needle import (
     CLAIM_CONTEXT,
     PRUNING,
@@ -28,7 +28,6 @@ from kvlab.claims.verdicts import VERDICTS, Evaluation, Verdict, verdict_of
 
 __all__ = [
     "ARTICLES",
-    "RESULTS_DIR",
     "BY_ID",
     "CATALOGUE",
     "CLAIM_CONTEXT",

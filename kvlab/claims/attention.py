@@ -1,10 +1,10 @@
 """Claims measured on attention profiles (claims 11 and 29): per layer, the share of attention on the first token
-and the attention entropy, from the JSON files ``bench/attention_profile.py`` writes and the repository keeps."""
+and the attention entropy, from the JSON files ``bench/attention_profile.py`` writes into the benchmark results."""
 
 from __future__ import annotations
 
 from kvlab.claims.commands import attention_profile
-from kvlab.claims.evidence import AttentionProfile, Evidence, model_name, shown_path
+from kvlab.claims.evidence import AttentionProfile, Evidence, model_name
 from kvlab.claims.verdicts import CONDITIONAL, FAILS, HOLDS, Evaluation, about, judged, unmeasurable
 
 CLAIMED_SHARE = 0.5
@@ -17,7 +17,7 @@ def _no_profiles(evidence: Evidence) -> Evaluation | None:
     if profiles:
         return None
     command = attention_profile()
-    found = "; ".join(problems) if problems else f"no attention profile in {shown_path(evidence.results / 'attention')}"
+    found = "; ".join(problems) if problems else f"no attention profile in {evidence.results_place('attention')}"
     return unmeasurable(f"{found}; run: {command}", command=command)
 
 

@@ -25,6 +25,7 @@ from kvlab.claims.needle import CELL_COLUMNS, full_cache_cell, needle_cells
 from kvlab.claims.needle_claims import NEEDLE_TASK, NEGLIGIBLE_LOSS, cell_text, model_of, needle_group
 from kvlab.claims.units import percent
 from kvlab.claims.verdicts import Evaluation, about, judged, missing
+from kvlab.modes import PREFILL
 
 PRESET = with_options(ALLOCATION_BASE, "layer_allocation=preset")
 
@@ -48,7 +49,7 @@ def preset_saves_memory(evidence: Evidence) -> Evaluation:
         )
     )
     cells = needle_cells(group.trials) if group is not None else pd.DataFrame(columns=CELL_COLUMNS)
-    cells = cells[(cells["mode"] == "prefill") & cells["kv_bytes"].notna()]
+    cells = cells[(cells["mode"] == PREFILL) & cells["kv_bytes"].notna()]
     uniform, preset = cells[cells["variant"] == ALLOCATION_BASE], cells[cells["variant"] == PRESET]
     parts, facts = [], []
     for _, reference in uniform.sort_values("pruning", ascending=False).iterrows():

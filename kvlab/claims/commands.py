@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from kvlab.budget import kept_tokens
 from kvlab.claims.needle import CLAIM_CONTEXT, PRUNING
+from kvlab.modes import MODES, PREFILL, Mode
 
 #: The policy that reads a text with only its first token evicted: the ablation of article 002's claim 20.
 FIRST_TOKEN_ABLATION = "drop_first"
@@ -65,7 +66,7 @@ def needle_sweep(
     ``bench/needle_claim.py``)."""
     return (
         f"python -m kvlab sweep{model_option(model)} --policies {','.join(policies)} --keep {keeps(pruning)} "
-        f"--mode prefill,streaming --contexts {CLAIM_CONTEXT} --depths random --trials 100 --batch-size 50 "
+        f"--mode {','.join(MODES)} --contexts {CLAIM_CONTEXT} --depths random --trials 100 --batch-size 50 "
         f"--chunk 256 --db {shlex.quote(db)}"
     )
 
@@ -181,7 +182,7 @@ def heap_sweep(
     keeps: Sequence[float] = (),
     model: str | None = None,
     *,
-    mode: str = "prefill",
+    mode: Mode = PREFILL,
     eager: bool = False,
     query_agnostic: bool = False,
     layout: str | None = None,
@@ -200,7 +201,7 @@ def heap_sweep(
 
 def heap_quality(
     db: str,
-    passes: Sequence[tuple[str, int | None, Sequence[str]]],
+    passes: Sequence[tuple[Mode, int | None, Sequence[str]]],
     model: str | None = None,
     layout: str | None = None,
 ) -> str:

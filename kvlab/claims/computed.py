@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from kvlab.budget import PYRAMID_BETA, pyramid_shares
 from kvlab.claims.evidence import Evidence
-from kvlab.claims.units import GB, KB, gigabytes, percent, tokens
+from kvlab.claims.units import percent, tokens
 from kvlab.claims.verdicts import (
     CONDITIONAL,
     FAILS,
@@ -27,6 +27,7 @@ from kvlab.costs import (
     sequences_that_fit,
     weight_bytes,
 )
+from kvlab.units import GB, KB, KIB, gigabytes
 
 K128 = 128 * 1024
 """A "128k" context, as article 004 computes it (131,072 tokens)."""
@@ -97,7 +98,7 @@ def kv_per_token_70b(_: Evidence) -> Evaluation:
     size = kv_bytes_per_token(LLAMA3_70B.written_arch, FP16)
     return Evaluation(
         HOLDS if about(size, 160 * KB) else FAILS,
-        figure=f"{size:,.0f} bytes ({size / 1024:,.0f} KiB) per token in 16 bits: {size / (160 * KB):.1f}x the "
+        figure=f"{size:,.0f} bytes ({size / KIB:,.0f} KiB) per token in 16 bits: {size / (160 * KB):.1f}x the "
         "claimed 160 KB",
         model=LLAMA3_70B.name,
         device=FORMULA,

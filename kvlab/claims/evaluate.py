@@ -11,9 +11,9 @@ from pathlib import Path
 
 from kvlab.claims.catalogue import BY_ID, CATALOGUE, Claim
 from kvlab.claims.commands import claims_command
-from kvlab.claims.evidence import RESULTS_DIR, Evidence
+from kvlab.claims.evidence import Evidence
 from kvlab.errors import KvlabError
-from kvlab.store import ClaimRecord, Store, open_store
+from kvlab.store import ClaimRecord, Store, has_database, open_store
 from kvlab.store.rows import utcnow
 
 
@@ -39,16 +39,17 @@ def evaluate_all(evidence: Evidence) -> list[ClaimRecord]:
     return [record(claim, evidence) for claim in CATALOGUE]
 
 
-def refresh(store: Store, results: Path = RESULTS_DIR) -> list[ClaimRecord]:
-    """Evaluate every claim against ``store`` and make its claims table exactly that evaluation."""
+def refresh(store: Store, results: Path | None = None) -> list[ClaimRecord]:
+    """Evaluate every claim against ``store`` (and the benchmark results under ``results``, by default
+    :func:`kvlab.paths.bench_results`) and make its claims table exactly that evaluation."""
     records = evaluate_all(Evidence(store, store.path, results))
     store.replace_claims(records)
     return records
 
 
-def evaluate_file(path: Path, results: Path = RESULTS_DIR) -> list[ClaimRecord]:
+def evaluate_file(path: Path, results: Path | None = None) -> list[ClaimRecord]:
     """Every claim evaluated against the store at ``path`` without writing anything (no file yet: no runs)."""
-    store = open_store(path, read_only=True) if path.is_file() and path.stat().st_size > 0 else None
+    store = open_store(path, read_only=True) if has_database(path) else None
     return evaluate_all(Evidence(store, path, results))
 
 

@@ -1,6 +1,6 @@
-"""What measured claims are evaluated against: the runs of one kvlab store, and the benchmark results the repository
-keeps (attention profiles, short-context timings, attention entropy with the heavy hitters removed, side-channel
-experiments).
+"""What measured claims are evaluated against: the runs of one kvlab store, and the benchmark results a source
+checkout keeps in ``bench/results/`` (attention profiles, short-context timings, attention entropy with the heavy
+hitters removed, side-channel experiments), which a wheel does not install (:func:`kvlab.paths.bench_results`).
 
 Only reads: the frames a claim needs are fetched once per evaluation, and nothing here imports torch, so the
 command line and the dashboard evaluate every claim in a fraction of a second.
@@ -19,16 +19,11 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from kvlab.claims.needle import CLAIM_CONTEXT
-from kvlab.paths import shipped
+from kvlab.paths import BENCH_RESULTS_ENV, bench_results, checkout, shipped
 from kvlab.store import RunFilter, Store, default_db_path
 
-REPO = Path(__file__).resolve().parents[2]
 #: The store of GPU-measured evidence shipped with kvlab; ``kvlab claims`` reads it when it exists.
 EVIDENCE_DB = shipped("runs", "claims.duckdb")
-#: Where the benchmarks write their JSON results: ``attention/`` (``bench/attention_profile.py``), ``overhead/``
-#: (``bench/short_context_overhead.py``) and ``pillars/`` (``bench/pillar_entropy.py``), one file per model, and
-#: ``side_channel/`` (``kvlab sidechannel --out``), one file per experiment.
-RESULTS_DIR = REPO / "bench" / "results"
 #: What a side-channel result says it is (:data:`kvlab.experiments.sidechannel.RESULT_FORMAT`, named here so that
 #: reading one needs no torch; the tests check that the two agree).
 SIDE_CHANNEL_FORMAT = "kvlab-side-channel/1"
@@ -44,17 +39,18 @@ def default_claims_db(env: Mapping[str, str] = os.environ) -> Path:
 
 
 def model_name(stored: str) -> str:
-    """A stored model name as a reader knows it: a local directory inside the repository relative to it (the
-    shipped model is ``kvlab/data/models/kvlab-tiny-llama`` wherever the checkout lies), anything else as stored."""
+    """A stored model name as a reader knows it: a local directory inside the checkout relative to it (the shipped
+    model is ``kvlab/data/models/kvlab-tiny-llama`` wherever the checkout lies), anything else as stored."""
     path = Path(stored)
     return shown_path(path) if path.is_absolute() else stored
 
 
 def shown_path(path: Path) -> str:
-    """A path as a command line shows it: relative to the repository root (where the commands are run) when it
-    lies inside it, else absolute."""
+    """A path as a command line shows it: relative to the source checkout (where the commands are run) when it lies
+    inside one, else absolute."""
     resolved = path.expanduser().resolve()
-    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(resolved)
+    root = checkout()
+    return str(resolved.relative_to(root)) if root is not None and resolved.is_relative_to(root) else str(resolved)
 
 
 @dataclass(frozen=True)
@@ -294,11 +290,12 @@ def parse_side_channel(data: Any) -> SideChannel:
 T = TypeVar("T")
 
 
-def read_results(directory: Path, parse: Callable[[Any], T], what: str) -> tuple[list[T], list[str]]:
-    """Every JSON result in ``directory`` read by ``parse``, and one sentence per file that is not one."""
+def read_results(directory: Path | None, parse: Callable[[Any], T], what: str) -> tuple[list[T], list[str]]:
+    """Every JSON result in ``directory`` (none without one) read by ``parse``, and one sentence per file that is
+    not one."""
     found: list[T] = []
     problems: list[str] = []
-    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+    for path in sorted(directory.glob("*.json")) if directory is not None and directory.is_dir() else []:
         try:
             found.append(parse(json.loads(path.read_text(encoding="utf-8"))))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as error:
@@ -333,15 +330,21 @@ def largest_group(
 
 class Evidence:
     """The store ``path`` (``store`` is None when there is no file there yet) and the benchmark results under
-    ``results``, each read lazily and once. ``runs``, when given, are the store's runs already read (one model's,
-    for :meth:`of_model`)."""
+    ``results`` (by default :func:`kvlab.paths.bench_results`; None for an installed kvlab, which has none), each
+    read lazily and once. ``runs``, when given, are the store's runs already read (one model's, for
+    :meth:`of_model`)."""
 
     def __init__(
-        self, store: Store | None, path: Path, results: Path = RESULTS_DIR, *, runs: pd.DataFrame | None = None
+        self,
+        store: Store | None,
+        path: Path,
+        results: Path | None = None,
+        *,
+        runs: pd.DataFrame | None = None,
     ) -> None:
         self.store = store
         self.path = path
-        self.results = results
+        self.results = results if results is not None else bench_results()
         self._given_runs = runs
         self._by_model: dict[str, Evidence] = {}
 
@@ -357,6 +360,22 @@ class Evidence:
             runs = self.runs[self.runs["model"] == model] if not self.runs.empty else self.runs
             self._by_model[model] = Evidence(self.store, self.path, self.results, runs=runs)
         return self._by_model[model]
+
+    def results_in(self, kind: str) -> Path | None:
+        """The folder of one kind of benchmark result (``attention``, ``overhead``, ``pillars``, ``side_channel``),
+        or None where there are no benchmark results."""
+        return self.results / kind if self.results is not None else None
+
+    def results_place(self, kind: str) -> str:
+        """Where a claim says it looked for one kind of benchmark result: the folder as commands name it, or, for
+        an installed kvlab, that the benchmark results are not installed and how to point at a copy."""
+        folder = self.results_in(kind)
+        if folder is not None:
+            return shown_path(folder)
+        return (
+            f"bench/results/{kind} (the benchmark results are not installed when kvlab runs from a wheel: they are "
+            f"in a source checkout, and {BENCH_RESULTS_ENV} names a copy of them)"
+        )
 
     @property
     def db(self) -> str:
@@ -403,19 +422,19 @@ class Evidence:
     @cached_property
     def profiles(self) -> tuple[list[AttentionProfile], list[str]]:
         """The attention profiles in ``results/attention``, and one sentence per file that is not one."""
-        return read_results(self.results / "attention", parse_profile, "an attention profile")
+        return read_results(self.results_in("attention"), parse_profile, "an attention profile")
 
     @cached_property
     def overheads(self) -> tuple[list[Overhead], list[str]]:
         """The short-context timings in ``results/overhead``, and one sentence per file that is not one."""
-        return read_results(self.results / "overhead", parse_overhead, "a short-context timing")
+        return read_results(self.results_in("overhead"), parse_overhead, "a short-context timing")
 
     @cached_property
     def pillar_entropies(self) -> tuple[list[PillarEntropy], list[str]]:
         """The heavy-hitter ablations in ``results/pillars``, and one sentence per file that is not one."""
-        return read_results(self.results / "pillars", parse_pillars, "an attention-entropy ablation")
+        return read_results(self.results_in("pillars"), parse_pillars, "an attention-entropy ablation")
 
     @cached_property
     def side_channels(self) -> tuple[list[SideChannel], list[str]]:
         """The side-channel experiments in ``results/side_channel``, and one sentence per file that is not one."""
-        return read_results(self.results / "side_channel", parse_side_channel, "a side-channel result")
+        return read_results(self.results_in("side_channel"), parse_side_channel, "a side-channel result")

@@ -19,6 +19,7 @@ from kvlab.claims.needle_claims import cell_text
 from kvlab.claims.options import params_of
 from kvlab.claims.units import percent
 from kvlab.claims.verdicts import Evaluation, about, judged, missing
+from kvlab.modes import STREAMING
 
 CLAIMED_CUT = 0.8
 """Article 002: the generational cache "cuts sorting overhead by 80%"."""
@@ -36,7 +37,7 @@ def _ranked(evidence: Evidence) -> pd.DataFrame:
     return trials[
         trials["policy"].isin([GENERATIONAL_POLICY, FULL_RANKING])
         & (trials["variant"] == trials["policy"])
-        & (trials["mode"] == "streaming")
+        & (trials["mode"] == STREAMING)
         & trials["ranked_slots"].notna()
         & trials["ranking_s"].notna()
     ]
@@ -89,7 +90,7 @@ def sorting_overhead(evidence: Evidence) -> Evaluation:
         GENERATIONAL,
         (GENERATIONAL_KEEP,),
         model=model,
-        mode="streaming",
+        mode=STREAMING,
         eager=True,
         layout=GENERATIONAL_LAYOUT,
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kvlab.claims.commands import PILLAR_COUNTS, heap_sweep, pillar_entropy
-from kvlab.claims.evidence import Evidence, PillarEntropy, model_name, shown_path
+from kvlab.claims.evidence import Evidence, PillarEntropy, model_name
 from kvlab.claims.needle import CLAIM_CONTEXT, FULL_CACHE, cell_of, full_cache_cell, scored
 from kvlab.claims.needle_claims import NEEDLE_TASK, cell_text
 from kvlab.claims.options import params_of
@@ -97,7 +97,7 @@ def pillars_removed(evidence: Evidence) -> Evaluation:
         results.append((model, judged(parts, figure, model=model, device=", ".join(devices), command=command)))
     if not results:
         command = "; ".join((ablation_sweep(evidence.db, None), pillar_entropy()))
-        where = f"{evidence.db} or {shown_path(evidence.results / 'pillars')}"
+        where = f"{evidence.db} or {evidence.results_place('pillars')}"
         found = f" ({'; '.join(problems)})" if problems else ""
         shown = " · ".join(partial) or None
         return missing(f"{ABLATION} beside the full cache on {NEEDLE_TASK}{found}", where, command, shown)

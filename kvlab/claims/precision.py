@@ -32,6 +32,8 @@ from kvlab.claims.needle_claims import NEEDLE_TASK, NEGLIGIBLE_LOSS, cell_text, 
 from kvlab.claims.sinks import perplexity
 from kvlab.claims.units import percent
 from kvlab.claims.verdicts import ABOUT, Evaluation, about, judged, missing
+from kvlab.modes import PREFILL
+from kvlab.units import MIB
 
 CLAIMED_SAVING = 0.92
 """Claim 16: "total KV memory -92%"."""
@@ -66,7 +68,7 @@ class Measured:
             return None
         rows = self.cells[
             (self.cells["variant"] == name)
-            & (self.cells["mode"] == "prefill")
+            & (self.cells["mode"] == PREFILL)
             & ((self.cells["pruning"] - round(1 - keep, 4)).abs() < 1e-9)
         ]
         return rows.iloc[0] if not rows.empty else None
@@ -78,7 +80,7 @@ class Measured:
             return None
         rows = self.passes[
             (self.passes["variant"] == name)
-            & (self.passes["mode"] == "prefill")
+            & (self.passes["mode"] == PREFILL)
             & (self.passes["budget_tokens"] == quality_budget(keep))
         ]
         if rows.empty:
@@ -125,7 +127,7 @@ def keys_and_values_bits(evidence: Evidence) -> Evaluation:
     command = "; ".join(
         (
             heap_sweep(evidence.db, names, (1.0,), model=measured.model),
-            heap_quality(evidence.db, [("prefill", quality_budget(1.0), names)], model=measured.model),
+            heap_quality(evidence.db, [(PREFILL, quality_budget(1.0), names)], model=measured.model),
         )
     )
     readings: dict[tuple[int, int], tuple[pd.Series | None, float | None]] = {}
@@ -166,7 +168,7 @@ def keys_and_values_bits(evidence: Evidence) -> Evaluation:
 
 
 def _bytes_text(cell: pd.Series, full: pd.Series) -> str:
-    return f"{cell['kv_bytes'] / 2**20:,.2f} MiB against {full['kv_bytes'] / 2**20:,.2f} MiB"
+    return f"{cell['kv_bytes'] / MIB:,.2f} MiB against {full['kv_bytes'] / MIB:,.2f} MiB"
 
 
 def hybrid_precision(evidence: Evidence) -> Evaluation:
@@ -179,7 +181,7 @@ def hybrid_precision(evidence: Evidence) -> Evaluation:
             heap_sweep(evidence.db, ["full", *PRECISION_BASES, *hybrids], (HYBRID_KEEP,), model=measured.model),
             heap_quality(
                 evidence.db,
-                [("prefill", None, ["full"]), ("prefill", quality_budget(HYBRID_KEEP), hybrids[:1])],
+                [(PREFILL, None, ["full"]), (PREFILL, quality_budget(HYBRID_KEEP), hybrids[:1])],
                 model=measured.model,
             ),
         )

@@ -13,7 +13,7 @@ nothing for the noise to prevent, and the claim does not hold as stated.
 from __future__ import annotations
 
 from kvlab.claims.commands import SIDE_CHANNEL_SCRIPT, side_channel
-from kvlab.claims.evidence import ChannelFigure, Evidence, NoiseFigures, SideChannel, model_name, shown_path
+from kvlab.claims.evidence import ChannelFigure, Evidence, NoiseFigures, SideChannel, model_name
 from kvlab.claims.needle import interval_text
 from kvlab.claims.needle_claims import NEGLIGIBLE_LOSS
 from kvlab.claims.units import percent
@@ -68,12 +68,12 @@ def reproduce(result: SideChannel, out: str) -> str:
 
 
 def noise_hides_timing(evidence: Evidence) -> Evaluation:
-    """Claim 18, from every side-channel result in the repository's results."""
+    """Claim 18, from every side-channel result in the benchmark results."""
     results, problems = evidence.side_channels
-    directory = evidence.results / "side_channel"
+    directory = evidence.results_place("side_channel")
     if not results:
         found = f" ({'; '.join(problems)})" if problems else ""
-        return missing(f"the side-channel experiment{found}", shown_path(directory), SIDE_CHANNEL_SCRIPT)
+        return missing(f"the side-channel experiment{found}", directory, SIDE_CHANNEL_SCRIPT)
     parts, facts, commands = [], [], []
     for result in results:
         name = model_name(result.model)
@@ -81,7 +81,7 @@ def noise_hides_timing(evidence: Evidence) -> Evaluation:
         noisy = [level for level in result.levels if level.kind != NO_NOISE]
         if quiet is None or not noisy:
             continue
-        commands.append(reproduce(result, shown_path(directory / f"{name}-{result.policy}.json")))
+        commands.append(reproduce(result, f"{directory}/{name}-{result.policy}.json"))
         before = leaks(quiet.channels.get(TIMING))
         shown = [
             f"no noise: timing {channel_text(quiet.channels.get(TIMING))}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kvlab.claims.commands import overhead_benchmark, timing_overhead
-from kvlab.claims.evidence import Evidence, Overhead, Timing, largest_group, model_name, shown_path
+from kvlab.claims.evidence import Evidence, Overhead, Timing, largest_group, model_name
 from kvlab.claims.needle import budgeted, full_cache
 from kvlab.claims.verdicts import Evaluation, judged, missing, unmeasurable
 
@@ -85,7 +85,7 @@ def _from_runs(evidence: Evidence) -> Evaluation:
     if group is None:
         command = overhead_benchmark()
         return unmeasurable(
-            f"no short-context timing in {shown_path(evidence.results / 'overhead')} and no runs of the full cache "
+            f"no short-context timing in {evidence.results_place('overhead')} and no runs of the full cache "
             f"and evicting policies at 1,024 to 4,096 tokens that decode every step in {evidence.db}; run: {command}",
             command=command,
         )

@@ -1,16 +1,6 @@
-"""Figures as text with their units, written the same way in every claim."""
+"""Figures as text, written the same way in every claim: shares and token counts (bytes are :mod:`kvlab.units`'s)."""
 
 from __future__ import annotations
-
-from kvlab.costs.gpus import GIB
-
-GB = 1e9
-KB = 1e3
-
-
-def gigabytes(size: float) -> str:
-    """Bytes in decimal and binary gigabytes, since the articles' "GB" may mean either: ``42.9 GB (40.0 GiB)``."""
-    return f"{size / GB:,.1f} GB ({size / GIB:,.1f} GiB)"
 
 
 def percent(share: float, digits: int = 0) -> str:

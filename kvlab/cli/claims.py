@@ -1,7 +1,8 @@
 """The ``claims`` command: every quantitative claim of the source articles, checked against a store.
 
-It evaluates the catalogue (:mod:`kvlab.claims`), makes the store's claims table that evaluation, and prints it.
-Neither building its parser nor evaluating imports torch.
+It evaluates the catalogue (:mod:`kvlab.claims`), makes the store's claims table that evaluation, and prints it. A
+store that lies inside an installed kvlab (the shipped evidence, when kvlab runs from a wheel) is only read: the
+installed package is never written. Neither building its parser nor evaluating imports torch.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from kvlab.claims import check_ids, default_claims_db, refresh, select
+from kvlab.claims import check_ids, default_claims_db, evaluate_file, refresh, select
 from kvlab.claims.evidence import EVIDENCE_DB, shown_path
 from kvlab.claims.report import FORMATS, render
+from kvlab.paths import installed_read_only
 from kvlab.store import DB_ENV_VAR, open_store
 
 
@@ -33,7 +35,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=None,
         metavar="FILE",
         help=f"store to evaluate and refresh (default: {shown_path(EVIDENCE_DB)} when it exists, else "
-        f"${DB_ENV_VAR}, else $XDG_DATA_HOME/kvlab/runs.duckdb, else ~/.local/share/kvlab/runs.duckdb)",
+        f"${DB_ENV_VAR}, else $XDG_DATA_HOME/kvlab/runs.duckdb, else ~/.local/share/kvlab/runs.duckdb); a store "
+        "inside an installed kvlab is evaluated without being written",
     )
     claims.add_argument(
         "--only",
@@ -51,8 +54,13 @@ def claims_command(args: argparse.Namespace) -> int:
     ids = [part.strip() for part in itertools.chain.from_iterable(o.split(",") for o in args.only) if part.strip()]
     path = args.db if args.db is not None else default_claims_db()
     check_ids(ids)  # an unknown id is refused before the store is opened
-    with open_store(path) as store:
-        records = refresh(store)
+    if installed_read_only(path):
+        records = evaluate_file(path)
+        done = f"{len(records)} claims evaluated against {path}, which is installed with kvlab and left as it is."
+    else:
+        with open_store(path) as store:
+            records = refresh(store)
+        done = f"{len(records)} claims evaluated against {store.path}; its claims table refreshed."
     print(render(select(records, ids), args.format, width=min(shutil.get_terminal_size((120, 24)).columns, 160)))
-    print(f"{len(records)} claims evaluated against {store.path}; its claims table refreshed.", file=sys.stderr)
+    print(done, file=sys.stderr)
     return 0

@@ -27,7 +27,8 @@ from kvlab.cli.options import (
     whole,
 )
 from kvlab.errors import KvlabError
-from kvlab.store import RunFilter, Store, default_db_path, open_store
+from kvlab.modes import MODES, PREFILL, modes_help
+from kvlab.store import RunFilter, Store, default_db_path, has_database, open_store
 from kvlab.tasks.ruler_score import ruler_scores
 
 if TYPE_CHECKING:  # the parser is built without loading torch
@@ -62,7 +63,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="a parameter of one listed policy, e.g. snapkv.window=16 (repeatable)",
     )
     sweep.add_argument("--keep", default="", help="kept fractions, e.g. 0.1,0.3,0.5")
-    sweep.add_argument("--mode", default="prefill", help="prefill, streaming, or both: prefill,streaming")
+    sweep.add_argument(
+        "--mode", default=PREFILL, help=f"{', '.join(MODES)}, or both: {','.join(MODES)}. {modes_help()}"
+    )
     add_heap_arguments(sweep)
     sweep.add_argument("--contexts", required=True, help="context lengths in tokens, e.g. 1024,2048")
     sweep.add_argument(
@@ -192,7 +195,7 @@ def existing_store(path: str | None) -> Store | None:
     creates and changes nothing."""
 
     where = Path(path) if path else default_db_path()
-    return open_store(where, read_only=True) if where.is_file() and where.stat().st_size > 0 else None
+    return open_store(where, read_only=True) if has_database(where) else None
 
 
 def run_sweep(args: argparse.Namespace) -> int:

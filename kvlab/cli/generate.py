@@ -22,6 +22,7 @@ from kvlab.errors import KvlabError
 from kvlab.models.catalog import available_models
 from kvlab.params import param_spec
 from kvlab.tasks.texts import read_text
+from kvlab.units import exact_bytes
 
 if TYPE_CHECKING:  # the engine imports torch; the parser must not
     from kvlab.engine.events import GenerationResult
@@ -112,8 +113,9 @@ def _figures_line(spec: RunSpec, result: GenerationResult) -> str:
     return (
         f"[{spec.policy.name}, {spec.mode}, {spec.cache.layout}] prompt {result.context_tokens:,} tokens, "
         f"{len(result.tokens[0]):,} generated, budget {result.budget_tokens or 'none'}; the cache kept "
-        f"{kept_tokens(result)}; KV in use {result.kv_bytes:,} B ({share}the {full:,} B a full cache would hold), "
-        f"peak {result.peak_kv_bytes:,} B; reserved {result.kv_reserved_bytes:,} B, dead share "
+        f"{kept_tokens(result)}; KV in use {exact_bytes(result.kv_bytes)} ({share}the {exact_bytes(full)} a full "
+        "cache would hold), "
+        f"peak {exact_bytes(result.peak_kv_bytes)}; reserved {exact_bytes(result.kv_reserved_bytes)}, dead share "
         f"{result.dead_share:.0%}, {result.compactions} compactions (in use, peak and reserved measured from the "
         f"cache tensors on {result.device})"
     )

@@ -17,8 +17,10 @@ from kvlab.cli.options import (
     policy_from_args,
     whole,
 )
+from kvlab.modes import STREAMING
 from kvlab.store import open_store
 from kvlab.tasks.texts import read_text
+from kvlab.units import exact_bytes
 
 DEFAULT_CONTEXT = 2048
 DEFAULT_CHUNK = 256
@@ -49,7 +51,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--raw-prompt", action="store_true", help="give a chat model the text as it is, not in its chat template"
     )
     add_policy_arguments(live)
-    live.set_defaults(mode="streaming")
+    live.set_defaults(mode=STREAMING)
     add_heap_arguments(live, eager=False)
     add_generation_arguments(live, default=24)
     add_db_argument(live, "database file the run and its replay are stored in")
@@ -97,7 +99,8 @@ def run_live(args: argparse.Namespace) -> int:
     verdict = "not scored" if outcome.contains is None else ("found" if outcome.contains else "not found")
     print(
         f"[{variant.name}, {args.mode}] {prompt.context_tokens:,} prompt tokens, {verdict}; KV in use "
-        f"{result.kv_bytes:,} B of {result.kv_bytes_full:,} B full (measured on {loaded.device_kind}); "
+        f"{exact_bytes(result.kv_bytes)} of {exact_bytes(result.kv_bytes_full)} full (measured on "
+        f"{loaded.device_kind}); "
         + ("not stored: give --answer to score and store a text run" if run_id is None else f"stored as run {run_id}")
         + ("" if run_id is None else " with its replay"),
         file=sys.stderr,

@@ -11,6 +11,7 @@ from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP,
 from kvlab.cache.spec import CacheOptions
 from kvlab.errors import KvlabError
 from kvlab.models.limits import MAX_SEED
+from kvlab.modes import MODES, PREFILL, modes_help
 from kvlab.store import DB_ENV_VAR
 
 if TYPE_CHECKING:  # loading a model imports torch; the parser must not
@@ -112,7 +113,7 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     budget.add_argument(
         "--budget", type=whole(1, "a budget"), help="tokens kept per layer per KV head, sinks and windows included"
     )
-    parser.add_argument("--mode", default="prefill", choices=("prefill", "streaming"))
+    parser.add_argument("--mode", default=PREFILL, choices=MODES, help=modes_help())
     parser.add_argument(
         "--chunk",
         type=whole(1, "a chunk"),

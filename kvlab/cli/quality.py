@@ -18,8 +18,10 @@ from kvlab.cli.options import (
     run_spec_from_args,
     whole,
 )
+from kvlab.modes import STREAMING
 from kvlab.store import open_store
 from kvlab.tasks.texts import DEFAULT_PREFIX, DEFAULT_TOKENS, MIN_PAST_BUDGET, read_text, scored_tokens
+from kvlab.units import exact_bytes
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -54,7 +56,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         f"{MIN_PAST_BUDGET:,} are scored past the budget)",
     )
     add_policy_arguments(quality)
-    quality.set_defaults(mode="streaming")
+    quality.set_defaults(mode=STREAMING)
     add_heap_arguments(quality)
     add_db_argument(quality, "database file the run is stored in")
     quality.add_argument("--json", action="store_true", help="print one JSON object with the figures")
@@ -97,8 +99,9 @@ def run_quality_command(args: argparse.Namespace) -> int:
         )
         print(
             f"[{variant.name}, {spec.mode}, budget {result.budget_tokens or 'none'}] kept {result.mean_kept_tokens:,} "
-            f"tokens per layer; KV in use {result.kv_bytes:,} B of {result.kv_bytes_full:,} B full, peak "
-            f"{result.peak_kv_bytes:,} B (measured from the cache tensors on {result.device}); stored as run "
+            f"tokens per layer; KV in use {exact_bytes(result.kv_bytes)} of {exact_bytes(result.kv_bytes_full)} "
+            f"full, peak {exact_bytes(result.peak_kv_bytes)} (measured from the cache tensors on {result.device}); "
+            "stored as run "
             f"{run_id} in {store.path}",
             file=sys.stderr,
         )

@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab.errors import KvlabError
-
-GIB = 1 << 30
+from kvlab.units import GIB
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The Claims page's logic: the claims a store holds (or, before its first refresh, evaluated on the spot), shaped
 into the table the page shows, filtered and marked by verdict. Pure functions of frames, except
-:func:`claims_of`, which reads a store."""
+:func:`claims_of` and :func:`needle_evidence`, which read a store the page opened."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvlab.claims import CLAIM_CONTEXT, VERDICTS, Verdict, evaluate_file, side_by_side, verdict_of
+from kvlab.claims import CLAIM_CONTEXT, VERDICTS, Evidence, Verdict, evaluate_all, side_by_side, verdict_of
 from kvlab.claims.report import records_frame, source_text
 from kvlab.claims.verdicts import CONDITIONAL, FAILS, HOLDS, UNMEASURABLE
 from kvlab.dashboard.text import plain
 from kvlab.runs.tables import choices, frontier_points
-from kvlab.store import RunFilter, open_store
+from kvlab.store import RunFilter, Store
 
 #: A mark before each verdict, so that it reads without colour too.
 MARKS: dict[Verdict, str] = {HOLDS: "✔", FAILS: "✘", CONDITIONAL: "◐", UNMEASURABLE: "–"}
@@ -24,14 +24,15 @@ COLOURS: dict[Verdict, str] = {HOLDS: "green", FAILS: "red", CONDITIONAL: "orang
 VIEW_COLUMNS = ["number", "article", "claim", "figure", "reason", "verdict", "source", "command"]
 
 
-def claims_of(path: Path) -> tuple[pd.DataFrame, bool]:
-    """The claims of the store at ``path`` and whether they are the stored ones: the claims table when a refresh
-    has filled it, else every claim evaluated now against the store's runs without writing (``False``)."""
-    if path.is_file() and path.stat().st_size > 0:
-        stored = open_store(path, read_only=True).claims_frame()
+def claims_of(store: Store | None, path: Path) -> tuple[pd.DataFrame, bool]:
+    """The claims of ``store`` (the one at ``path``, None when there is none yet) and whether they are the stored
+    ones: the claims table when a refresh has filled it, else every claim evaluated now against the store's runs
+    without writing (``False``)."""
+    if store is not None:
+        stored = store.claims_frame()
         if not stored.empty:
             return stored, True
-    return records_frame(evaluate_file(path)), False
+    return records_frame(evaluate_all(Evidence(store, path))), False
 
 
 def verdict_counts(claims: pd.DataFrame) -> dict[Verdict, int]:
@@ -96,15 +97,14 @@ class NeedleEvidence:
         return list(self.frontiers)
 
 
-def needle_evidence(path: Path) -> NeedleEvidence:
+def needle_evidence(store: Store) -> NeedleEvidence:
     """Read a store's needle evidence once, for every model (the Overview shows one at a time, and scrubbing its
     replay must not read the store again)."""
-    with open_store(path, read_only=True) as store:
-        runs = store.list_runs(RunFilter(tasks=("needle",)))
-        frontiers, claims = {}, {}
-        for model in choices(runs, "model"):
-            filters = RunFilter(models=(model,), tasks=("needle",), context_lengths=(CLAIM_CONTEXT,))
-            trials = store.trials_frame(filters)
-            frontiers[model] = frontier_points(store.accuracy_frontier(filters), "keep", "accuracy", trials)
-            claims[model] = side_by_side(trials, CLAIM_CONTEXT)
+    runs = store.list_runs(RunFilter(tasks=("needle",)))
+    frontiers, claims = {}, {}
+    for model in choices(runs, "model"):
+        filters = RunFilter(models=(model,), tasks=("needle",), context_lengths=(CLAIM_CONTEXT,))
+        trials = store.trials_frame(filters)
+        frontiers[model] = frontier_points(store.accuracy_frontier(filters), "keep", "accuracy", trials)
+        claims[model] = side_by_side(trials, CLAIM_CONTEXT)
     return NeedleEvidence(sorted(runs["device"].dropna().unique()), frontiers, claims)

@@ -11,13 +11,13 @@ from typing import Any
 
 from kvlab.cache.spec import CacheOptions
 from kvlab.costs import GpuSpec, ModelSpec
-from kvlab.costs.gpus import GIB
 from kvlab.costs.models import require_decoder
 from kvlab.errors import KvlabError
 from kvlab.models.arch import arch_from_config
 from kvlab.models.loading import LoadedModel
 from kvlab.params import ParamSpec, param_spec
 from kvlab.policies import POLICIES
+from kvlab.units import GB, GIB
 
 #: Cache precisions the calculator offers, by display name.
 KV_PRECISIONS: dict[str, str] = {"fp16 / bf16": "bf16", "fp8 / int8": "fp8", "int4": "int4", "2-bit": "int2"}
@@ -119,4 +119,4 @@ def model_spec_from_loaded(loaded: LoadedModel) -> ModelSpec:
 
 def gpu_spec(name: str, memory_gib: float, bandwidth_gb_s: float, tflops: float, price_per_hour: float) -> GpuSpec:
     """A GPU from the calculator's editable fields (GiB, GB/s, dense BF16 TFLOP/s, $ per hour)."""
-    return GpuSpec(name, int(memory_gib * GIB), bandwidth_gb_s * 1e9, tflops * 1e12, price_per_hour)
+    return GpuSpec(name, int(memory_gib * GIB), bandwidth_gb_s * GB, tflops * 1e12, price_per_hour)

@@ -17,6 +17,7 @@ import streamlit as st
 import torch
 from streamlit.delta_generator import DeltaGenerator
 from streamlit.runtime.pages_manager import PagesManager
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from kvlab.dashboard.access import (
     allowed_hosts,
@@ -41,11 +42,10 @@ from kvlab.runs.device_queue import Waiting
 from kvlab.runs.live import warm_up
 from kvlab.runs.replay import Replay, unpack
 from kvlab.runs.tables import short_model_name
-from kvlab.store import Store, default_db_path, open_store
+from kvlab.store import Store, default_db_path, has_database, open_store
 
 _LOGGER = logging.getLogger(__name__)
 
-APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
 MODEL_KEY = "kvlab_model_name"
 PICK_KEY = "kvlab_model_pick"
 LOADED_KEY = "kvlab_loaded_model"
@@ -66,10 +66,13 @@ def page_setup() -> None:
     mode, which it leaves only once ``app.py`` has declared the pages. When the very first request a server gets
     opens a page by its URL, Streamlit runs that page file on its own. Then ``app.py`` is run here, in the same
     script run (so a click that started it is not lost, and the login is asked for), and it draws the sidebar and
-    runs the page; this run of the page file ends when that is done.
+    runs the page; this run of the page file ends when that is done. ``app.py`` is the script the server was started
+    with, found from the running script's context rather than from kvlab's own location, which is ``site-packages``
+    when kvlab is installed.
     """
-    if PagesManager.uses_pages_directory:
-        runpy.run_path(str(APP_SCRIPT), run_name="__main__")
+    context = get_script_run_ctx()
+    if PagesManager.uses_pages_directory and context is not None:
+        runpy.run_path(context.main_script_path, run_name="__main__")
         st.stop()
 
 
@@ -297,24 +300,22 @@ def current_model() -> LoadedModel | None:
     return loaded if isinstance(loaded, LoadedModel) else None
 
 
-def reading_store() -> Store | None:
-    """The run database opened read-only, for what a page shows: never created, migrated or changed by reading.
-    None when there is none yet (the page says so) or it cannot be read (the page shows why)."""
-    path = default_db_path()
-    if not path.is_file() or path.stat().st_size == 0:
-        return None
-    try:
-        return open_store(path, read_only=True)
-    except KvlabError as error:
-        st.error(plain(str(error)))
-        return None
+def open_page_store(path: Path | None = None, *, write: bool = False) -> Store:
+    """The one way the dashboard opens a run store: the store at ``path``, else the dashboard's own
+    (:func:`~kvlab.store.default_db_path`), read-only unless the page writes into it (a run, a sweep, a refresh of
+    the claims), so that showing a store never creates, migrates or changes it. A store that cannot be opened
+    (missing, for reading; locked, corrupt, not kvlab's, a full disk) is one sentence, raised."""
+    return open_store(path if path is not None else default_db_path(), read_only=not write)
 
 
-def writing_store(slot: DeltaGenerator | None = None) -> Store | None:
-    """The run database opened for writing (created when missing), for a run or sweep to store into; None with
-    the reason shown in ``slot`` (locked by another process, corrupt, not kvlab's, a full disk)."""
+def page_store(path: Path | None = None, *, write: bool = False, slot: DeltaGenerator | None = None) -> Store | None:
+    """:func:`open_page_store` for a page that goes on without the store: None when there is nothing to read yet
+    (no file: the page says so), or with the reason it cannot be opened shown in ``slot``."""
+    target = path if path is not None else default_db_path()
+    if not write and not has_database(target):
+        return None
     try:
-        return open_store()
+        return open_page_store(target, write=write)
     except KvlabError as error:
         (slot or st).error(plain(str(error)))
         return None
@@ -338,7 +339,7 @@ def _unpacked(payload: bytes) -> Replay:
 
 def stored_replay(path: Path, run_id: int, trial_key: str) -> Replay:
     """The replay of one stored run, from the store at ``path`` opened read-only."""
-    with open_store(path, read_only=True) as store:
+    with open_page_store(path) as store:
         payload = store.replay_payload(run_id, trial_key)
     return _unpacked(payload)
 
@@ -346,7 +347,8 @@ def stored_replay(path: Path, run_id: int, trial_key: str) -> Replay:
 @st.cache_data(show_spinner=False, max_entries=4)
 def _needle_evidence(path: str, modified_ns: int) -> NeedleEvidence:
     """:func:`~kvlab.dashboard.claims.needle_evidence`, read again only when the file changes."""
-    return needle_evidence(Path(path))
+    with open_page_store(Path(path)) as store:
+        return needle_evidence(store)
 
 
 def shipped_needle_evidence(path: Path) -> NeedleEvidence:

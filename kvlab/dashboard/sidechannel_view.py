@@ -13,23 +13,24 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from kvlab.claims.evidence import RESULTS_DIR
 from kvlab.dashboard.guides import ChartGuide
 from kvlab.experiments.sidechannel import CHANNELS, SideChannelResult
+from kvlab.paths import bench_results
 from kvlab.stats import wilson_interval
 from kvlab.units import byte_axis, format_bytes
 
-#: Where ``bench/side_channel.sh`` writes the results kvlab ships.
-SHIPPED_DIR = RESULTS_DIR / "side_channel"
 #: No noise in grey, each noise level in a colour of its own.
 NO_NOISE_COLOUR = "#888888"
 LEVEL_COLOURS = qualitative.Safe
 CHANCE = 50.0
 
 
-def shipped_results(directory: Path = SHIPPED_DIR) -> list[Path]:
-    """The result files shipped with kvlab, by name."""
-    return sorted(directory.glob("*.json")) if directory.is_dir() else []
+def shipped_results(results: Path | None = None) -> list[Path]:
+    """The side-channel results ``bench/side_channel.sh`` wrote into the benchmark results (``results``, by default
+    :func:`kvlab.paths.bench_results`), by name; none where kvlab is installed without them."""
+    folder = results if results is not None else bench_results()
+    directory = folder / "side_channel" if folder is not None else None
+    return sorted(directory.glob("*.json")) if directory is not None and directory.is_dir() else []
 
 
 def describe(result: SideChannelResult) -> str:

@@ -19,6 +19,7 @@ from kvlab.engine.events import Event
 from kvlab.engine.spec import RunSpec
 from kvlab.engine.stopping import StopTokens
 from kvlab.models.loading import LoadedModel
+from kvlab.modes import STREAMING
 
 
 class Loop(Protocol):
@@ -60,7 +61,7 @@ class Steps(Protocol):
 
 def evicts_after(spec: RunSpec, index: int) -> bool:
     """Whether the ``index``-th decode step evicts: in streaming mode, once every ``compression_interval`` tokens."""
-    return spec.mode == "streaming" and (index + 1) % spec.compression_interval == 0
+    return spec.mode == STREAMING and (index + 1) % spec.compression_interval == 0
 
 
 class EagerSteps:

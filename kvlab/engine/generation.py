@@ -50,6 +50,7 @@ from kvlab.engine.stopping import StopTokens, eos_token_ids
 from kvlab.errors import KvlabError, shown_name
 from kvlab.models.loading import LoadedModel, device_name
 from kvlab.models.rope import Rope
+from kvlab.modes import PREFILL, STREAMING
 from kvlab.policies.base import LayerView, Policy
 from kvlab.policies.full import Full
 from kvlab.policies.variants import Variant, as_variant
@@ -128,7 +129,7 @@ class Generation:
             self.spec.cache,
             observed=plan.observed,
             room=plan.room,
-            keep_planned=self.spec.mode == "streaming",
+            keep_planned=self.spec.mode == STREAMING,
             rope=self.rope,
             evicting=plan.evicting,
         )
@@ -156,7 +157,7 @@ class Generation:
         chunk = self.spec.chunk_size(self.context_tokens)
         for index, start in enumerate(range(0, ids.shape[1], chunk)):
             logits, stats = self.forward(ids[:, start : start + chunk])
-            if self.spec.mode == "streaming":
+            if self.spec.mode == STREAMING:
                 self.evict()
             yield self.event("prefill", first_step + index, stats=stats, logits=logits)
 
@@ -420,7 +421,7 @@ class Generation:
             for event in self.read(self.input_ids, step):
                 step, logits = step + 1, event.logits
                 yield event
-        if self.spec.mode == "prefill" and (self.plan.evicting or self.cache.freezes or self.spec.policy.removes()):
+        if self.spec.mode == PREFILL and (self.plan.evicting or self.cache.freezes or self.spec.policy.removes()):
             yield self.compress(step)
             step += 1
         if self.suffix_ids is not None:
@@ -532,7 +533,7 @@ def _checked_inputs(
 ) -> torch.Tensor:
     """The prompt's token ids (a context read once gives its own), each input checked in one sentence."""
     if prefilled is not None:
-        if spec.mode != "prefill":
+        if spec.mode != PREFILL:
             raise KvlabError("A context read once for several policies can only be compressed in prefill mode.")
         input_ids = prefilled.input_ids
     if input_ids is None:

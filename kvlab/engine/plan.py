@@ -24,6 +24,7 @@ from kvlab.engine.spec import RunSpec
 from kvlab.models.arch import ArchFacts
 from kvlab.models.loading import LoadedModel
 from kvlab.models.profiles import Profile, ProfiledModel, require_profile
+from kvlab.modes import PREFILL, STREAMING
 from kvlab.policies.base import Policy, check_budget
 from kvlab.policies.variants import Variant
 
@@ -158,6 +159,6 @@ def _capacities(
         keep = max(budget, uniform)
         if arch.is_sliding(layer) and arch.sliding_window is not None:
             keep = min(keep, arch.sliding_window - 1)
-        capacities.append(span if spec.mode == "prefill" else min(span, keep + chunk))
-    room = chunk if spec.mode == "streaming" else span - context_tokens
+        capacities.append(span if spec.mode == PREFILL else min(span, keep + chunk))
+    room = chunk if spec.mode == STREAMING else span - context_tokens
     return capacities, room

@@ -3,8 +3,6 @@ held-out text read with the full cache, and CAKE's dispersion and shift of the t
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from kvlab import __version__
@@ -15,6 +13,7 @@ from kvlab.cache.cake import cake_dispersion_and_shift
 from kvlab.engine.generation import Generation
 from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
+from kvlab.hashing import text_sha256
 from kvlab.models.loading import LoadedModel
 from kvlab.models.profiles import DEFAULT_PROFILE_TOKENS, PROFILE_CHUNK, Profile
 from kvlab.policies.full import Full
@@ -63,7 +62,7 @@ def measure_profile(
         weights_hash=weights_hash,
         tokenizer_hash=loaded.tokenizer_hash,
         text=text_name,
-        text_sha256=hashlib.sha256(text.encode()).hexdigest(),
+        text_sha256=text_sha256(text),
         tokens=len(passage.ids),
         chunk=chunk,
         device=loaded.device_kind,

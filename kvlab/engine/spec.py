@@ -10,7 +10,7 @@ from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.cache.spec import CacheSpec
 from kvlab.errors import KvlabError
-from kvlab.modes import MODES, Mode
+from kvlab.modes import PREFILL, STREAMING, Mode, check_mode
 from kvlab.policies.base import Policy
 from kvlab.policies.variants import Variant, as_variant, check_options
 
@@ -35,7 +35,7 @@ class RunSpec:
 
     policy: Policy
     budget: Budget | None = None
-    mode: Mode = "prefill"
+    mode: Mode = PREFILL
     chunk: int | None = None
     max_new_tokens: int = 32
     stop_token_ids: tuple[int, ...] | None = None
@@ -46,8 +46,7 @@ class RunSpec:
     static: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise KvlabError(f"Unknown mode {self.mode!r}; use 'prefill' or 'streaming'.")
+        check_mode(self.mode)
         if self.chunk is not None and self.chunk <= 0:
             raise KvlabError(f"A chunk of {self.chunk} tokens is not possible; it must be a positive number.")
         if self.max_new_tokens < 0:
@@ -57,7 +56,7 @@ class RunSpec:
         check_options(self.policy, self.cache.options)
         self.policy.check_mode(self.mode)
         self.cache.options.check_mode(self.policy.name, self.mode)
-        if self.mode == "streaming" and self.compression_interval > self.chunk_size(self.compression_interval):
+        if self.mode == STREAMING and self.compression_interval > self.chunk_size(self.compression_interval):
             raise KvlabError(
                 f"A compression interval of {self.compression_interval} tokens is larger than the chunk of "
                 f"{self.chunk_size(self.compression_interval)}; the cache would exceed budget + chunk."
@@ -82,7 +81,7 @@ class RunSpec:
         """Tokens per prefill forward pass."""
         if self.chunk is not None:
             return self.chunk
-        return context_tokens if self.mode == "prefill" else DEFAULT_STREAMING_CHUNK
+        return context_tokens if self.mode == PREFILL else DEFAULT_STREAMING_CHUNK
 
     def stored_params(self) -> dict[str, object]:
         """The policy's parameters as a run stores them: its own, and the cache options that differ from their

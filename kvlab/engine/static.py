@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from kvlab.engine.decoding import Loop, evicts_after
+from kvlab.modes import STREAMING
 
 #: At most this many graphs are captured per generation; steps of further signatures run eagerly.
 MAX_GRAPHS = 4
@@ -60,7 +61,7 @@ class StaticSteps:
         if (spec.static is None and not cuda) or len(loop.loaded.devices) > 1 or not loop.cache.capturable():
             return None
         # only streaming mode evicts while decoding, so only there can an eviction stop a capture
-        capturable = spec.mode != "streaming" or (spec.policy.can_capture() and loop.cache.evictions_capturable())
+        capturable = spec.mode != STREAMING or (spec.policy.can_capture() and loop.cache.evictions_capturable())
         if spec.static is None and not capturable:
             return None  # uncaptured static steps would only be slower than eager ones
         if not loop.cache.windows_full():

@@ -47,7 +47,6 @@ answer shows whether the code did.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import random
 import statistics
@@ -65,8 +64,10 @@ from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.engine.generation import Generation
 from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
+from kvlab.hashing import text_sha256
 from kvlab.models.limits import MAX_SEED
 from kvlab.models.loading import LoadedModel
+from kvlab.modes import PREFILL, check_mode
 from kvlab.policies import POLICIES, Variant, configure
 from kvlab.policies.base import check_budget
 from kvlab.stats import wilson_interval
@@ -124,7 +125,7 @@ class SideChannelSettings:
     params: dict[str, object]
     budget: Budget
     noise: tuple[NoiseLevel, ...]
-    mode: str = "prefill"
+    mode: str = PREFILL
     trials: int = 40
     context_tokens: int = 1024
     new_tokens: int = 16
@@ -176,7 +177,7 @@ class SideChannelSettings:
         return RunSpec(
             variant.policy,
             self.budget,
-            mode=self.mode,  # type: ignore[arg-type]
+            mode=check_mode(self.mode),
             chunk=self.chunk,
             max_new_tokens=self.new_tokens,
             stop_token_ids=(),
@@ -230,8 +231,7 @@ def canary_positions(tokenizer: Any, context_ids: Sequence[int], fact: Fact) -> 
 
 def trial_seed(seed: int, index: int) -> int:
     """The seed of one trial's noise, drawn from the experiment's seed: distinct trials, distinct draws."""
-    digest = hashlib.sha256(f"{seed}/noise/{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & MAX_SEED
+    return int(text_sha256(f"{seed}/noise/{index}")[:16], 16) & MAX_SEED
 
 
 def canary_prompts(tokenizer: Any, settings: SideChannelSettings) -> list[CanaryPrompt]:

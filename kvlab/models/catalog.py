@@ -70,13 +70,17 @@ def package_models() -> list[ModelEntry]:
 @functools.lru_cache(maxsize=1)
 def _package_models() -> tuple[ModelEntry, ...]:
     """Read once per process: which packages are installed does not change while it runs, and reading every
-    package's file list takes a fraction of a second."""
+    package's file list takes a fraction of a second. kvlab's own models are left to :func:`shipped_models`: an
+    installed kvlab lists them among its package's files."""
     entries = []
-    shipped_dir = SHIPPED_MODELS_DIR.resolve()
+    shipped_root = SHIPPED_MODELS_DIR.resolve()
     for distribution in importlib.metadata.distributions():
         files = distribution.files or []
-        located = [Path(str(distribution.locate_file(item))) for item in files if _model_file(str(item))]
-        paths = [path for path in located if not path.resolve().is_relative_to(shipped_dir)]  # kvlab's own: shipped
+        paths = [
+            path
+            for path in (Path(str(distribution.locate_file(item))) for item in files if _model_file(str(item)))
+            if not path.resolve().is_relative_to(shipped_root)
+        ]
         if not paths:
             continue
         package = distribution.name

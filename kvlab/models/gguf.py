@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import KvlabError, NotAModel, not_fetched, shown_name
+from kvlab.hashing import file_sha256
 from kvlab.models.hub import hub_reachable, in_hub_cache
 from kvlab.paths import user_file
-from kvlab.provenance import file_sha256
 
 GGUF_SUFFIX = ".gguf"
 #: Where dequantised GGUF models are kept (default ``~/.cache/kvlab/models/loading``).

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import hashlib
 import inspect
 import json
 import logging
@@ -36,6 +35,7 @@ from typing import Any, Union
 import torch
 
 from kvlab.errors import KvlabError, NotAModel, not_fetched, shown_name
+from kvlab.hashing import chunks_sha256, text_sha256
 from kvlab.models import gguf
 from kvlab.models.arch import ArchFacts, arch_from_config, dtype_name
 from kvlab.models.catalog import SHIPPED_MODELS_DIR, installed_name, package_of, readme_licence
@@ -190,11 +190,14 @@ class LoadedModel:
 
 def parameters_hash(model: Any) -> str:
     """sha256 over every parameter and buffer of a model, by name, shape, dtype and bytes."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(f"{name} {tuple(tensor.shape)} {tensor.dtype}\n".encode())
-        digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    return chunks_sha256(
+        part
+        for name, tensor in sorted(model.state_dict().items())
+        for part in (
+            f"{name} {tuple(tensor.shape)} {tensor.dtype}\n".encode(),
+            tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes(),
+        )
+    )
 
 
 def tokenizer_hash(tokenizer: Any) -> str | None:
@@ -217,7 +220,7 @@ def tokenizer_hash(tokenizer: Any) -> str | None:
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
     }
-    return hashlib.sha256((core + json.dumps(extra, sort_keys=True, default=str)).encode()).hexdigest()
+    return text_sha256(core + json.dumps(extra, sort_keys=True, default=str))
 
 
 def pick_device(device: str | None = None) -> torch.device:

@@ -15,7 +15,6 @@ a shipped one. Measuring one is the engine's (:mod:`kvlab.engine.profile`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvlab.errors import KvlabError
+from kvlab.hashing import text_sha256
 from kvlab.models.catalog import installed_name
 from kvlab.paths import shipped, user_file
 
@@ -81,7 +81,7 @@ class Profile:
 
     def digest(self) -> str:
         """sha256 of the profile's canonical JSON: what a run allocated by it can record as its identity."""
-        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
+        return text_sha256(json.dumps(self.to_json(), sort_keys=True))
 
     @classmethod
     def from_json(cls, data: Any, source: str) -> Profile:

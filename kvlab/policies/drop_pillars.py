@@ -9,6 +9,7 @@ import torch
 
 from kvlab.cache.ranking import by_score_then_position
 from kvlab.errors import KvlabError
+from kvlab.modes import PREFILL
 from kvlab.params import param
 from kvlab.policies.base import LayerView, Policy
 
@@ -52,7 +53,7 @@ class DropPillars(Policy):
         return torch.zeros_like(candidates).scatter_(-1, top, True) & candidates
 
     def check_mode(self, mode: str) -> None:
-        if mode != "prefill":
+        if mode != PREFILL:
             raise KvlabError(
                 "Policy 'drop_pillars' removes the heaviest hitters once, at prefill mode's compression; run it in "
                 "prefill mode."

@@ -9,6 +9,7 @@ import torch
 
 from kvlab.cache.ranking import KEEP
 from kvlab.errors import KvlabError
+from kvlab.modes import STREAMING
 from kvlab.params import param
 from kvlab.policies.base import LayerView
 from kvlab.policies.scoring import ScoringPolicy
@@ -47,7 +48,7 @@ class KVzip(ScoringPolicy):
         return f"its {self.sinks} sinks plus one scored token"
 
     def check_mode(self, mode: str) -> None:
-        if mode == "streaming":
+        if mode == STREAMING:
             raise KvlabError(
                 "Policy 'kvzip' scores a whole context once, by having the model reconstruct it, so it runs in "
                 "prefill mode only."

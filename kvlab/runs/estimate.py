@@ -14,7 +14,6 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 import pandas as pd
 import torch
@@ -22,7 +21,7 @@ import torch
 from kvlab.engine.generation import Generation, prefill_once
 from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import LoadedModel
-from kvlab.modes import Mode
+from kvlab.modes import check_mode
 from kvlab.policies.full import Full
 from kvlab.runs.sweep import SweepGrid, SweepRunner, trial_slots
 from kvlab.store import RunFilter, Store, run_key
@@ -156,7 +155,7 @@ def measure_speed(loaded: LoadedModel, grid: SweepGrid) -> Speed:
     ``max_new_tokens`` (an answer that stops early takes less)."""
     tokens = min(min(grid.contexts), MEASURED_TOKENS)
     observed = [cell.variant for cell in grid.cells() if cell.variant.policy.evicts]
-    chunk = RunSpec(Full(), mode=cast(Mode, grid.modes[0]), chunk=grid.chunk).chunk_size(tokens)
+    chunk = RunSpec(Full(), mode=check_mode(grid.modes[0]), chunk=grid.chunk).chunk_size(tokens)
     prefill_once(loaded, _prompt_ids(loaded, 1, min(tokens, 32)), observed, chunk=min(chunk, 32))
     read = prefill_once(loaded, _prompt_ids(loaded, grid.batch_size, tokens), observed, chunk=chunk)
     forced = torch.zeros((grid.batch_size, MEASURED_STEPS), dtype=torch.long)

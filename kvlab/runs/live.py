@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.limits import check_seed
 from kvlab.models.loading import LoadedModel
-from kvlab.modes import Mode
+from kvlab.modes import STREAMING, check_mode
 from kvlab.policies import Variant, configure, make_policy
 from kvlab.runs.device_queue import DeviceQueue, Waiting
 from kvlab.runs.records import needle_sources_hash, stops_for
@@ -179,7 +179,7 @@ class LiveSettings:
     policy: str
     params: dict[str, object] = field(default_factory=dict)
     budget: Budget | None = None
-    mode: str = "streaming"
+    mode: str = STREAMING
     chunk: int = 256
     max_new_tokens: int = 24
     query_aware: bool = True
@@ -453,7 +453,7 @@ class LiveRun:
         self.spec = RunSpec(
             variant.policy,
             budget,
-            mode=cast(Mode, settings.mode),
+            mode=check_mode(settings.mode),
             chunk=settings.chunk,  # RunSpec checks it
             max_new_tokens=settings.max_new_tokens,
             stop_token_ids=self.stops.token_ids,
@@ -521,7 +521,7 @@ def warm_up(loaded: LoadedModel) -> None:
     stop_token_ids(loaded.tokenizer)
     ids = torch.arange(48, dtype=torch.long).remainder(max(len(loaded.tokenizer), 1)).unsqueeze(0)
     spec = RunSpec(
-        make_policy("h2o"), Budget(tokens=16), mode="streaming", chunk=16, max_new_tokens=2, stats=StatsRequest(4, 16)
+        make_policy("h2o"), Budget(tokens=16), mode=STREAMING, chunk=16, max_new_tokens=2, stats=StatsRequest(4, 16)
     )
     for _ in Generation(loaded, spec, ids).events():
         pass

@@ -13,7 +13,6 @@ the seconds and the peak GPU memory a trial records, which are its batch's (:fun
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from kvlab.engine.events import GenerationResult
 from kvlab.engine.plan import layer_profile
 from kvlab.engine.spec import RunSpec
 from kvlab.engine.stopping import eos_token_ids
+from kvlab.hashing import sources_sha256, text_sha256
 from kvlab.models.loading import LoadedModel
 from kvlab.store import RunConfig, Trial
 from kvlab.tasks import facts, needle
@@ -60,7 +60,7 @@ def stops_for(loaded: LoadedModel, *, one_line_answers: bool, chat: bool = True)
 def items_hash(hashes: Iterable[str]) -> str:
     """One hash for a list of prompts, in order: each described by a line (``eval`` gives its id and
     :func:`~kvlab.tasks.items.item_hash`)."""
-    return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
+    return text_sha256("\n".join(hashes))
 
 
 @functools.lru_cache(maxsize=4)
@@ -70,10 +70,7 @@ def needle_sources_hash(kind: str, generator: str) -> str:
     ``live``). The drawing code itself is not hashed: a change to it that gives other prompts for the same keys is
     caught trial by trial, since every trial records the hash of its prompt and a sweep refuses to resume over
     different ones."""
-    digest = hashlib.sha256(f"{kind}\n{generator}\n".encode())
-    for path in [*sorted(HAYSTACK_DIR.glob("*.txt")), *NEEDLE_SOURCES]:
-        digest.update(path.name.encode() + b"\n" + hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
-    return digest.hexdigest()
+    return sources_sha256(f"{kind}\n{generator}", [*sorted(HAYSTACK_DIR.glob("*.txt")), *NEEDLE_SOURCES])
 
 
 def run_config(

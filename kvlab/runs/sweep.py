@@ -17,13 +17,12 @@ for itself. A unit is computed by :meth:`InProcess.unit_trials` wherever it runs
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, cast
+from typing import Literal, Protocol
 
 import torch
 
@@ -33,9 +32,10 @@ from kvlab.engine.generation import generate, prefill_once
 from kvlab.engine.prefilled import Prefilled
 from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError, shown_name
+from kvlab.hashing import sources_sha256
 from kvlab.models.limits import check_seed
 from kvlab.models.loading import LoadedModel
-from kvlab.modes import MODES, Mode
+from kvlab.modes import MODES, PREFILL, Mode, check_mode
 from kvlab.policies import Policy, Variant, configure, parse_params
 from kvlab.policies.base import check_budget
 from kvlab.policies.variants import as_variant
@@ -78,7 +78,7 @@ class SweepGrid:
     contexts: tuple[int, ...]
     depths: tuple[float, ...] | None
     trials: int
-    modes: tuple[str, ...] = ("prefill",)
+    modes: tuple[str, ...] = (PREFILL,)
     seed: int = 0
     kind: GridKind = "single"
     ruler_tasks: tuple[str, ...] = RULER_TASKS
@@ -108,7 +108,7 @@ class SweepGrid:
             if self.depths is not None:
                 raise KvlabError("RULER's tasks draw their needles' depths themselves; leave out --depths.")
         if not self.modes:
-            raise KvlabError("A sweep needs at least one mode (prefill, streaming).")
+            raise KvlabError(f"A sweep needs at least one mode ({', '.join(MODES)}).")
         if self.max_new_tokens < 1:
             raise KvlabError(f"A sweep must generate at least one token per answer, not {self.max_new_tokens}.")
         check_seed(self.seed)
@@ -118,8 +118,7 @@ class SweepGrid:
         if self.batch_size < 1:
             raise KvlabError(f"The batch size must be at least 1, not {self.batch_size}.")
         for mode in self.modes:
-            if mode not in MODES:
-                raise KvlabError(f"Unknown mode {mode!r}; use 'prefill' or 'streaming'.")
+            check_mode(mode)
         for keep in self.keeps:
             Budget(keep=keep)
         for depth in self.depths or ():
@@ -161,16 +160,16 @@ class SweepGrid:
     def shares_read(self, cell: Cell) -> bool:
         """Whether ``cell`` compresses a fork of a context read once for every such cell (evicting policies in
         prefill mode, unless sharing is off) rather than reading each context itself."""
-        return cell.mode == "prefill" and cell.variant.policy.evicts and self.share_prefill
+        return cell.mode == PREFILL and cell.variant.policy.evicts and self.share_prefill
 
     def cells(self) -> list[Cell]:
         """Every (policy, keep, mode) of the grid; ``full`` once, in the first mode (it keeps everything)."""
         cells: list[Cell] = []
         for variant in self.variants:
             if not variant.policy.evicts:
-                cells.append(Cell(variant, None, cast(Mode, self.modes[0])))
+                cells.append(Cell(variant, None, check_mode(self.modes[0])))
                 continue
-            cells.extend(Cell(variant, keep, cast(Mode, mode)) for mode in self.modes for keep in self.keeps)
+            cells.extend(Cell(variant, keep, check_mode(mode)) for mode in self.modes for keep in self.keeps)
         return cells
 
 
@@ -192,10 +191,7 @@ def ruler_sources_hash(task: str) -> str:
     """The identity of generated RULER items of one task set: what needle prompts are made from
     (:func:`~kvlab.runs.records.needle_sources_hash`: the haystacks, which are RULER's essay, and the needle helpers)
     and the RULER generators with their word lists (:data:`~kvlab.tasks.ruler.RULER_SOURCES`)."""
-    digest = hashlib.sha256(needle_sources_hash(task, "sweep").encode() + b"\n")
-    for path in RULER_SOURCES:
-        digest.update(path.name.encode() + b"\n" + hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
-    return digest.hexdigest()
+    return sources_sha256(needle_sources_hash(task, "sweep"), RULER_SOURCES)
 
 
 def trial_slots(grid: SweepGrid, context: int) -> list[tuple[str, float | None]]:

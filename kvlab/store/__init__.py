@@ -12,7 +12,7 @@ marker), :mod:`~kvlab.store.connection` (opening files for reading or writing), 
 failure). Schema, migrations and the default location are described in ``docs/store.md``.
 """
 
-from kvlab.store.connection import default_db_path
+from kvlab.store.connection import default_db_path, has_database
 from kvlab.store.errors import DB_ENV_VAR
 from kvlab.store.export import export_runs, export_trials
 from kvlab.store.queries import Store, open_store
@@ -34,6 +34,7 @@ __all__ = [
     "default_db_path",
     "export_runs",
     "export_trials",
+    "has_database",
     "open_store",
     "run_key",
 ]

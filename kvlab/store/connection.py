@@ -38,6 +38,12 @@ def default_db_path(env: Mapping[str, str] = os.environ) -> Path:
     return user_file(env, DB_ENV_VAR, "XDG_DATA_HOME", ".local/share", "kvlab", "runs.duckdb")
 
 
+def has_database(path: Path) -> bool:
+    """Whether ``path`` is a file with a database to read: an empty file (what a creation that found a full disk
+    leaves) holds none, so a reader treats it as missing."""
+    return path.is_file() and path.stat().st_size > 0
+
+
 @dataclass
 class _Entry:
     """This process's connection to one file, whether it may write, and how many cursors use it now."""
@@ -157,7 +163,7 @@ def _open_writable(path: Path) -> duckdb.DuckDBPyConnection:
 def _open_read_only(path: Path) -> duckdb.DuckDBPyConnection:
     """Open ``path`` read-only, or, when its schema is older than this code's, an upgraded copy of it in memory
     (the file itself is upgraded only by a command that writes)."""
-    if not path.is_file() or path.stat().st_size == 0:
+    if not has_database(path):
         raise KvlabError(f"There is no kvlab database at {path}; choose one with --db or {DB_ENV_VAR}.")
     connection = _duckdb_connect(path, read_only=True)
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -20,6 +19,7 @@ import duckdb
 import pandas as pd
 
 from kvlab.errors import KvlabError
+from kvlab.hashing import text_sha256
 from kvlab.provenance import Provenance, collect_provenance
 from kvlab.store import connection
 from kvlab.store.connection import default_db_path
@@ -158,7 +158,7 @@ class Store:
         """Record a sweep of ``spec`` as queued, or queue the stored sweep with the same spec again (resuming it);
         returns its sweep_id. A resumed sweep keeps who started it first."""
         text = canonical_json(spec)
-        key = hashlib.sha256(text.encode()).hexdigest()
+        key = text_sha256(text)
         now = utcnow()
 
         def find_or_insert(cursor: Cursor) -> int:

@@ -9,13 +9,13 @@ mistaken for the answer to a different prompt.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
 
 import kvlab
+from kvlab.hashing import text_sha256
 
 EndStatus = Literal["finished", "interrupted"]
 #: Where a dashboard sweep stands: waiting for the device, running, or ended (``interrupted``: its process died).
@@ -195,7 +195,7 @@ def run_key(config: RunConfig) -> str:
         del identity["model"]
     identity["identity_version"] = IDENTITY_VERSION
     identity["kvlab_version"] = kvlab.__version__
-    return hashlib.sha256(canonical_json(identity).encode()).hexdigest()
+    return text_sha256(canonical_json(identity))
 
 
 def canonical_json(value: Any) -> str:

@@ -9,7 +9,6 @@ user turn holding the context and question, and the assistant's turn opened.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kvlab.errors import KvlabError
+from kvlab.hashing import text_sha256
 from kvlab.models.limits import Limits
 from kvlab.tasks.needle import ANSWER_PREFIX, QUESTION_PREFIX, NeedleItem, encode
 from kvlab.tasks.ruler_build import RulerItem
@@ -31,7 +31,7 @@ def item_hash(context_ids: Sequence[int], question_ids: Sequence[int], answer: s
     """sha256 of what one trial answers: the prompt's token ids (context, then question) and the expected answer.
     Two trials with the same hash were measured on the same thing."""
     text = json.dumps([list(context_ids), list(question_ids), answer], separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return text_sha256(text)
 
 
 @dataclass(frozen=True)

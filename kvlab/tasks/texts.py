@@ -4,13 +4,13 @@ before it loads one."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvlab.budget import Budget
 from kvlab.errors import KvlabError
+from kvlab.hashing import text_sha256
 from kvlab.models.limits import MAX_CHARS_PER_TOKEN
 
 #: Tokens read before the first scored one: one streaming chunk of context.
@@ -42,7 +42,7 @@ class TextPass:
     def content_hash(self) -> str:
         """What the pass reads and scores: the token ids and where the prefix ends (so the text, the tokenizer's
         reading of it and the pass's lengths), not the file's name."""
-        return hashlib.sha256(f"{self.prefix}\n{','.join(map(str, self.ids))}".encode()).hexdigest()
+        return text_sha256(f"{self.prefix}\n{','.join(map(str, self.ids))}")
 
 
 def token_budget(budget: Budget | None) -> int | None:
