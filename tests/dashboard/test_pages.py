@@ -20,7 +20,7 @@ from kvlab.engine.generation import Generation
 from kvlab.models.loading import default_model
 from kvlab.store import open_store
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES = {
     "pages/overview.py": "Overview",
     "pages/live.py": "Live run",
@@ -44,7 +44,7 @@ def seeded(db):
 
 
 def open_page(page: str) -> AppTest:
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     app.switch_page(page)
     app.run()
@@ -77,7 +77,7 @@ def click(app: AppTest, label: str) -> AppTest:
 
 
 def test_every_page_renders_on_an_empty_database(db):
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     assert not app.exception
     assert "Running on **cpu**" in app.sidebar.caption[0].value
@@ -341,7 +341,7 @@ WIDGET_KINDS = (
 
 
 def test_with_a_login_configured_a_visitor_sees_only_the_login_and_runs_record_the_user(db):
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.secrets["auth"] = AUTH
     app.user = {"is_logged_in": False}
     app.run()
@@ -369,7 +369,7 @@ def test_with_a_login_configured_a_visitor_sees_only_the_login_and_runs_record_t
 
 
 def test_without_a_login_the_sidebar_says_who_can_reach_the_server(db):
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     assert "No login configured: serving this machine only (localhost)." in [
         shown(c.value) for c in app.sidebar.caption
@@ -398,7 +398,7 @@ def test_a_model_outside_the_allow_list_is_refused_with_a_message(db, monkeypatc
     assert widget(app.button, "Run").disabled
 
     monkeypatch.setenv("KVLAB_ALLOWED_MODELS", "Qwen/Qwen2.5-0.5B")  # the default model is not allowed either
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.session_state["kvlab_model_name"] = default_model()
     app.run()
     assert shown(app.sidebar.error[0].value).endswith(
@@ -425,7 +425,7 @@ def test_nothing_in_the_browser_can_switch_trust_remote_code_on(db, tmp_path, mo
         return real_load(name, **kwargs)
 
     monkeypatch.setattr(session, "load_model", recording_load)
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.query_params = {"trust_remote_code": "true", "kvlab_model_name": str(remote)}
     app.run()
     assert app.sidebar.text_input[0].value == default_model()  # query parameters do not reach widgets

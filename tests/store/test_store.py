@@ -31,7 +31,7 @@ from kvlab.store import (
 )
 from kvlab.store import schema as schema_module
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROVENANCE = Provenance("9.9.9", "abc123", {"python": "3.x", "torch": "2.x"})
 CONFIG = RunConfig(
     model="tiny-llama",

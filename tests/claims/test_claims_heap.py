@@ -45,7 +45,7 @@ from kvlab.stats import wilson_interval
 from kvlab.store import RunConfig, Store, Trial
 from kvlab.store.rows import canonical_json
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODEL = "m"
 SNAPKV = {"window": 32, "kernel": 7, "pooling": "max"}
 H2O = {"recent_ratio": 0.5}

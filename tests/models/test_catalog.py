@@ -80,7 +80,7 @@ def test_a_relative_and_an_absolute_path_are_one_model(shipped, monkeypatch):
 
 def test_the_sidebar_lists_found_models_and_a_pick_fills_the_box(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_DB", str(tmp_path / "runs.duckdb"))
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     assert not app.exception
     picker = app.sidebar.selectbox[0]
@@ -98,7 +98,7 @@ def test_the_sidebar_lists_found_models_and_a_pick_fills_the_box(tmp_path, monke
 
 def test_picking_the_published_model_shows_its_quantisation_and_licence(published, tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_DB", str(tmp_path / "runs.duckdb"))
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     picker = app.sidebar.selectbox[0]
     assert "SmolLM2-135M-Instruct.Q4_1.gguf (package)" in picker.options
@@ -134,7 +134,7 @@ def test_models_command_lists_what_to_pass_as_model(capsys):
 
 def test_the_live_page_wraps_a_chat_models_text_unless_told_not_to(published, tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_DB", str(tmp_path / "runs.duckdb"))
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     app.switch_page("pages/live.py")
     app.run()

@@ -22,7 +22,7 @@ from kvlab.provenance import Provenance
 from kvlab.store import MIGRATIONS, RunConfig, Trial, export_runs, export_trials, open_store
 from kvlab.store.connection import close
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROVENANCE = Provenance("0.0.0", None, {})
 CONFIG = RunConfig(model="m", policy="h2o", mode="prefill", task="needle", keep=0.5, seed=0, max_new_tokens=24)
 

@@ -18,7 +18,7 @@ from kvlab.claims import CATALOGUE
 
 sync_api = pytest.importorskip("playwright.sync_api")
 pytestmark = needs_chromium
-NEEDLE_GRID = Path(__file__).resolve().parents[1] / "bench" / "results" / "needle_claim" / "trials.duckdb"
+NEEDLE_GRID = Path(__file__).resolve().parents[2] / "bench" / "results" / "needle_claim" / "trials.duckdb"
 
 
 @pytest.fixture(scope="module")

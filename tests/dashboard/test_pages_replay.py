@@ -29,7 +29,7 @@ def memory_points(app: AppTest) -> list[int]:
 
 
 def test_the_overview_shows_the_shipped_results_without_a_model(db):
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     assert not app.exception and app.title[0].value == "Overview"
     app.sidebar.text_input[0].set_value("/no/such/model")
@@ -112,7 +112,7 @@ def test_the_shipped_examples_hold_gpu_replays():
 
 
 def test_the_overview_opens_the_shipped_replays_on_the_live_page(db):
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     click(app, "Replay it with every chart, or two runs side by side")
     assert app.title[0].value == "Live run" and widget(app.radio, "Show").value == "Replay stored runs"

@@ -11,7 +11,7 @@ from kvlab.store import open_store
 
 
 def claims_page() -> AppTest:
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     app.switch_page("pages/claims.py")
     app.run()

@@ -143,7 +143,7 @@ def test_a_live_run_that_cannot_be_stored_keeps_its_result_for_download(db, monk
 @pytest.mark.parametrize("page", ["pages/runs.py", "pages/frontier.py"])
 def test_a_damaged_store_is_a_sentence_on_the_pages_that_read_it(tmp_path, monkeypatch, page):
     monkeypatch.setenv("KVLAB_DB", str(damaged_database(tmp_path)))
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     app.switch_page(page)
     app.run()
@@ -156,7 +156,7 @@ def test_reading_pages_leave_an_older_store_as_it_was(tmp_path, monkeypatch):
     write_v4_database(path)
     before = path.read_bytes()
     monkeypatch.setenv("KVLAB_DB", str(path))
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     for page in ("pages/runs.py", "pages/frontier.py", "pages/needle_grid.py", "pages/costs.py"):
         app.switch_page(page)
@@ -174,7 +174,7 @@ def test_a_bug_in_a_page_is_one_sentence_with_a_reference_and_no_traceback(db, m
 
     monkeypatch.setattr(tables, "runs_table", broken)
     add_run(open_store(db), "h2o", 0.5, {0.5: [True]})
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     app.switch_page("pages/runs.py")
     app.run()
@@ -199,7 +199,7 @@ def test_development_mode_shows_the_traceback(db, monkeypatch):
     configured = config.get_option("client.showErrorDetails")
     config.set_option("client.showErrorDetails", "full")
     try:
-        app = AppTest.from_file("../app.py", default_timeout=120)
+        app = AppTest.from_file("../../app.py", default_timeout=120)
         app.run()
         app.switch_page("pages/runs.py")
         app.run()
@@ -234,7 +234,7 @@ def test_only_the_servers_own_names_are_answered(header, allowed):
 
 def test_a_page_reached_by_another_name_runs_nothing(db, monkeypatch):
     monkeypatch.setattr(session, "host_allowed", lambda header, names: False)
-    app = AppTest.from_file("../app.py", default_timeout=120)
+    app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
     assert not app.exception and not app.sidebar.text_input and not app.title
     assert "does not answer to the name this page used" in shown(app.error[0].value)

@@ -22,7 +22,7 @@ from kvlab.errors import KvlabError
 from kvlab.models.catalog import hub_cache_dir, hub_reachable, in_hub_cache
 from kvlab.models.loading import load_model
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: Well under the 23 s huggingface_hub spends retrying one file, with room for a slow test machine.
 QUICK_S = 8.0
 

@@ -263,7 +263,7 @@ def test_bad_input_is_one_sentence_before_any_model_loads(arguments, message, ca
 
 def test_the_page_draws_a_result_file_and_refuses_a_bad_one(tmp_path):
     result = synthetic_result()
-    app = AppTest.from_file("../pages/side_channel.py", default_timeout=60)
+    app = AppTest.from_file("../../pages/side_channel.py", default_timeout=60)
     app.run()
     assert not app.exception
     app.file_uploader[0].set_value(("r.json", json.dumps(result.to_json()).encode(), "application/json"))

@@ -18,7 +18,7 @@ from kvlab.policies import make_policy
 from kvlab.runs.sweep import SweepGrid, SweepRunner, needle_items, parse_policies
 from kvlab.store import RunFilter, open_store
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "kvpress_parity.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "kvpress_parity.py"
 
 
 @pytest.fixture(scope="module")

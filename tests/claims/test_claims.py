@@ -53,7 +53,7 @@ from kvlab.policies.snapkv import PyramidKV
 from kvlab.stats import pooled_perplexity, wilson_interval
 from kvlab.store import RunConfig, Store, Trial, open_store
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def trials() -> pd.DataFrame:
