@@ -24,6 +24,8 @@ from kvlab.runs.live import LiveRun, LiveSettings, NeedleTask, build_prompt
 from kvlab.runs.live_store import store_live_run
 from kvlab.store import open_store
 
+pytestmark = pytest.mark.model
+
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
@@ -49,6 +51,7 @@ class WatchedQueue(DeviceQueue):
                     self.holding -= 1
 
 
+@pytest.mark.slow
 def test_eight_sessions_at_once_take_turns_and_store_every_run_exactly_once(tmp_path, shipped):
     loaded = shipped
     store = open_store(tmp_path / "runs.duckdb")
@@ -121,6 +124,7 @@ WATCH_WAITING = """() => {
 }"""
 
 
+@pytest.mark.browser
 @needs_chromium
 def test_two_browsers_run_at_once_and_both_runs_are_stored(tmp_path):
     database = tmp_path / "runs.duckdb"
@@ -162,6 +166,7 @@ def progress(tab) -> tuple[int, int]:
     return int(done), int(total)
 
 
+@pytest.mark.browser
 @needs_chromium
 def test_a_sweep_outlives_its_tab_and_a_killed_server_and_resumes_complete(tmp_path):
     database = tmp_path / "runs.duckdb"
@@ -226,6 +231,7 @@ def test_a_sweep_outlives_its_tab_and_a_killed_server_and_resumes_complete(tmp_p
         assert [record.status for record in store.sweeps()] == ["finished"]
 
 
+@pytest.mark.browser
 @needs_chromium
 def test_with_a_login_configured_a_visitor_sees_only_the_login(tmp_path):
     secrets = tmp_path / "secrets.toml"

@@ -300,6 +300,7 @@ def evidence(store, tmp_path) -> Evidence:
     return Evidence(store, store.path, tmp_path / "results")
 
 
+@pytest.mark.slow
 def test_needle_claims_from_stored_trials(store, evidence):
     needle(store, FULL_CACHE, None, 20, of=20)
     needle(store, "h2o", 0.2, 20, of=20)  # 80% pruned: every needle, in prefill mode

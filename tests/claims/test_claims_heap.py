@@ -224,6 +224,7 @@ def test_the_ablation_is_a_prefill_mode_ablation_with_checked_parameters():
 # --- claim 12: the preset's budgets ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_preset_saves_memory_where_it_keeps_the_uniform_accuracy(store, tmp_path):
     preset = {**SNAPKV, "layer_allocation": "preset"}
     needle(store, "snapkv", SNAPKV, 0.1, 50, kv_bytes=1000)
@@ -253,6 +254,7 @@ def bits(key: int, value: int) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_keys_need_four_bits_and_values_survive_two(store, tmp_path):
     needle(store, "full", {}, None, 100)
     for (key, value), correct in {(8, 16): 100, (4, 16): 98, (2, 16): 40, (16, 2): 97}.items():
@@ -273,6 +275,7 @@ def test_keys_that_survive_two_bits_refute_the_need_for_four(store, tmp_path):
     assert evaluated("27", store, tmp_path).verdict == FAILS  # only the 2-bit reading, and it does not fall short
 
 
+@pytest.mark.slow
 def test_the_hybrid_saves_its_92_percent_only_when_the_bytes_say_so(store, tmp_path):
     needle(store, "full", {}, None, 100, kv_bytes=1000)
     needle(store, "h2o", {**H2O, "hot": 0.25, "key_bits": 4, "value_bits": 4}, 0.2, 99, kv_bytes=80)
@@ -287,6 +290,7 @@ def test_the_hybrid_saves_its_92_percent_only_when_the_bytes_say_so(store, tmp_p
     assert "perplexity x1.020" in row.figure and "formula:" in row.figure
 
 
+@pytest.mark.slow
 def test_four_bits_and_90_percent_eviction_against_40x(store, tmp_path):
     needle(store, "full", {}, None, 100, kv_bytes=4000)
     needle(store, "snapkv", {**SNAPKV, "hot": 0.0, "key_bits": 4, "value_bits": 4}, 0.1, 99, kv_bytes=100)
@@ -335,6 +339,7 @@ def test_the_generational_cache_cuts_what_h2o_ranks(store, tmp_path):
     assert "85% fewer slots, 5% less time" in row.figure and "needle 48%" in row.figure
 
 
+@pytest.mark.slow
 def test_a_generational_cache_ranking_most_of_the_cache_does_not_cut_80_percent(store, tmp_path):
     ranked(store, "h2o", H2O, 10_000, 0.010)
     ranked(store, "generational", {"young": 0.1, "middle": 0.3, "major_every": 64}, 6_000, 0.009)

@@ -3,12 +3,14 @@ stores one; bad input is one sentence before any model loads."""
 
 from __future__ import annotations
 
+import pytest
 from test_cli import run
 
 from kvlab.runs.replay import unpack
 from kvlab.store import open_store
 
 
+@pytest.mark.model
 def test_a_live_run_is_stored_with_its_replay(tmp_path, capsys):
     db = tmp_path / "runs.duckdb"
     argv = ("live", "--context", "200", "--policy", "h2o", "--keep", "0.3", "--max-new-tokens", "4", "--chunk", "64")
@@ -23,6 +25,7 @@ def test_a_live_run_is_stored_with_its_replay(tmp_path, capsys):
     assert replay.about["policy"].startswith("h2o · streaming · keep 30%")
 
 
+@pytest.mark.model
 def test_a_text_without_an_answer_is_run_but_not_stored(tmp_path, capsys):
     text = tmp_path / "notes.txt"
     text.write_text("The cache keeps what matters. " * 20)

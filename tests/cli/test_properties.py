@@ -131,6 +131,7 @@ def confined(value: str, directory: Path) -> str:
     return str(directory / value.lstrip("/~").replace("\x00", "")) if value.startswith(("/", "~")) else value
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 @given(arguments=ARGUMENTS)
 def test_any_command_line_ends_in_a_result_or_one_sentence(arguments, tmp_path_factory):
@@ -193,6 +194,7 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(models.default_model())
 
 
+@pytest.mark.model
 @settings(
     max_examples=200, deadline=5000, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )

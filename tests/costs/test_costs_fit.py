@@ -336,6 +336,8 @@ def test_refused_model_types_are_transformers_encoders_and_encoder_decoders() ->
 # --- the page ---------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_the_page_says_70b_does_not_fit_one_gpu_and_fits_the_count_it_names(db) -> None:
     app = open_page("pages/costs.py")
     widget(app.selectbox, "Preset").set_value("Llama-3-70B")  # the first "Preset" is the model's
@@ -374,6 +376,7 @@ def test_the_page_says_70b_does_not_fit_one_gpu_and_fits_the_count_it_names(db) 
     assert "Layers on the fullest GPU" in rows and "Slowest GPU's part of a decode step" in rows
 
 
+@pytest.mark.model
 def test_the_page_refuses_more_gpus_than_layers_in_one_sentence(db) -> None:
     app = open_page("pages/costs.py")
     widget(app.selectbox, "Preset").set_value("Qwen2.5-0.5B")
@@ -386,6 +389,7 @@ def test_the_page_refuses_more_gpus_than_layers_in_one_sentence(db) -> None:
     assert not app.metric
 
 
+@pytest.mark.model
 def test_the_page_refuses_a_pasted_bert_config(db) -> None:
     app = open_page("pages/costs.py")
     widget(app.radio, "From").set_value("pasted config.json")

@@ -19,6 +19,8 @@ from test_ui_tables import add_run
 
 from kvlab.store import open_store
 
+pytestmark = pytest.mark.model
+
 
 @pytest.fixture
 def seeded(db):

@@ -49,6 +49,8 @@ def test_the_depth_control_says_it_is_a_count_and_shows_the_depths_it_chooses():
         evenly_spaced_depths(1)
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_the_page_shows_the_chosen_depths_and_an_estimate_before_run(db):
     app = grid_page(["full", "h2o"], depths=5)
     slider = widget(app.slider, DEPTHS)
@@ -63,6 +65,8 @@ def test_the_page_shows_the_chosen_depths_and_an_estimate_before_run(db):
     assert any(caption.startswith("6 trials (0 stored); ") for caption in captions(app))
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_the_estimate_counts_stored_trials_and_is_based_on_them(db):
     app = grid_page(["full", "h2o"])
     widget(app.button, "Run grid").click()
@@ -77,6 +81,7 @@ def test_the_estimate_counts_stored_trials_and_is_based_on_them(db):
     assert "from the median speed of 4 stored needle trials of this model on cpu (an estimate)." in estimate
 
 
+@pytest.mark.model
 def test_while_the_device_is_busy_the_estimate_counts_and_waits(db):
     app = open_page("pages/needle_grid.py")
     with DEVICE_QUEUE.turn("live run of h2o on 2,048 tokens"):
@@ -86,6 +91,8 @@ def test_while_the_device_is_busy_the_estimate_counts_and_waits(db):
     assert estimate.endswith("to run. The time is estimated once the device is free.")
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_the_heatmap_fills_in_while_the_sweep_runs(db, monkeypatch):
     """The sweep is held before it stores anything, and again after its first batch: the page says it measures,
     then draws the stored trial while the sweep still runs."""

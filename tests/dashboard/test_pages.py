@@ -20,6 +20,8 @@ from kvlab.engine.generation import Generation
 from kvlab.models.loading import default_model
 from kvlab.store import open_store
 
+pytestmark = pytest.mark.model
+
 REPO = Path(__file__).resolve().parents[2]
 PAGES = {
     "pages/overview.py": "Overview",
@@ -96,6 +98,7 @@ def test_every_page_renders_on_an_empty_database(db):
     assert "No stored needle trials" in app.run().info[0].value
 
 
+@pytest.mark.slow
 def test_a_short_live_run_completes_and_is_stored(db):
     app = open_page("pages/live.py")
     assert charts(app)["KV cache bytes"]["layout"]["annotations"][0]["text"] == "Press Run to start."
@@ -199,6 +202,7 @@ def grid_page(db, policies: list[str], depths: int = 2, trials: int = 1, batch: 
     return app
 
 
+@pytest.mark.slow
 def test_the_needle_grid_runs_a_sweep_on_the_server_and_shows_its_cells(db):
     app = grid_page(db, ["full", "h2o"])
     click(app, "Run grid")
@@ -221,6 +225,7 @@ def test_the_needle_grid_runs_a_sweep_on_the_server_and_shows_its_cells(db):
     assert len(open_store(db).sweeps()) == 1
 
 
+@pytest.mark.slow
 def test_a_waiting_sweep_shows_its_place_and_is_stopped_and_resumed_from_the_page(db):
     app = grid_page(db, ["full", "h2o"])
     with DEVICE_QUEUE.turn("live run of h2o on 2,048 tokens"):
@@ -248,6 +253,7 @@ def test_a_waiting_sweep_shows_its_place_and_is_stopped_and_resumed_from_the_pag
     assert shown(app.success[0].value) == "Ran 4 trials; 0 were already stored."
 
 
+@pytest.mark.slow
 def test_out_of_memory_in_a_needle_grid_is_a_sentence(db, monkeypatch):
     app = grid_page(db, ["h2o"])
 

@@ -3,11 +3,14 @@ reason there is none, filters, and a refresh that stores the claims in the dashb
 
 from __future__ import annotations
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvlab.claims import BY_ID, CATALOGUE
 from kvlab.claims.verdicts import FAILS
 from kvlab.store import open_store
+
+pytestmark = pytest.mark.model
 
 
 def claims_page() -> AppTest:

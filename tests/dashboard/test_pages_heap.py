@@ -47,6 +47,7 @@ def live_page() -> AppTest:
     return app
 
 
+@pytest.mark.model
 def test_the_live_page_draws_the_cache_options_apart_and_runs_the_policy_they_make(db):
     app = live_page()
     [options] = app.expander
@@ -76,6 +77,7 @@ def test_the_live_page_draws_the_cache_options_apart_and_runs_the_policy_they_ma
     assert widget(app.button, "Run").disabled
 
 
+@pytest.mark.model
 def test_key_bits_without_a_cold_tier_is_one_sentence_and_no_run(db):
     app = live_page()
     app.selectbox(key="live_h2o_key_bits").set_value(4)
@@ -89,6 +91,7 @@ def test_key_bits_without_a_cold_tier_is_one_sentence_and_no_run(db):
     assert widget(app.button, "Run").disabled
 
 
+@pytest.mark.model
 def test_a_layer_allocation_shows_its_budgets_and_entropy_without_a_profile_names_the_command(
     db, tmp_path, monkeypatch
 ):
@@ -125,6 +128,8 @@ def set_options(app: AppTest, also_without: bool = True, **options: object) -> A
     return app
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_a_needle_grid_runs_each_policy_with_and_without_the_options(db):
     app = set_options(grid_page(["h2o"]), **TIERED)
     [options] = app.expander
@@ -176,6 +181,7 @@ def xs(trace: dict) -> list[float]:
     return list(x) if isinstance(x, list) else np.frombuffer(base64.b64decode(x["bdata"]), dtype=x["dtype"]).tolist()
 
 
+@pytest.mark.model
 def test_the_frontier_and_the_runs_page_tell_a_policy_with_options_from_the_plain_one(tiered_runs):
     app = open_page("pages/frontier.py")
     widget(app.radio, "Memory axis").set_value("kv_bytes")

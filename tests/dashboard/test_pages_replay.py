@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from streamlit.testing.v1 import AppTest
 from test_pages import click, open_page, shown, widget
 
@@ -28,6 +29,7 @@ def memory_points(app: AppTest) -> list[int]:
     return counts
 
 
+@pytest.mark.model
 def test_the_overview_shows_the_shipped_results_without_a_model(db):
     app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
@@ -50,6 +52,8 @@ def test_the_overview_shows_the_shipped_results_without_a_model(db):
     assert not app.exception and memory_points(app)[0] < last[0]  # scrubbed back: fewer events drawn
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_a_stored_run_replays_and_two_replay_side_by_side_on_one_scrubber(db):
     app = open_page("pages/live.py")
     widget(app.number_input, "Context length (tokens)").set_value(256)
@@ -84,6 +88,7 @@ def test_a_stored_run_replays_and_two_replay_side_by_side_on_one_scrubber(db):
     assert any("Reading the prompt: 128 of 256 tokens" in c.value for c in app.caption)
 
 
+@pytest.mark.model
 def test_settings_survive_a_page_switch_and_a_changed_setting_clears_the_result(db):
     app = open_page("pages/live.py")
     widget(app.number_input, "Context length (tokens)").set_value(256)
@@ -111,6 +116,7 @@ def test_the_shipped_examples_hold_gpu_replays():
     assert {"h2o", "snapkv"} <= set(replays["policy"]) and replays["device"].str.contains("H100").all()
 
 
+@pytest.mark.model
 def test_the_overview_opens_the_shipped_replays_on_the_live_page(db):
     app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()

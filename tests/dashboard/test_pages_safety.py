@@ -38,6 +38,7 @@ def refusal(app: AppTest, name: str) -> str:
     return shown(app.sidebar.error[0].value).replace(repr(name), "NAME")
 
 
+@pytest.mark.model
 def test_the_model_box_says_the_same_whether_a_path_exists_or_not(db, tmp_path):
     bert = tmp_path / "bert"
     bert.mkdir()
@@ -66,6 +67,7 @@ def test_the_model_box_says_the_same_whether_a_path_exists_or_not(db, tmp_path):
     }
 
 
+@pytest.mark.model
 def test_an_empty_model_box_is_a_sentence_not_the_default_model(db):
     app = open_page("pages/live.py")
     app.sidebar.text_input[0].set_value("")
@@ -75,6 +77,7 @@ def test_an_empty_model_box_is_a_sentence_not_the_default_model(db):
     assert widget(app.button, "Run").disabled
 
 
+@pytest.mark.model
 def test_a_model_with_truncated_weights_is_a_sentence_and_every_page_still_works(db, tmp_path):
     directory = Path(save_tiny_checkpoint(tmp_path / "model"))
     weights = directory / "model.safetensors"
@@ -89,6 +92,7 @@ def test_a_model_with_truncated_weights_is_a_sentence_and_every_page_still_works
         assert not app.exception
 
 
+@pytest.mark.model
 def test_pasted_markup_is_shown_as_text(db):
     app = open_page("pages/live.py")
     widget(app.radio, "Task").set_value("Your text")
@@ -110,6 +114,7 @@ def test_pasted_markup_is_shown_as_text(db):
     assert "(pixel.png)" not in " ".join(rendered)
 
 
+@pytest.mark.model
 def test_a_text_far_longer_than_the_model_is_refused_before_it_is_tokenised(db):
     app = open_page("pages/live.py")
     widget(app.radio, "Task").set_value("Your text")
@@ -121,6 +126,7 @@ def test_a_text_far_longer_than_the_model_is_refused_before_it_is_tokenised(db):
     assert not db.exists()  # nothing ran, nothing was stored
 
 
+@pytest.mark.model
 def test_a_live_run_that_cannot_be_stored_keeps_its_result_for_download(db, monkeypatch):
     def full_disk(*args, **kwargs):
         raise disk_full(db)
@@ -140,6 +146,8 @@ def test_a_live_run_that_cannot_be_stored_keeps_its_result_for_download(db, monk
     assert [button.label for button in app.get("download_button")] == ["Download this run (CSV)"]
 
 
+@pytest.mark.model
+@pytest.mark.slow
 @pytest.mark.parametrize("page", ["pages/runs.py", "pages/frontier.py"])
 def test_a_damaged_store_is_a_sentence_on_the_pages_that_read_it(tmp_path, monkeypatch, page):
     monkeypatch.setenv("KVLAB_DB", str(damaged_database(tmp_path)))
@@ -151,6 +159,7 @@ def test_a_damaged_store_is_a_sentence_on_the_pages_that_read_it(tmp_path, monke
     assert any("is damaged: part of it cannot be read" in shown(error.value) for error in app.error)
 
 
+@pytest.mark.model
 def test_reading_pages_leave_an_older_store_as_it_was(tmp_path, monkeypatch):
     path = tmp_path / "runs.duckdb"
     write_v4_database(path)
@@ -168,6 +177,7 @@ def test_reading_pages_leave_an_older_store_as_it_was(tmp_path, monkeypatch):
     assert path.read_bytes() == before
 
 
+@pytest.mark.model
 def test_a_bug_in_a_page_is_one_sentence_with_a_reference_and_no_traceback(db, monkeypatch, caplog):
     def broken(runs):
         raise ZeroDivisionError("a bug in a table shaper")
@@ -190,6 +200,7 @@ def test_a_bug_in_a_page_is_one_sentence_with_a_reference_and_no_traceback(db, m
     assert "a bug in a table shaper" not in message
 
 
+@pytest.mark.model
 def test_development_mode_shows_the_traceback(db, monkeypatch):
     def broken(runs):
         raise ZeroDivisionError("a bug in a table shaper")
@@ -232,6 +243,7 @@ def test_only_the_servers_own_names_are_answered(header, allowed):
     assert access.host_allowed(header, names) is allowed
 
 
+@pytest.mark.model
 def test_a_page_reached_by_another_name_runs_nothing(db, monkeypatch):
     monkeypatch.setattr(session, "host_allowed", lambda header, names: False)
     app = AppTest.from_file("../../app.py", default_timeout=120)
@@ -240,6 +252,7 @@ def test_a_page_reached_by_another_name_runs_nothing(db, monkeypatch):
     assert "does not answer to the name this page used" in shown(app.error[0].value)
 
 
+@pytest.mark.model
 def test_the_default_model_is_allowed_with_an_allow_list_that_names_it(db, monkeypatch):
     monkeypatch.setenv("KVLAB_ALLOWED_MODELS", default_model())
     app = open_page("pages/live.py")

@@ -117,6 +117,7 @@ def test_without_a_heavy_hitter_no_pillar_is_marked():
     assert figures.heavy_hitter_bins(trace, figures.query_rows(trace)) == []
 
 
+@pytest.mark.slow
 def test_point_counts_stay_bounded_on_long_runs():
     long_prompt, bins = 100_000, 128
     trace = LiveTrace(1, long_prompt, 400, bins, 4)

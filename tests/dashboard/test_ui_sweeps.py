@@ -36,6 +36,7 @@ def until(condition, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.model
 def test_a_request_round_trips_through_its_stored_spec(shipped):
     request = grid_request(shipped)
     assert NeedleGridRequest.from_spec(json.loads(json.dumps(request.spec()))) == request
@@ -82,6 +83,7 @@ def test_a_request_holds_policies_with_cache_options_and_reads_specs_of_plain_na
         NeedleGridRequest("m", ("h2o[key_bits=4]",), 0.1, "prefill", (256,), 2, 1).grid()
 
 
+@pytest.mark.model
 def test_a_sweep_runs_in_the_background_and_is_recorded_with_who_started_it(shipped, store, jobs):
     request = grid_request(shipped)
     with jobs.queue.turn("live run of h2o on 2,048 tokens"):
@@ -110,6 +112,7 @@ def test_a_sweep_runs_in_the_background_and_is_recorded_with_who_started_it(ship
     assert len(store.sweeps()) == 1 and store.list_runs()["trials"].sum() == 4
 
 
+@pytest.mark.model
 def test_a_waiting_sweep_stopped_gives_its_place_up_and_can_be_resumed(shipped, store, jobs):
     with jobs.queue.turn("holder"):
         job = jobs.start(grid_request(shipped), shipped, store)
@@ -123,6 +126,8 @@ def test_a_waiting_sweep_stopped_gives_its_place_up_and_can_be_resumed(shipped, 
     assert view.can_resume and not view.can_stop and view.sentence.startswith("Stopped before it started")
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_a_running_sweep_stops_after_its_batch_and_resumes_where_it_stopped(shipped, store, jobs):
     request = grid_request(shipped, trials=2, batch_size=1)  # 8 trials, one per batch
     job = jobs.start(request, shipped, store)
@@ -141,6 +146,7 @@ def test_a_running_sweep_stops_after_its_batch_and_resumes_where_it_stopped(ship
     assert len(trials) == 8 and not trials.duplicated(["run_id", "trial_key"]).any()
 
 
+@pytest.mark.model
 def test_a_failing_sweep_says_why_and_can_be_resumed(shipped, store, jobs, monkeypatch):
     def exhausted(self, ids):
         raise torch.OutOfMemoryError("CUDA out of memory.")
@@ -155,6 +161,7 @@ def test_a_failing_sweep_says_why_and_can_be_resumed(shipped, store, jobs, monke
     assert (view.level, view.sentence, view.can_resume) == ("error", job.message, True)
 
 
+@pytest.mark.model
 def test_the_page_lists_sweeps_to_resume_and_only_the_latest_finished(shipped):
     spec = grid_request(shipped).spec()
     when = datetime(2025, 1, 1)
@@ -184,6 +191,7 @@ def test_the_page_lists_sweeps_to_resume_and_only_the_latest_finished(shipped):
     assert "not a needle grid" in views[1].sentence
 
 
+@pytest.mark.model
 def test_a_sweep_fills_the_heatmaps_of_the_settings_it_shares(shipped, store, jobs):
     request = grid_request(shipped)
     assert request.fills(dataclasses.replace(request, policies=("h2o", "random"), depths=5, trials=3, batch_size=1))

@@ -87,6 +87,7 @@ def test_full_matches_generate_on_a_batch():
     assert result.tokens == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["prefill", "streaming"])
 def test_the_engine_times_itself_and_not_its_consumer(mode):
     """Seconds are summed over the engine's events; a consumer that takes its time between events (a page

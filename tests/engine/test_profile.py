@@ -95,6 +95,7 @@ def test_the_entropy_allocation_without_a_profile_names_the_command(tmp_path):
         require_profile(loaded, {"KVLAB_PROFILES": str(tmp_path)})
 
 
+@pytest.mark.model
 def test_the_shipped_model_has_a_shipped_profile(shipped, tmp_path):
     profile = load_profile(shipped.weights_hash, {"KVLAB_PROFILES": str(tmp_path)})
     assert profile is not None and profile.num_layers == shipped.arch.num_layers
@@ -102,6 +103,7 @@ def test_the_shipped_model_has_a_shipped_profile(shipped, tmp_path):
     assert all(len(heads) == shipped.arch.num_kv_heads for heads in profile.head_entropy)
 
 
+@pytest.mark.model
 def test_the_command_writes_a_profile_of_the_shipped_model(shipped, tmp_path, capsys):
     assert main(["profile", "--tokens", "300", "--out", f"{tmp_path}/", "--device", "cpu"]) == 0
     printed = capsys.readouterr()

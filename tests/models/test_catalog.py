@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvlab.budget import Budget
@@ -64,6 +65,7 @@ def test_the_allow_list_limits_the_picker():
     assert pickable_models(entries, (str(DEFAULT_MODEL_DIR) + "/",)) == entries
 
 
+@pytest.mark.model
 def test_a_relative_and_an_absolute_path_are_one_model(shipped, monkeypatch):
     monkeypatch.chdir(DEFAULT_MODEL_DIR.parent)
     relative = load_model("./kvlab-tiny-llama/", device="cpu")
@@ -78,6 +80,8 @@ def test_a_relative_and_an_absolute_path_are_one_model(shipped, monkeypatch):
     assert "/" not in ours.model  # exports carry a portable name, never a local path
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_the_sidebar_lists_found_models_and_a_pick_fills_the_box(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_DB", str(tmp_path / "runs.duckdb"))
     app = AppTest.from_file("../../app.py", default_timeout=120)
@@ -96,6 +100,8 @@ def test_the_sidebar_lists_found_models_and_a_pick_fills_the_box(tmp_path, monke
     assert app.sidebar.text_input[0].value == str(DEFAULT_MODEL_DIR) and not app.sidebar.error
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_picking_the_published_model_shows_its_quantisation_and_licence(published, tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_DB", str(tmp_path / "runs.duckdb"))
     app = AppTest.from_file("../../app.py", default_timeout=120)
@@ -132,6 +138,8 @@ def test_models_command_lists_what_to_pass_as_model(capsys):
     assert "--model kvlab-tiny-llama" in capsys.readouterr().out
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_the_live_page_wraps_a_chat_models_text_unless_told_not_to(published, tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_DB", str(tmp_path / "runs.duckdb"))
     app = AppTest.from_file("../../app.py", default_timeout=120)

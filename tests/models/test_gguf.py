@@ -136,6 +136,8 @@ def test_cli_refuses_a_truncated_gguf(tmp_path, capsys):
     assert error.count("\n") == 1 and "not a readable GGUF file" in error
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_published_model_offline_full_and_streaming(published, monkeypatch):
     """SmolLM2 from its installed package: a chat model with real attention sinks, run offline."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -155,6 +157,8 @@ def test_published_model_offline_full_and_streaming(published, monkeypatch):
     assert len(small.tokens[0]) >= 1
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_chat_template_wraps_the_prompt_unless_raw(published):
     from kvlab.tasks.items import text_ids
 
@@ -170,6 +174,8 @@ def test_cache_dir_follows_the_environment(tmp_path):
     assert gguf.model_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/kvlab/models")
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_a_live_text_follows_the_chat_template_switch(published):
     from kvlab.runs.live import TextTask, build_prompt
     from kvlab.runs.records import stops_for

@@ -96,6 +96,7 @@ def test_an_uncached_gguf_file_on_the_hub_is_refused_at_once_without_network(hub
     assert time.monotonic() - started < QUICK_S
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_an_uncached_hub_id_at_once_without_network(tmp_path, closed_endpoint):
     """The whole command, as a user runs it: the endpoint and cache come from the environment."""
     env = {**os.environ, "HF_ENDPOINT": closed_endpoint, "HF_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}

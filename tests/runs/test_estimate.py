@@ -86,6 +86,7 @@ def test_a_speed_is_the_median_of_stored_trials_per_prompt():
     assert speed_from_trials(trials.iloc[3:], "needle trials") is None
 
 
+@pytest.mark.model
 def test_a_shared_read_counts_once(shipped):
     work = sweep_work(shipped, small_grid(), None)
     # full reads its two prompts itself; h2o and streaming (prefill mode) share one read of the same two
@@ -94,6 +95,8 @@ def test_a_shared_read_counts_once(shipped):
     assert sweep_work(shipped, small_grid(modes=("streaming",)), None).read_tokens == 6 * 256
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_stored_trials_are_counted_and_the_estimate_comes_within_a_few_times_of_real_sweeps(shipped, store):
     first = small_grid(policies=(make_policy("full"), make_policy("h2o")))
     measured = measure_speed(shipped, first)
@@ -123,6 +126,8 @@ def test_stored_trials_are_counted_and_the_estimate_comes_within_a_few_times_of_
     assert sweep_estimate(shipped, small_grid(), store, lambda: None).endswith("(an estimate).")
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_the_sweep_command_says_its_estimate_and_a_dry_run_only_that(tmp_path, capsys):
     db = tmp_path / "runs.duckdb"
     sweep = ["sweep", "--policies", "full,h2o", "--keep", "0.5", "--contexts", "256", "--depths", "0,1"]

@@ -48,6 +48,7 @@ def needle_grid(**changes) -> SweepGrid:
     return SweepGrid(**{**values, **changes})
 
 
+@pytest.mark.model
 def test_a_sweep_with_another_generation_length_is_another_run_not_the_stored_one(shipped, tmp_path):
     store = open_store(tmp_path / "runs.duckdb")
     short = SweepRunner(shipped, store, needle_grid(max_new_tokens=1)).run()
@@ -76,6 +77,7 @@ def write_tasks(path: Path, answer: str) -> str:
     return str(path)
 
 
+@pytest.mark.model
 def test_eval_of_a_changed_task_file_is_a_new_run(tmp_path, capsys):
     db = str(tmp_path / "runs.duckdb")
     tasks = tmp_path / "tasks.jsonl"
@@ -91,6 +93,7 @@ def test_eval_of_a_changed_task_file_is_a_new_run(tmp_path, capsys):
     store.close()
 
 
+@pytest.mark.model
 def test_the_same_text_with_two_expected_answers_is_stored_twice(shipped, tmp_path):
     store = open_store(tmp_path / "runs.duckdb")
     for answer in ("4471", "amber"):
@@ -130,6 +133,7 @@ SETTINGS = (
 )
 
 
+@pytest.mark.model
 def test_eval_a_sweep_and_the_live_page_store_the_same_settings_the_same_way(shipped, tmp_path, capsys):
     db = str(tmp_path / "runs.duckdb")
     same = ["--policy", "h2o", "--keep", "0.5", "--mode", "streaming", "--chunk", "64", "--max-new-tokens", "6"]
@@ -176,6 +180,7 @@ def test_prompts_longer_than_the_models_positions_are_refused_before_any_work(ch
     assert status == 2 and "more than the 4 this server allows (KVLAB_MAX_NEW_TOKENS)" in one_sentence(err)
 
 
+@pytest.mark.model
 def test_a_sweep_past_the_models_positions_stores_nothing(tmp_path, capsys):
     db = tmp_path / "runs.duckdb"
     status, _, err = run(capsys, "sweep", "--policies", "full", "--contexts", "4600", "--db", str(db), "--quiet")
@@ -278,6 +283,7 @@ def test_an_unexpected_error_is_one_sentence_and_its_traceback_is_logged(tmp_pat
     assert f"reference {reference}" in logged and "a bug deep inside" in logged and "Traceback" in logged
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(
     "line,message",
     [

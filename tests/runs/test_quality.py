@@ -46,6 +46,7 @@ def tiny(checkpoint):
     return load_model(checkpoint)
 
 
+@pytest.mark.model
 def test_the_full_cache_scores_no_kl_and_the_model_s_own_loss(shipped, passage):
     quality = measure(shipped, streaming("full"), passage)
     assert quality.kl == 0.0 and quality.nll == quality.full_nll
@@ -58,6 +59,7 @@ def test_the_full_cache_scores_no_kl_and_the_model_s_own_loss(shipped, passage):
     assert quality.scored_tokens == SCORED and quality.result.tokens[0] == list(passage.ids[PREFIX:])
 
 
+@pytest.mark.model
 def test_streaming_llm_at_a_small_budget_predicts_the_text_worse(shipped, passage):
     quality = measure(shipped, streaming("streaming", 12, sinks=4), passage)
     assert quality.kl > 0.01
@@ -101,6 +103,7 @@ def test_the_first_token_ablation_keeps_every_token_but_the_first(mode):
     assert generate(loaded, prompt(length=23), static).tokens == generate(loaded, prompt(length=23), spec).tokens
 
 
+@pytest.mark.model
 def test_the_first_token_ablation_is_its_own_run_and_no_method(shipped):
     assert "drop_first" not in EVICTING and not is_full_cache("drop_first")
     with pytest.raises(KvlabError, match="takes no budget"):
@@ -209,6 +212,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     return status, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_the_quality_command_prints_and_stores_a_pass(checkpoint, tmp_path, capsys):
     db = tmp_path / "runs.duckdb"
     argv = ["quality", "--model", checkpoint, "--prefix", "8", "--tokens", "1000", "--db", str(db)]

@@ -43,6 +43,7 @@ def h2o_run(shipped) -> LiveRun:
     return finished(shipped, "h2o")
 
 
+@pytest.mark.model
 def test_a_trace_at_each_event_is_the_trace_as_it_stood_then(shipped):
     run = LiveRun(
         shipped,
@@ -62,6 +63,7 @@ def test_a_trace_at_each_event_is_the_trace_as_it_stood_then(shipped):
     assert len(snapshots) == len(run.trace.history) > 6
 
 
+@pytest.mark.model
 def test_a_packed_trace_unpacks_equal_and_small(h2o_run):
     texts = generated_texts(h2o_run)
     payload = pack(h2o_run.trace, texts, {"policy": "h2o"})
@@ -75,6 +77,7 @@ def test_a_packed_trace_unpacks_equal_and_small(h2o_run):
         assert build(replay.trace).to_dict() == build(h2o_run.trace).to_dict()
 
 
+@pytest.mark.model
 def test_a_damaged_or_newer_payload_is_one_sentence(h2o_run):
     payload = pack(h2o_run.trace, generated_texts(h2o_run), {})
     with pytest.raises(KvlabError, match="cannot be read"):
@@ -83,6 +86,7 @@ def test_a_damaged_or_newer_payload_is_one_sentence(h2o_run):
         pack(h2o_run.trace, ["only one"], {})
 
 
+@pytest.mark.model
 def test_two_runs_of_one_prompt_scrub_to_the_same_position(shipped, h2o_run):
     other = finished(shipped, "snapkv", chunk=32)
     one = Replay(h2o_run.trace, generated_texts(h2o_run))
@@ -96,6 +100,7 @@ def test_two_runs_of_one_prompt_scrub_to_the_same_position(shipped, h2o_run):
     assert len(one.at(10_000)[0].memory) == len(h2o_run.trace.memory)
 
 
+@pytest.mark.model
 def test_a_stored_live_run_keeps_its_replay(shipped, h2o_run, tmp_path):
     store = open_store(tmp_path / "runs.duckdb")
     run_id = store_live_run(store, h2o_run, h2o_run.outcome(), started_by="ann")
@@ -118,6 +123,7 @@ def test_the_overview_first_shows_a_replay_where_eviction_still_finds_the_answer
     assert showcase(replays.iloc[:2]) == 0  # none qualifies: the newest
 
 
+@pytest.mark.model
 def test_a_run_whose_heads_hold_different_counts_replays_and_draws(shipped):
     run = LiveRun(
         shipped,

@@ -120,6 +120,7 @@ def test_bad_grids_are_refused():
         grid(modes=("lazy",))
 
 
+@pytest.mark.slow
 def test_killing_a_sweep_process_and_running_it_again_leaves_one_row_per_cell_and_trial(checkpoint, tmp_path):
     db = tmp_path / "killed.duckdb"
     command = [

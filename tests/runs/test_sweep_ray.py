@@ -71,6 +71,7 @@ def pool(local_ray, checkpoint) -> Iterator[SweepWorkers]:
         yield workers
 
 
+@pytest.mark.slow
 @needs_ray
 def test_two_workers_store_every_trial_once_the_same_as_one_process(pool, loaded, tmp_path):
     with open_store(tmp_path / "one.duckdb") as one:
@@ -86,6 +87,7 @@ def test_two_workers_store_every_trial_once_the_same_as_one_process(pool, loaded
         assert again.ran == 0 and again.skipped == CELLS * ITEMS
 
 
+@pytest.mark.slow
 @needs_ray
 def test_a_stopped_sweep_resumes_on_the_workers_with_no_duplicate(pool, tmp_path):
     calls = {"n": 0}
@@ -105,6 +107,7 @@ def test_a_stopped_sweep_resumes_on_the_workers_with_no_duplicate(pool, tmp_path
         assert set(store.list_runs()["status"]) == {"finished"}
 
 
+@pytest.mark.slow
 @needs_ray
 def test_a_worker_killed_mid_unit_loses_only_that_unit_which_runs_again(local_ray, checkpoint, tmp_path, monkeypatch):
     crashed = tmp_path / "crashed"
@@ -119,6 +122,7 @@ def test_a_worker_killed_mid_unit_loses_only_that_unit_which_runs_again(local_ra
             assert set(store.list_runs()["status"]) == {"finished"}
 
 
+@pytest.mark.slow
 @needs_ray
 def test_a_worker_ray_cannot_restart_is_left_out_and_with_none_left_the_sweep_stops_in_a_sentence(
     local_ray, checkpoint, tmp_path
@@ -137,6 +141,7 @@ def test_a_worker_ray_cannot_restart_is_left_out_and_with_none_left_the_sweep_st
             assert len(store.trials_frame()) == ITEMS
 
 
+@pytest.mark.slow
 @needs_ray
 def test_a_workers_sentence_reaches_the_driver_as_it_is(pool, tmp_path):
     with pytest.raises(KvlabError, match="1,024"):  # the tiny model's positions, checked on a worker

@@ -14,6 +14,8 @@ from kvlab.runs.live_store import store_live_run
 from kvlab.store import open_store
 from kvlab.tasks.needle import score
 
+pytestmark = pytest.mark.model
+
 
 def run_to_end(run: LiveRun) -> list:
     return list(run.events())

@@ -115,6 +115,7 @@ def test_migrating_an_older_database_never_merges_a_new_run_into_an_old_one(tmp_
         store.close()
 
 
+@pytest.mark.slow
 def test_a_database_on_a_read_only_file_system_is_listed(tmp_path: Path) -> None:
     source = tmp_path / "source"
     source.mkdir()
@@ -174,6 +175,7 @@ def damaged_database(tmp_path: Path) -> Path:
     raise AssertionError("no block of the store held its trials")
 
 
+@pytest.mark.slow
 def test_a_damaged_block_inside_a_valid_database_is_one_sentence(tmp_path: Path) -> None:
     damaged_reads = 0
     for copy, data in damaged_copies(tmp_path):
@@ -206,6 +208,7 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip(str(error))
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_sentence_and_loses_nothing_stored(tmp_path: Path) -> None:
     with tiny_disk(tmp_path) as disk:
         path = disk / "runs.duckdb"

@@ -64,6 +64,7 @@ def key_of(context: str, value: str) -> str:
     return key
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("length", [512, 4096])
 def test_every_task_has_exactly_the_length_asked_for_and_holds_its_answers(tokenizer, length):
     for task in RULER_TASKS:
@@ -83,6 +84,7 @@ def test_a_byte_level_tokenizer_gets_exact_lengths_too_and_a_short_context_is_on
             item(tiny.tokenizer, task, 512)
 
 
+@pytest.mark.model
 def test_needles_and_questions_are_rulers_templates(tokenizer):
     single = item(tokenizer, "niah_single_1", 1024)
     [value] = single.answers
@@ -105,6 +107,7 @@ def test_needles_and_questions_are_rulers_templates(tokenizer):
     assert len({key_of(context, value) for value in values.answers}) == 1
 
 
+@pytest.mark.model
 def test_multikey_tasks_hide_the_needle_among_distractors_of_the_same_shape(tokenizer):
     uuid = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
     for task, key_shape, distractors in (
@@ -122,6 +125,7 @@ def test_multikey_tasks_hide_the_needle_among_distractors_of_the_same_shape(toke
         assert [value for _, value in needles].count(made.answers[0]) == 1
 
 
+@pytest.mark.model
 def test_variable_tracking_hides_one_chain_and_asks_for_its_value(tokenizer):
     made = item(tokenizer, "vt", 2048)
     context = text_of(tokenizer, made.context_ids[1:])
@@ -134,6 +138,7 @@ def test_variable_tracking_hides_one_chain_and_asks_for_its_value(tokenizer):
     assert question.startswith(VT_QUESTION.format(value=value)) and question.endswith("they are: ")
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("task, question, count", [("cwe", CWE_QUESTION, 10), ("fwe", FWE_QUESTION, 3)])
 def test_word_tasks_answers_are_the_most_frequent_words(tokenizer, task, question, count):
     made = item(tokenizer, task, 4096)
@@ -150,6 +155,7 @@ def test_word_tasks_answers_are_the_most_frequent_words(tokenizer, task, questio
     assert text_of(tokenizer, made.question_ids).startswith(question)
 
 
+@pytest.mark.model
 def test_items_are_drawn_from_their_seed(tokenizer):
     for task in RULER_TASKS:
         assert item(tokenizer, task, 1024, seed=1) == item(tokenizer, task, 1024, seed=1)

@@ -11,6 +11,8 @@ from kvlab.errors import KvlabError
 from kvlab.tasks.items import load_jsonl, prompt_ids, stop_token_ids
 from kvlab.tasks.needle import ANSWER_PREFIX, QUESTION_PREFIX
 
+pytestmark = pytest.mark.model
+
 
 def write_tasks(path, records) -> str:
     path.write_text("\n".join(json.dumps(r) if not isinstance(r, str) else r for r in records) + "\n", encoding="utf-8")
