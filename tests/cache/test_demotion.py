@@ -76,6 +76,7 @@ def test_pages_written_to_memory_and_to_the_file_read_back_bit_for_bit(tmp_path,
     assert not path.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["prefill", "streaming"])
 @pytest.mark.parametrize(
     "tiers",
@@ -104,6 +105,7 @@ def test_recalling_every_page_generates_what_the_full_cache_does(llama, mode, ti
     assert list(tmp_path.iterdir()) == []  # the run's offload file went with it
 
 
+@pytest.mark.slow
 def test_sliding_window_layers_demote_nothing_and_recall_still_matches_the_full_cache(gemma2):
     full = run(gemma2, "full", None)
     demoted = run(gemma2, "snapkv", BUDGET, window=4, cpu_tier_mib=1.0, recall_pages=1000, page_tokens=PAGE)
@@ -144,6 +146,7 @@ def test_a_page_is_recalled_by_the_query_its_keys_answer():
     assert torch.equal(recalled[0][0, 0, :2], keys[0, 0, 4:6])
 
 
+@pytest.mark.slow
 def test_demotion_decodes_eagerly_and_equals_itself_when_static_is_asked(llama):
     policy = make_policy("h2o", recall_pages=2, page_tokens=PAGE, cpu_tier_mib=1.0)
     eager, static = (

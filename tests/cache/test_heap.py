@@ -85,6 +85,7 @@ def test_static_steps_keep_the_tokens_with_an_eviction_interval_and_a_budget_fil
         assert static.tokens == eager.tokens and static.kept_per_layer == eager.kept_per_layer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_budget_at_least_length_equals_full_in_every_layout(arch, layout):
     _, loaded = arch

@@ -188,6 +188,7 @@ def test_every_claim_evaluates_on_an_empty_store(nothing):
             assert verdict_of(row.verdict) == UNMEASURABLE and row.reason, row
 
 
+@pytest.mark.slow
 def test_no_claim_loads_torch_to_be_evaluated(tmp_path):
     code = (
         "import sys; from pathlib import Path; from kvlab.claims import evaluate_file; "
@@ -320,6 +321,7 @@ def test_needle_claims_from_stored_trials(store, evidence):
     assert "--db" in nine.command and str(store.path) in nine.command
 
 
+@pytest.mark.slow
 def test_a_pruned_cache_above_a_fallible_full_cache(store, evidence):
     needle(store, FULL_CACHE, None, 80)
     needle(store, "tova", 0.5, 100)  # Wilson: 96.3-100 lies above 80's 71.1-86.7
@@ -328,6 +330,7 @@ def test_a_pruned_cache_above_a_fallible_full_cache(store, evidence):
     assert cells.loc[cells["policy"] == "tova", "high"].iloc[0] == pytest.approx(100.0)
 
 
+@pytest.mark.slow
 def test_claims_setting_two_cells_against_each_other_test_them_in_pairs(store, evidence):
     hashed_needle(store, FULL_CACHE, None, [True] * 24 + [False] * 6)
     hashed_needle(store, "tova", 0.5, [True] * 30)  # right on the 6 items the full cache misses

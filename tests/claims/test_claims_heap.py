@@ -149,6 +149,7 @@ def test_names_read_without_torch_are_those_of_the_modules_that_write_them():
     assert SIDE_CHANNEL_FORMAT == RESULT_FORMAT and ABLATION == DropPillars.name
 
 
+@pytest.mark.slow
 def test_needle_cells_keep_variants_apart_and_the_methods_claims_read_only_the_methods(store, tmp_path):
     needle(store, "full", {}, None, 100)
     needle(store, "h2o", H2O, 0.2, 100)  # 80% pruned: every needle
@@ -269,6 +270,7 @@ def test_keys_need_four_bits_and_values_survive_two(store, tmp_path):
     assert "K16/V2: needle 97%" in row.figure and "perplexity x1.300" in row.figure
 
 
+@pytest.mark.slow
 def test_keys_that_survive_two_bits_refute_the_need_for_four(store, tmp_path):
     needle(store, "full", {}, None, 100)
     needle(store, "snapkv", bits(2, 16), 1.0, 99)
@@ -327,6 +329,7 @@ def ranked(store: Store, policy: str, params: dict, slots: int, seconds: float, 
     store.add_trials(run_id, trials)
 
 
+@pytest.mark.slow
 def test_the_generational_cache_cuts_what_h2o_ranks(store, tmp_path):
     tiers = {"young": 0.1, "middle": 0.1, "major_every": 64}
     ranked(store, "h2o", H2O, 10_000, 0.010)
@@ -368,6 +371,7 @@ def entropy_file(results: Path, full: list[float], ablated: list[float]) -> None
     (directory / f"{MODEL}.json").write_text(json.dumps(data))
 
 
+@pytest.mark.slow
 def test_pillars_removed_raise_entropy_and_lose_needles(store, tmp_path):
     needle(store, "full", {}, None, 95, query_aware=False)
     needle(store, ABLATION, {"count": 32, "sinks": 4}, None, 60, query_aware=False)
@@ -382,6 +386,7 @@ def test_pillars_removed_raise_entropy_and_lose_needles(store, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_pillars_that_cost_no_needles_refute_the_claim(store, tmp_path):
     needle(store, "full", {}, None, 95, query_aware=False)
     needle(store, ABLATION, {"count": 32, "sinks": 4}, None, 90, query_aware=False)

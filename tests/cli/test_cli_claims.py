@@ -81,6 +81,7 @@ def test_the_table_wraps_long_figures_under_their_label(tmp_path):
     assert lines[1].startswith("     ") and any(line.startswith("     reason   no runs of") for line in lines)
 
 
+@pytest.mark.slow
 def test_evaluating_from_the_command_line_loads_no_torch(tmp_path):
     code = (
         "import sys; from kvlab.cli import main; "

@@ -76,6 +76,7 @@ def values(array: object) -> list:
 # --- Runs ---------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_runs_downloads_hold_the_filtered_runs_whatever_is_compared(seeded, downloads):
     app = open_page("pages/runs.py")
     widget(app.multiselect, "Policy").set_value(["h2o"])
@@ -107,6 +108,7 @@ def test_runs_comparison_charts_and_report(seeded, downloads):
 # --- Frontier -----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_frontier_in_binary_units_with_every_policy_visible(seeded):
     app = open_page("pages/frontier.py")
     widget(app.radio, "Memory axis").set_value("kv_bytes")
@@ -125,6 +127,7 @@ def test_frontier_in_binary_units_with_every_policy_visible(seeded):
     assert set(table["KV bytes held at the end (measured)"]) == {"819 KiB", "2.40 MiB", "8.00 MiB"}
 
 
+@pytest.mark.slow
 def test_the_article_rows_appear_only_beside_kvlab_rows_and_the_report_is_offered(seeded, downloads):
     app = open_page("pages/frontier.py")
     claim = next(frame.value for frame in app.dataframe if "90% pruned" in frame.value.columns)

@@ -78,6 +78,7 @@ def click(app: AppTest, label: str) -> AppTest:
     return app
 
 
+@pytest.mark.slow
 def test_every_page_renders_on_an_empty_database(db):
     app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
@@ -127,6 +128,7 @@ def test_a_short_live_run_completes_and_is_stored(db):
     assert open_store(db).list_runs().loc[0, "trials"] == 1  # redrawn, not run again
 
 
+@pytest.mark.slow
 def test_pasted_and_uploaded_text(db):
     app = open_page("pages/live.py")
     widget(app.radio, "Task").set_value("Your text")
@@ -147,6 +149,7 @@ def test_pasted_and_uploaded_text(db):
     assert list(runs["task"]) == ["text"]
 
 
+@pytest.mark.slow
 def test_out_of_memory_is_a_sentence_and_the_next_run_works(db, monkeypatch):
     app = open_page("pages/live.py")
     widget(app.number_input, "Context length (tokens)").set_value(128)
@@ -166,6 +169,7 @@ def test_out_of_memory_is_a_sentence_and_the_next_run_works(db, monkeypatch):
     assert not any("memory" in error.value for error in app.error)
 
 
+@pytest.mark.slow
 def test_an_unknown_model_is_a_sentence_and_the_app_keeps_working(db):
     app = open_page("pages/live.py")
     app.sidebar.text_input[0].set_value("/no/such/model")
@@ -269,6 +273,7 @@ def test_out_of_memory_in_a_needle_grid_is_a_sentence(db, monkeypatch):
     assert widget(app.button, "Resume")
 
 
+@pytest.mark.slow
 def test_the_frontier_from_stored_runs(seeded):
     app = open_page("pages/frontier.py")
     figures = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
@@ -284,6 +289,7 @@ def test_the_frontier_from_stored_runs(seeded):
     assert len(app.dataframe) == 3  # the two selections' points and the claim table
 
 
+@pytest.mark.slow
 def test_the_cost_calculator(seeded):
     app = open_page("pages/costs.py")
     fits = widget(app.metric, "Sequences that fit")
@@ -305,6 +311,7 @@ def test_the_cost_calculator(seeded):
     assert widget(app.selectbox, "Stored run").options
 
 
+@pytest.mark.slow
 def test_the_runs_page_filters_compares_and_offers_downloads(seeded):
     app = open_page("pages/runs.py")
     assert "6 of 6 runs" in app.main.caption[0].value
@@ -346,6 +353,7 @@ WIDGET_KINDS = (
 )
 
 
+@pytest.mark.slow
 def test_with_a_login_configured_a_visitor_sees_only_the_login_and_runs_record_the_user(db):
     app = AppTest.from_file("../../app.py", default_timeout=120)
     app.secrets["auth"] = AUTH
@@ -391,6 +399,7 @@ def test_without_a_login_the_sidebar_says_who_can_reach_the_server(db):
     assert "the server listens on 0.0.0.0: anyone who can reach its port" in shown(app.sidebar.warning[0].value)
 
 
+@pytest.mark.slow
 def test_a_model_outside_the_allow_list_is_refused_with_a_message(db, monkeypatch):
     monkeypatch.setenv("KVLAB_ALLOWED_MODELS", f"{default_model()},Qwen/Qwen2.5-0.5B")
     app = open_page("pages/live.py")
@@ -412,6 +421,7 @@ def test_a_model_outside_the_allow_list_is_refused_with_a_message(db, monkeypatc
     )
 
 
+@pytest.mark.slow
 def test_nothing_in_the_browser_can_switch_trust_remote_code_on(db, tmp_path, monkeypatch):
     remote = tmp_path / "ships-its-own-code"
     remote.mkdir()

@@ -49,6 +49,7 @@ def test_every_claim_is_shown_with_its_figure_or_reason(db):
     assert "not stored yet" in app.caption[1].value and not db.exists()  # showing never creates the store
 
 
+@pytest.mark.slow
 def test_filters_and_refresh(db):
     app = claims_page()
     failing = int(next(metric.value for metric in app.metric if metric.label.endswith(FAILS)))

@@ -48,6 +48,7 @@ def live_page() -> AppTest:
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_the_live_page_draws_the_cache_options_apart_and_runs_the_policy_they_make(db):
     app = live_page()
     [options] = app.expander
@@ -78,6 +79,7 @@ def test_the_live_page_draws_the_cache_options_apart_and_runs_the_policy_they_ma
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_key_bits_without_a_cold_tier_is_one_sentence_and_no_run(db):
     app = live_page()
     app.selectbox(key="live_h2o_key_bits").set_value(4)
@@ -92,6 +94,7 @@ def test_key_bits_without_a_cold_tier_is_one_sentence_and_no_run(db):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_a_layer_allocation_shows_its_budgets_and_entropy_without_a_profile_names_the_command(
     db, tmp_path, monkeypatch
 ):
@@ -182,6 +185,7 @@ def xs(trace: dict) -> list[float]:
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_the_frontier_and_the_runs_page_tell_a_policy_with_options_from_the_plain_one(tiered_runs):
     app = open_page("pages/frontier.py")
     widget(app.radio, "Memory axis").set_value("kv_bytes")

@@ -30,6 +30,7 @@ def memory_points(app: AppTest) -> list[int]:
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_the_overview_shows_the_shipped_results_without_a_model(db):
     app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
@@ -89,6 +90,7 @@ def test_a_stored_run_replays_and_two_replay_side_by_side_on_one_scrubber(db):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_settings_survive_a_page_switch_and_a_changed_setting_clears_the_result(db):
     app = open_page("pages/live.py")
     widget(app.number_input, "Context length (tokens)").set_value(256)
@@ -117,6 +119,7 @@ def test_the_shipped_examples_hold_gpu_replays():
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_the_overview_opens_the_shipped_replays_on_the_live_page(db):
     app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()

@@ -39,6 +39,7 @@ def refusal(app: AppTest, name: str) -> str:
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_the_model_box_says_the_same_whether_a_path_exists_or_not(db, tmp_path):
     bert = tmp_path / "bert"
     bert.mkdir()
@@ -93,6 +94,7 @@ def test_a_model_with_truncated_weights_is_a_sentence_and_every_page_still_works
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_pasted_markup_is_shown_as_text(db):
     app = open_page("pages/live.py")
     widget(app.radio, "Task").set_value("Your text")
@@ -115,6 +117,7 @@ def test_pasted_markup_is_shown_as_text(db):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_a_text_far_longer_than_the_model_is_refused_before_it_is_tokenised(db):
     app = open_page("pages/live.py")
     widget(app.radio, "Task").set_value("Your text")
@@ -127,6 +130,7 @@ def test_a_text_far_longer_than_the_model_is_refused_before_it_is_tokenised(db):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_a_live_run_that_cannot_be_stored_keeps_its_result_for_download(db, monkeypatch):
     def full_disk(*args, **kwargs):
         raise disk_full(db)
@@ -160,6 +164,7 @@ def test_a_damaged_store_is_a_sentence_on_the_pages_that_read_it(tmp_path, monke
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_reading_pages_leave_an_older_store_as_it_was(tmp_path, monkeypatch):
     path = tmp_path / "runs.duckdb"
     write_v4_database(path)

@@ -84,6 +84,7 @@ def test_a_request_holds_policies_with_cache_options_and_reads_specs_of_plain_na
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_a_sweep_runs_in_the_background_and_is_recorded_with_who_started_it(shipped, store, jobs):
     request = grid_request(shipped)
     with jobs.queue.turn("live run of h2o on 2,048 tokens"):
@@ -192,6 +193,7 @@ def test_the_page_lists_sweeps_to_resume_and_only_the_latest_finished(shipped):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_a_sweep_fills_the_heatmaps_of_the_settings_it_shares(shipped, store, jobs):
     request = grid_request(shipped)
     assert request.fills(dataclasses.replace(request, policies=("h2o", "random"), depths=5, trials=3, batch_size=1))

@@ -101,6 +101,7 @@ def test_the_server_config_is_hardened():
     assert ".streamlit/secrets.toml" in (REPO / ".gitignore").read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_the_image_listens_on_every_interface_and_shows_browsers_no_error_details():
     names = (
         "server.address",

@@ -261,6 +261,7 @@ def test_bad_input_is_one_sentence_before_any_model_loads(arguments, message, ca
     assert error.startswith("error: ") and message in error and error.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_the_page_draws_a_result_file_and_refuses_a_bad_one(tmp_path):
     result = synthetic_result()
     app = AppTest.from_file("../../pages/side_channel.py", default_timeout=60)

@@ -32,6 +32,7 @@ def test_shipped_files_and_size():
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_retrieves_a_needle_at_1k_with_the_full_cache(transformers_model):
     model, tokenizer = transformers_model
     haystacks = load_haystacks(tokenizer)
@@ -54,6 +55,7 @@ def test_retrieves_a_needle_at_1k_with_the_full_cache(transformers_model):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_kvlab_finds_the_needle_with_the_full_cache_and_loses_it_when_the_middle_is_evicted(shipped):
     from kvlab.budget import Budget
     from kvlab.engine.generation import RunSpec, generate

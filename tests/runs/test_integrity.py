@@ -49,6 +49,7 @@ def needle_grid(**changes) -> SweepGrid:
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_a_sweep_with_another_generation_length_is_another_run_not_the_stored_one(shipped, tmp_path):
     store = open_store(tmp_path / "runs.duckdb")
     short = SweepRunner(shipped, store, needle_grid(max_new_tokens=1)).run()
@@ -134,6 +135,7 @@ SETTINGS = (
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_eval_a_sweep_and_the_live_page_store_the_same_settings_the_same_way(shipped, tmp_path, capsys):
     db = str(tmp_path / "runs.duckdb")
     same = ["--policy", "h2o", "--keep", "0.5", "--mode", "streaming", "--chunk", "64", "--max-new-tokens", "6"]

@@ -47,6 +47,7 @@ def tiny(checkpoint):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_the_full_cache_scores_no_kl_and_the_model_s_own_loss(shipped, passage):
     quality = measure(shipped, streaming("full"), passage)
     assert quality.kl == 0.0 and quality.nll == quality.full_nll
@@ -60,6 +61,7 @@ def test_the_full_cache_scores_no_kl_and_the_model_s_own_loss(shipped, passage):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_streaming_llm_at_a_small_budget_predicts_the_text_worse(shipped, passage):
     quality = measure(shipped, streaming("streaming", 12, sinks=4), passage)
     assert quality.kl > 0.01
@@ -126,6 +128,7 @@ def test_the_first_token_ablation_is_its_own_run_and_no_method(shipped):
     ]  # shown on the needle grid
 
 
+@pytest.mark.slow
 def test_a_quality_run_is_stored_and_found_again(tiny, store):
     text = read_text(DEFAULT_TEXT)
     passage = text_pass(tiny.tokenizer, text, "python-docs-1", 4, 24)

@@ -53,6 +53,7 @@ def test_items_have_the_requested_length_and_are_the_same_every_time(loaded):
     assert len({item.depth for _, item in randoms}) == 5
 
 
+@pytest.mark.slow
 def test_a_sweep_stores_one_trial_per_cell_and_skips_them_when_run_again(loaded, tmp_path):
     store = open_store(tmp_path / "runs.duckdb")
     summary = SweepRunner(loaded, store, grid()).run()
@@ -72,6 +73,7 @@ def test_a_sweep_stores_one_trial_per_cell_and_skips_them_when_run_again(loaded,
     assert (h2o["peak_kv_bytes"] < full["peak_kv_bytes"].max()).all()
 
 
+@pytest.mark.slow
 def test_sharing_the_prefill_changes_nothing_but_the_time(loaded, tmp_path):
     outputs = {}
     for share in (True, False):
@@ -83,6 +85,7 @@ def test_sharing_the_prefill_changes_nothing_but_the_time(loaded, tmp_path):
     assert outputs[True] == outputs[False]
 
 
+@pytest.mark.slow
 def test_a_stop_request_marks_the_runs_interrupted_and_a_rerun_completes_them(loaded, tmp_path):
     store = open_store(tmp_path / "runs.duckdb")
     calls = {"n": 0}

@@ -206,6 +206,7 @@ def test_bad_worker_settings_are_one_sentence_before_any_model_loads(checkpoint,
     assert not db.exists()
 
 
+@pytest.mark.slow
 def test_without_ray_workers_are_refused_in_one_sentence_and_one_worker_runs_here(checkpoint, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     db = tmp_path / "runs.duckdb"

@@ -356,6 +356,7 @@ def test_a_failing_migration_leaves_the_previous_version(db_path: Path, monkeypa
 # --- concurrency ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_eight_threads_writing_at_once_lose_nothing(store: Store) -> None:
     threads, own, shared = 8, 40, 10
     run_ids: list[int] = []

@@ -78,6 +78,7 @@ def test_another_applications_database_with_a_schema_version_table_is_refused_un
         assert connection.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
 
 
+@pytest.mark.slow
 def test_an_older_kvlab_database_is_read_through_an_upgraded_copy_and_left_as_it_was(tmp_path: Path) -> None:
     path = tmp_path / "runs.duckdb"
     write_v4_database(path)
@@ -275,6 +276,7 @@ def test_an_export_never_writes_over_the_database_it_reads(filled, tmp_path: Pat
     assert db.read_bytes() == before and link.is_symlink()
 
 
+@pytest.mark.slow
 def test_an_export_named_like_its_database_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "r.parquet"
     store = open_store(path)

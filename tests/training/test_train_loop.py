@@ -82,6 +82,7 @@ def test_lr_schedule_warms_up_then_decays():
     assert lr_at(100, 100, s) == pytest.approx(0.1) and lr_at(55, 100, s) < lr_at(20, 100, s)
 
 
+@pytest.mark.slow
 def test_train_resume_and_export(workdir: Path, tmp_path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
