@@ -3,5 +3,5 @@
 # output (the test suite itself writes its screenshots to a temporary directory).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-KVLAB_SCREENSHOTS="$root/docs/screenshots" exec bash "$root/scripts/test.sh" tests/test_browser.py \
-    tests/test_browser_claims.py -s
+KVLAB_SCREENSHOTS="$root/docs/screenshots" exec bash "$root/scripts/test.sh" tests/browser/test_browser.py \
+    tests/browser/test_browser_claims.py -s

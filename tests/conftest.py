@@ -11,6 +11,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# The tests live in one folder per package (tests/cache, tests/dashboard…), each module named uniquely across them.
+# The helpers above (tiny_models, browser, disks) are imported by name from every folder, and a few modules import
+# another module's helpers by name (``from test_pages import open_page``): every folder is on the path, so those
+# imports work whichever folder or file a run starts from.
+sys.path[2:2] = [
+    str(folder) for folder in sorted(Path(__file__).resolve().parent.iterdir()) if any(folder.glob("test_*.py"))
+]
+
 # Hypothesis keeps examples and constants in ./.hypothesis unless told otherwise; the suite must leave the working
 # tree as it found it, so it keeps nothing between runs and writes its scratch files to a temporary directory.
 if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:
