@@ -11,9 +11,12 @@ Parts (each fits one call of ten minutes):
 * ``check``: on a small float32 model, decoding in captured CUDA graphs gives the tokens of eager decoding, for
   every policy, layout and mode;
 * ``decode``: per context length (``--contexts``), kvlab ``full`` and every evicting policy in streaming mode, the
-  three layouts, SnapKV in prefill mode and eager decoding for comparison, and the transformers baselines (``--hf``);
+  three layouts, SnapKV in prefill mode and eager decoding for comparison, each with the attention backends of
+  ``--attention`` side by side (``auto``, what users get, by default), and the transformers baselines (``--hf``);
   each configuration runs twice at the same shapes and the second run is reported (decode: the median of the
   steady half of its per-token times);
+* ``backends``: one layer's decode attention in a captured step by each attention backend, with and without H2O's
+  accumulated scores;
 * ``long``: StreamingLLM in streaming mode with a fixed budget of 4,096 tokens over ``--long-contexts`` tokens:
   prefill rate and peak memory.
 
@@ -24,6 +27,7 @@ Usage: ``python bench/heap_gpu.py --part decode --contexts 8192,32768 --hf --out
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import platform
@@ -33,22 +37,22 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from kvlab.attention.backends import check_attention  # noqa: E402
 from kvlab.budget import Budget  # noqa: E402
 from kvlab.cache.layouts import LAYOUTS  # noqa: E402
 from kvlab.cache.spec import CacheSpec
 from kvlab.engine.generation import generate
 from kvlab.engine.spec import RunSpec
+from kvlab.errors import KvlabError  # noqa: E402
 from kvlab.models.loading import wrap_model  # noqa: E402
-from kvlab.modes import (
-    MODES,  # noqa: E402
-    Mode,  # noqa: E402
-)
+from kvlab.modes import MODES  # noqa: E402
 from kvlab.policies import POLICIES, make_policy  # noqa: E402
 from kvlab.units import GB, GIB  # noqa: E402
 
@@ -148,6 +152,7 @@ def kvlab_row(
         "mode": spec.mode,
         "layout": spec.cache.layout,
         "static": spec.static,
+        "attention": spec.attention_on(ids.device),
         "decode_ms": round(decode_ms, 3),
         "decode_ms_all_tokens": round(1000 * result.decode_seconds / max(1, len(result.tokens[0]) - 1), 3),
         "roofline_ms": round(roofline_ms, 3),
@@ -227,51 +232,50 @@ def hf_rows(
     return rows
 
 
-def part_check(device: str) -> dict[str, Any]:
-    """Graph decoding gives the tokens of eager decoding (float32, small model), every policy, layout and mode."""
+def part_check(device: str, policies: list[str] | None, backends: list[str]) -> dict[str, Any]:
+    """Graph decoding gives the tokens of eager decoding (float32, small model), every policy (or ``policies``),
+    layout and mode, the graphs attending with each of ``backends``."""
     _, loaded = build(SMALL, 8192, torch.float32, device, None)
     ids = torch.randint(10, SMALL["vocab_size"], (2, 700), device=device, generator=None)
     results = []
-    for policy_name in POLICIES:
+    for policy_name in policies or list(POLICIES):
         params = {"window": 16} if policy_name in ("snapkv", "pyramidkv") else {}
-        budget = None if policy_name == "full" else Budget(keep=0.2)
+        policy = make_policy(policy_name, **params)
+        budget = Budget(keep=0.2) if policy.evicts else None
         for mode in MODES:
+            try:
+                policy.check_mode(mode)
+            except KvlabError:
+                continue  # a policy that runs in one mode only (KVzip)
             for layout in LAYOUTS:
-
-                def run(
-                    static: bool | None,
-                    name: str = policy_name,
-                    mode: Mode = mode,
-                    layout: str = layout,
-                    params: dict[str, Any] = params,
-                    budget: Budget | None = budget,
-                ):
-                    spec = RunSpec(
-                        make_policy(name, **params),
-                        budget,
-                        mode=mode,
-                        chunk=128,
-                        max_new_tokens=24,
-                        stop_token_ids=(),
-                        cache=CacheSpec(layout=layout),
-                        static=static,
-                    )
-                    return generate(loaded, ids, spec)
-
-                eager, graphed = run(False), run(None)
-                same = eager.tokens == graphed.tokens and eager.kept_per_layer == graphed.kept_per_layer
-                results.append(
-                    {
-                        "policy": policy_name,
-                        "mode": mode,
-                        "layout": layout,
-                        "same_tokens": same,
-                        "graphs": graphed.decode_graphs,
-                        "eager_ms": round(steady_ms(eager.token_seconds), 3),
-                        "graph_ms": round(steady_ms(graphed.token_seconds), 3),
-                    }
+                spec = RunSpec(
+                    policy,
+                    budget,
+                    mode=mode,
+                    chunk=128,
+                    max_new_tokens=24,
+                    stop_token_ids=(),
+                    cache=CacheSpec(layout=layout),
+                    static=False,
                 )
-                print(json.dumps(results[-1]), flush=True)
+                eager = generate(loaded, ids, spec)
+                for backend in backends:
+                    graphed_spec = dataclasses.replace(spec, static=None, attention=check_attention(backend))
+                    graphed = generate(loaded, ids, graphed_spec)
+                    same = eager.tokens == graphed.tokens and eager.kept_per_layer == graphed.kept_per_layer
+                    results.append(
+                        {
+                            "policy": policy_name,
+                            "mode": mode,
+                            "layout": layout,
+                            "attention": graphed_spec.attention_on(ids.device),
+                            "same_tokens": same,
+                            "graphs": graphed.decode_graphs,
+                            "eager_ms": round(steady_ms(eager.token_seconds), 3),
+                            "graph_ms": round(steady_ms(graphed.token_seconds), 3),
+                        }
+                    )
+                    print(json.dumps(results[-1]), flush=True)
     return {"rows": results, "all_same": all(row["same_tokens"] for row in results)}
 
 
@@ -347,7 +351,13 @@ def decode_configs() -> list[tuple[str, RunSpec]]:
 
 
 def part_decode(
-    device: str, contexts: list[int], layers: int | None, hf: bool, compiled: bool, only: list[str] | None
+    device: str,
+    contexts: list[int],
+    layers: int | None,
+    hf: bool,
+    compiled: bool,
+    only: list[str] | None,
+    backends: list[str],
 ) -> dict[str, Any]:
     model, loaded = build(LLAMA3_8B, max(contexts) + 1024, torch.bfloat16, device, layers)
     bandwidth = copy_bandwidth(device)
@@ -359,7 +369,13 @@ def part_decode(
     configs = [(label, spec) for label, spec in decode_configs() if only is None or label in only]
     for context in contexts:
         ids = torch.randint(10, 1000, (1, context), device=device)
-        rows = [kvlab_row(loaded, ids, label, spec, weights, bandwidth) for label, spec in configs]
+        rows = [
+            kvlab_row(
+                loaded, ids, label, dataclasses.replace(spec, attention=check_attention(backend)), weights, bandwidth
+            )
+            for label, spec in configs
+            for backend in backends
+        ]
         if hf:
             rows += hf_rows(model, ids, compiled, bandwidth, weights, kv_per_token)
         table["contexts"][str(context)] = rows
@@ -489,16 +505,90 @@ def part_attention(device: str) -> dict[str, Any]:
     return {"rows": rows}
 
 
+def graph_us(step: Callable[[], object], replays: int = 50) -> float:
+    """Microseconds per run of ``step`` replayed from a captured CUDA graph (after eager warm-up runs, which also
+    compile what is compiled): the cost inside a static decode step, launch latency excluded."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return 1000 * start.elapsed_time(end) / replays
+
+
+def decode_by_backend(backend: str, query: torch.Tensor, layer: Any, query_position: torch.Tensor) -> torch.Tensor:
+    """One layer's decode attention as a static step runs it under ``backend``, the visibility mask built from the
+    slots' positions first."""
+    from kvlab.attention.flex import flex_decode_attention
+    from kvlab.attention.kernels import decode_attention
+    from kvlab.attention.masks import allowed_keys
+
+    if backend == "flex":
+        return flex_decode_attention(query, layer, layer.keys, layer.values, layer.positions, query_position)
+    visible = allowed_keys(layer.positions, query_position, None)
+    context = SimpleNamespace(cache=SimpleNamespace(static=True), stats=None, observe=None)
+    return decode_attention(query, layer, layer.slots(layer.capacity), visible, context, 0)  # type: ignore[arg-type]
+
+
+def part_backends(device: str) -> dict[str, Any]:
+    """One layer's decode attention in a static step (8 KV heads, 4 query heads each, head dim 128, bf16) by each
+    backend, with and without H2O's accumulated scores, over heaps of ``slots`` whose first three quarters hold
+    tokens (streaming at keep 10%: budget + chunk) or all of them (the full cache): microseconds per layer inside a
+    captured graph, the mask built from the slots' positions included."""
+    from kvlab.cache.layer import AttentionShape, HeapLayer
+
+    rows = []
+    for slots, held in ((4301, 0.76), (32832, 1.0), (131136, 1.0)):
+        keys, values = (torch.randn(1, 8, slots, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
+        query = torch.randn(1, 32, 1, 128, device=device, dtype=torch.bfloat16)
+        positions = torch.arange(slots, device=device, dtype=torch.int32).expand(1, 8, slots).clone()
+        positions[..., int(held * slots) :] = -1
+        query_position = torch.tensor([slots], device=device)
+        row: dict[str, Any] = {"slots": slots, "held": held}
+        for scored in (False, True):
+            layer = HeapLayer(keys=keys, values=values, positions=positions)
+            layer.scores = torch.zeros(1, 8, slots, device=device) if scored else None
+            layer.shape = AttentionShape(None, 128**-0.5, None)
+            for backend in ("sdpa", "flex"):
+                step = partial(decode_by_backend, backend, query, layer, query_position)
+                row[backend + (" + h2o scores" if scored else "")] = round(graph_us(step), 1)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return {"rows": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("check", "decode", "long", "profile", "attention"), required=True)
+    parts = ("check", "decode", "long", "profile", "attention", "backends")
+    parser.add_argument("--part", choices=parts, required=True)
     parser.add_argument("--policy", default="streaming", help="the policy --part profile profiles")
     parser.add_argument("--contexts", default="8192,32768")
     parser.add_argument("--long-contexts", default="131072,4194304")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers (for checking the script)")
     parser.add_argument("--hf", action="store_true", help="also time transformers' own generate")
     parser.add_argument("--compiled", action="store_true", help="also transformers' static cache with torch.compile")
-    parser.add_argument("--only", default=None, help="run only these kvlab configurations (labels, '|'-separated)")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="run only these kvlab configurations (labels, '|'-separated; policy names for --part check)",
+    )
+    parser.add_argument(
+        "--attention",
+        default="auto",
+        help="attention backends to run each kvlab configuration with, side by side (comma-separated: auto, flex, "
+        "sdpa; auto is what users get)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs per configuration at the same shapes")
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
@@ -517,14 +607,23 @@ def main() -> None:
     header["transformers"] = transformers.__version__
     print(json.dumps(header), flush=True)
     if args.part == "check":
-        body = part_check(device)
+        policies = args.only.split("|") if args.only is not None else None
+        body = part_check(device, policies, args.attention.split(","))
     elif args.part == "decode":
         only = args.only.split("|") if args.only is not None else None
         body = part_decode(
-            device, [int(c) for c in args.contexts.split(",")], args.layers, args.hf, args.compiled, only
+            device,
+            [int(c) for c in args.contexts.split(",")],
+            args.layers,
+            args.hf,
+            args.compiled,
+            only,
+            args.attention.split(","),
         )
     elif args.part == "attention":
         body = part_attention(device)
+    elif args.part == "backends":
+        body = part_backends(device)
     elif args.part == "profile":
         body = part_profile(device, int(args.contexts.split(",")[0]), args.layers, args.policy)
     else:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvlab.attention.backends import SDPA, AttentionBackend
 from kvlab.attention.stats import StatsAccumulator
 from kvlab.cache.heap import KVHeap
 from kvlab.cache.sparse import ReadCount, SparseRead
@@ -35,6 +36,8 @@ class ForwardContext:
     reads: ReadCount | None = None
     #: Whether the pass decodes a token (what demoted pages it recalls is then counted per decoded token).
     decoding: bool = False
+    #: The backend static decode steps attend with, resolved for the device (:mod:`kvlab.attention.backends`).
+    attention: AttentionBackend = SDPA
 
 
 _CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("kvlab_forward", default=None)

@@ -9,7 +9,8 @@ them, recalled pages after them), and picks one of the kernels of :mod:`kvlab.at
 * nothing observed, over slots in position order with no free slot among them: SDPA, causal by slot order;
 * one query (decoding) over a heap with free or refilled slots, in a captured decode step, under a sparse reader
   (Quest, RocketKV: its selection masked into the query's attention, its bytes counted) or with its probabilities
-  observed: the query's attention written out per KV head;
+  observed: the query's attention written out per KV head, or, in a static step under the ``flex`` backend
+  (:mod:`kvlab.attention.backends`), ``flex_attention`` over the occupied slot blocks (:mod:`kvlab.attention.flex`);
 * statistics, logit soft-capping, or a sliding window's per-head mask over ordered slots: exact attention in blocks
   of queries, which also accumulates H2O's scores and feeds an observer (KVzip's reconstruction); where only the
   scores or the observer need the probabilities, SDPA gives the output and the blocked pass skips the values.
@@ -26,7 +27,9 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from kvlab.attention.backends import FLEX
 from kvlab.attention.context import ForwardContext, current
+from kvlab.attention.flex import flex_decode_attention
 from kvlab.attention.kernels import blocked_attention, decode_attention, sdpa
 from kvlab.attention.masks import allowed_keys, ordered_mask
 from kvlab.cache.layer import AttentionShape, HeapLayer, Slots
@@ -85,6 +88,8 @@ def _attend(
     observed = layer.scores is not None or context.stats is not None or context.observe is not None
     sparse = context.reader is not None and context.reader.reads_sparsely(layer_idx)
     if query.shape[2] == 1 and (observed or layer.softcap is not None or not in_order or sparse):
+        if not sparse and _flex_decodes(context, layer, keys):
+            return flex_decode_attention(query, layer, keys, values, positions, query_positions)
         live = allowed_keys(positions, query_positions, layer.sliding_window)
         if sparse:
             live = _sparse_selection(context, query, attended, live, in_order)
@@ -103,6 +108,19 @@ def _attend(
     if layer.scores is not None or context.observe is not None:  # a pass that never multiplies by the values
         blocked_attention(query, layer, layer_idx, attended, mask, context, in_order, output=False)
     return output
+
+
+def _flex_decodes(context: ForwardContext, layer: HeapLayer, keys: torch.Tensor) -> bool:
+    """Whether the ``flex`` backend takes a decoded query: in a static step (fixed shapes: one compiled kernel per
+    layer shape, capturable) over the layer's dense slots alone, with nothing observed beyond the accumulated scores
+    (statistics and observers read every probability)."""
+    return (
+        context.attention == FLEX
+        and context.cache.static
+        and context.stats is None
+        and context.observe is None
+        and keys.shape[2] == layer.capacity
+    )
 
 
 def _sparse_selection(

@@ -20,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kvlab.attention.context import ForwardContext
 from kvlab.attention.masks import slot_causal_mask
-from kvlab.cache.layer import HeapLayer, Slots
+from kvlab.cache.layer import AttentionShape, HeapLayer, Slots
 
 #: The most (query, key) scores an observed attention block holds at once, in float32: 512 MiB. Larger blocks mean
 #: fewer launches (H2O's observation over a long prefill was launch-bound at 2^24).
@@ -60,12 +60,12 @@ def sdpa(
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=groups > 1)
 
 
-def scaled_logits(grouped: torch.Tensor, keys_t: torch.Tensor, layer: HeapLayer) -> torch.Tensor:
+def scaled_logits(grouped: torch.Tensor, keys_t: torch.Tensor, shape: AttentionShape) -> torch.Tensor:
     """Scaled (and, where the model does it, soft-capped) attention logits in float32, from products taken in the
     model's dtype as transformers' eager attention does."""
-    logits = torch.matmul(grouped, keys_t).float().mul_(layer.scaling)  # in place: the block is the largest tensor
-    if layer.softcap is not None:
-        logits = logits.div_(layer.softcap).tanh_().mul_(layer.softcap)
+    logits = torch.matmul(grouped, keys_t).float().mul_(shape.scaling)  # in place: the block is the largest tensor
+    if shape.softcap is not None:
+        logits = logits.div_(shape.softcap).tanh_().mul_(shape.softcap)
     return logits
 
 
@@ -84,7 +84,7 @@ def decode_attention(
     keys, values, positions = attended
     kv_heads, span = keys.shape[1], keys.shape[2]
     grouped = query.reshape(batch, kv_heads, q_heads // kv_heads, head_dim)
-    logits = scaled_logits(grouped, keys.transpose(-1, -2), layer).masked_fill_(~mask, float("-inf"))
+    logits = scaled_logits(grouped, keys.transpose(-1, -2), layer.attention).masked_fill_(~mask, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     output = torch.matmul(probs.to(values.dtype), values)
     if layer.scores is not None:  # the heap's slots come first; recalled demoted tokens have no score there
@@ -129,7 +129,7 @@ def blocked_attention(
     for start in range(0, n_queries, block):
         stop = min(start + block, n_queries)
         visible = past + stop if ordered else span  # in slot order, the block's later queries are its future
-        logits = scaled_logits(grouped[:, :, :, start:stop], keys_t[..., :visible], layer)
+        logits = scaled_logits(grouped[:, :, :, start:stop], keys_t[..., :visible], layer.attention)
         if mask is not None:
             block_mask = mask[..., start:stop, :visible]
             block_mask = block_mask.unsqueeze(2) if block_mask.dim() == 4 else block_mask

@@ -21,7 +21,7 @@ def window_probabilities(layer: HeapLayer, span: int) -> torch.Tensor:
     keys, _, positions = layer.slots(span)
     kv_heads = keys.shape[1]
     grouped = queries.reshape(batch, kv_heads, q_heads // kv_heads, window, head_dim)
-    logits = scaled_logits(grouped, keys.transpose(-1, -2).unsqueeze(2), layer)
+    logits = scaled_logits(grouped, keys.transpose(-1, -2).unsqueeze(2), layer.attention)
     allowed = allowed_keys(positions, layer.recent_query_positions, layer.sliding_window)
     logits = logits.masked_fill(~allowed.unsqueeze(2), float("-inf"))
     return torch.softmax(logits, dim=-1).nan_to_num(0.0)

@@ -113,6 +113,11 @@ class HeapLayer:
     shared: set[str] = field(default_factory=set, repr=False)
 
     @property
+    def attention(self) -> AttentionShape:
+        """What the layer's attention does beyond q.K^T (the defaults until its first forward records it)."""
+        return AttentionShape() if self.shape is None else self.shape
+
+    @property
     def sliding_window(self) -> int | None:
         """The layer's sliding window (``None``: it sees everything, or its first forward has not run yet)."""
         return None if self.shape is None else self.shape.sliding_window

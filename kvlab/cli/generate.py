@@ -95,6 +95,7 @@ def run_generate(args: argparse.Namespace) -> int:
             "policy": spec.policy.name,
             "params": spec.stored_params(),
             "mode": spec.mode,
+            "attention": spec.attention_on(loaded.device),
             **result.to_json(),
         }
         print(json.dumps(payload))

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kvlab.attention.backends import ATTENTION_BACKENDS, ATTENTION_HELP, DEFAULT_ATTENTION
 from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
 from kvlab.cache.spec import CacheOptions
@@ -123,8 +124,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_heap_arguments(parser: argparse.ArgumentParser, eager: bool = True) -> None:
-    """Options of the KV heap: its layout, the threshold layout's dead share, and (with ``eager``) eager decoding
-    (a command that observes attention always decodes eagerly, and has no such option)."""
+    """Options of the KV heap: its layout, the threshold layout's dead share, and (with ``eager``) eager decoding and
+    the attention backend of static steps (a command that observes attention always decodes eagerly, and has
+    neither option)."""
 
     parser.add_argument(
         "--layout",
@@ -144,6 +146,12 @@ def add_heap_arguments(parser: argparse.ArgumentParser, eager: bool = True) -> N
         "--eager",
         action="store_true",
         help="decode one eager forward pass per token instead of replaying CUDA graphs on a GPU",
+    )
+    parser.add_argument(
+        "--attention",
+        default=DEFAULT_ATTENTION,
+        choices=ATTENTION_BACKENDS,
+        help=f"{ATTENTION_HELP} Default: {DEFAULT_ATTENTION}.",
     )
 
 
@@ -208,12 +216,19 @@ def run_spec_from_args(args: argparse.Namespace, max_new_tokens: int | None = No
         seed=args.seed,
         cache=variant.cache(heap["layout"], heap["compact_at"]),
         static=heap["static"],
+        attention=heap["attention"],
     )
 
 
 def heap_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The heap options as runs and sweeps take them: the layout, its threshold, and whether to decode eagerly."""
-    return {"layout": args.layout, "compact_at": args.compact_at, "static": False if args.eager else None}
+    """The heap options as runs and sweeps take them: the layout, its threshold, whether to decode eagerly and the
+    attention backend of static steps."""
+    return {
+        "layout": args.layout,
+        "compact_at": args.compact_at,
+        "static": False if args.eager else None,
+        "attention": args.attention,
+    }
 
 
 def numbers(text: str, kind: type, what: str) -> tuple[Any, ...]:

@@ -94,6 +94,8 @@ class Generation:
         self.layer_budgets = list(self.plan.layer_budgets)
         #: The model's rotary embedding (for policies that model future queries), found once per generation.
         self.rope = Rope.of_model(loaded.model)
+        #: The backend static decode steps attend with on this device (:mod:`kvlab.attention.backends`).
+        self.attention = spec.attention_on(loaded.device)
         self.cache = self._heap(prefilled)
         #: The run's random draws (noise floor, random eviction), one seeded generator per device a layer runs on.
         self.generators = {device: torch.Generator(device=device).manual_seed(spec.seed) for device in loaded.devices}
@@ -220,7 +222,7 @@ class Generation:
         knows it, else -1), writing into the heap (or into ``cache``, a fork of it), its attention handed to
         ``observe`` when given; the last logits. A ``decoding`` step reads through the sparse reader, if any."""
         heap = self.cache if cache is None else cache
-        context = ForwardContext(heap, stats, observe, decoding=decoding)
+        context = ForwardContext(heap, stats, observe, decoding=decoding, attention=self.attention)
         if decoding and self.plan.reader is not None:
             context.reader, context.reads = self.plan.reader, self.reads
         kwargs: dict[str, Any] = {

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from kvlab.attention.backends import DEFAULT_ATTENTION, AttentionBackend, check_attention, resolve_attention
+from kvlab.attention.flex import flex_compiles
 from kvlab.attention.stats import StatsRequest
 from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
@@ -30,7 +34,8 @@ class RunSpec:
     ``DecodingPress`` does: the heap then holds up to budget + interval tokens, which must stay within the chunk so
     that the budget + chunk bound holds. ``static`` chooses how decoding runs: ``None`` in static steps captured in
     CUDA graphs where the run allows it on a GPU, else eagerly; ``True`` in static steps always (eagerly on a CPU: the
-    same computation a graph replays); ``False`` eagerly. Decoding is greedy.
+    same computation a graph replays); ``False`` eagerly. ``attention`` is the backend static steps attend with
+    (:mod:`kvlab.attention.backends`; ``auto`` picks it for the device). Decoding is greedy.
     """
 
     policy: Policy
@@ -44,9 +49,11 @@ class RunSpec:
     compression_interval: int = 1
     cache: CacheSpec = field(default_factory=CacheSpec)
     static: bool | None = None
+    attention: AttentionBackend = DEFAULT_ATTENTION
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
+        check_attention(self.attention)
         if self.chunk is not None and self.chunk <= 0:
             raise KvlabError(f"A chunk of {self.chunk} tokens is not possible; it must be a positive number.")
         if self.max_new_tokens < 0:
@@ -82,6 +89,10 @@ class RunSpec:
         if self.chunk is not None:
             return self.chunk
         return context_tokens if self.mode == PREFILL else DEFAULT_STREAMING_CHUNK
+
+    def attention_on(self, device: torch.device) -> AttentionBackend:
+        """The attention backend the run's static steps use on ``device`` (``auto`` resolved)."""
+        return resolve_attention(self.attention, device.type, flex_compiles())
 
     def stored_params(self) -> dict[str, object]:
         """The policy's parameters as a run stores them: its own, and the cache options that differ from their

@@ -59,6 +59,7 @@ from typing import Any
 
 import torch
 
+from kvlab.attention.backends import DEFAULT_ATTENTION, AttentionBackend
 from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.engine.generation import Generation
@@ -135,6 +136,7 @@ class SideChannelSettings:
     layout: str = DEFAULT_LAYOUT
     compact_at: float = DEFAULT_COMPACT_AT
     static: bool | None = None
+    attention: AttentionBackend = DEFAULT_ATTENTION
 
     def __post_init__(self) -> None:
         cls = POLICIES.get(self.policy.lower())
@@ -184,6 +186,7 @@ class SideChannelSettings:
             seed=seed,
             cache=variant.cache(self.layout, self.compact_at),
             static=self.static,
+            attention=self.attention,
         )
 
     def depth_range(self) -> tuple[float, float]:

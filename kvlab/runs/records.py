@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from kvlab.attention.backends import stored_attention
 from kvlab.cache.demotion import DemotionReport
 from kvlab.engine.events import GenerationResult
 from kvlab.engine.plan import layer_profile
@@ -110,6 +111,7 @@ def run_config(
         device=loaded.device_kind,
         dtype=loaded.dtype_name,
         profile_hash=None if (profile := layer_profile(loaded, spec.cache)) is None else profile.digest(),
+        attention=stored_attention(spec.attention_on(loaded.device)),
     )
 
 

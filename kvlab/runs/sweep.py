@@ -26,6 +26,7 @@ from typing import Literal, Protocol
 
 import torch
 
+from kvlab.attention.backends import DEFAULT_ATTENTION, AttentionBackend, check_attention
 from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, HeapLayout
 from kvlab.engine.generation import generate, prefill_once
@@ -90,6 +91,7 @@ class SweepGrid:
     layout: str = DEFAULT_LAYOUT
     compact_at: float = DEFAULT_COMPACT_AT
     static: bool | None = None
+    attention: AttentionBackend = DEFAULT_ATTENTION
     variants: tuple[Variant, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -112,6 +114,7 @@ class SweepGrid:
         if self.max_new_tokens < 1:
             raise KvlabError(f"A sweep must generate at least one token per answer, not {self.max_new_tokens}.")
         check_seed(self.seed)
+        check_attention(self.attention)
         HeapLayout(self.layout, self.compact_at)  # type: ignore[arg-type]
         if self.trials < 1:
             raise KvlabError(f"A sweep needs at least one trial per cell, not {self.trials}.")
@@ -389,6 +392,7 @@ class InProcess:
             seed=grid.seed,
             cache=cell.variant.cache(grid.layout, grid.compact_at),
             static=grid.static,
+            attention=grid.attention,
         )
 
     def config(self, grid: SweepGrid, cell: Cell, context: int) -> RunConfig:

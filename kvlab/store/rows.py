@@ -39,7 +39,8 @@ class RunConfig:
     different run. ``context_length`` is the target length when the run has one. ``stop_rule`` says which tokens end an
     answer (``eos``, or ``eos+line`` for one-line answers). ``layout`` is the KV heap's layout and ``compact_at``
     the threshold layout's dead share (``None`` otherwise). ``profile_hash`` identifies the stored attention profile
-    the layer budgets followed (the ``entropy`` allocation; ``None`` otherwise). Build them with
+    the layer budgets followed (the ``entropy`` allocation; ``None`` otherwise). ``attention`` is the backend static
+    decode steps attended with (``flex``; ``None`` for kvlab's own kernels, which every older run used). Build them with
     :mod:`kvlab.runs.records`, which fills every field from the loaded model and the engine's settings.
     """
 
@@ -65,6 +66,7 @@ class RunConfig:
     device: str | None = None
     dtype: str | None = None
     profile_hash: str | None = None
+    attention: str | None = None
 
 
 @dataclass(frozen=True)

@@ -301,6 +301,12 @@ def v11_tiers_and_devices(cursor: Cursor) -> None:
     )
 
 
+def v12_attention_backend(cursor: Cursor) -> None:
+    """The attention backend a run's static decode steps used, part of its identity: ``flex``, or NULL for kvlab's own
+    kernels (every older run)."""
+    cursor.execute("ALTER TABLE runs ADD COLUMN attention VARCHAR;")
+
+
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
 MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v1_initial,
@@ -314,6 +320,7 @@ MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v9_heap_management,
     v10_uncertainty_and_reads,
     v11_tiers_and_devices,
+    v12_attention_backend,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The first version with the marker; older kvlab databases are recognised by their tables and columns.

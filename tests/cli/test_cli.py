@@ -49,6 +49,15 @@ def test_generate_json_reports_measured_figures(checkpoint, capsys):
     seen = figures["context_tokens"] + len(figures["tokens"]) - 1
     assert figures["kv_bytes_full"] == seen * per_token
     assert figures["context_tokens"] > 16
+    assert figures["attention"] == "sdpa"  # auto on a CPU
+
+
+def test_generate_takes_an_attention_backend_and_refuses_an_unknown_one(checkpoint, capsys):
+    common = ["generate", "--model", checkpoint, "--prompt", "a b c d e f", "--max-new-tokens", "3", "--json"]
+    status, out, _ = run(capsys, *common, "--attention", "flex")
+    assert status == 0 and json.loads(out)["attention"] == "flex"
+    status, _, err = run(capsys, *common, "--attention", "triton")
+    assert status == 2 and "--attention: invalid choice: 'triton'" in err
 
 
 def test_generate_reads_a_prompt_file_and_takes_policy_parameters(checkpoint, tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import random
 import subprocess
@@ -324,11 +325,33 @@ def test_migrating_a_v3_database_adds_sweeps_and_keeps_its_runs(db_path: Path) -
 
     migrated = open_store(db_path)
     try:
-        assert migrated.schema_version() == SCHEMA_VERSION == 11
+        assert migrated.schema_version() == SCHEMA_VERSION == 12
         runs = migrated.list_runs()
         assert runs[["run_id", "status", "started_by", "trials"]].values.tolist() == [[1, "interrupted", "ann", 1]]
         assert migrated.sweeps() == []
         assert migrated.begin_sweep(SPEC) == 1
+    finally:
+        migrated.close()
+
+
+def test_a_v11_database_records_the_attention_backend_and_its_runs_keep_their_identity(db_path: Path) -> None:
+    with duckdb.connect(str(db_path)) as connection:
+        for migration in MIGRATIONS[:11]:
+            migration(connection)
+        connection.execute("INSERT INTO schema_version VALUES (11)")
+        connection.execute(
+            "INSERT INTO runs (run_key, status, model, policy, mode, policy_params, started_at) "
+            "VALUES (?, 'finished', 'm', 'h2o', 'prefill', '{}', '2026-01-01 10:00')",
+            [run_key(CONFIG)],
+        )
+    migrated = open_store(db_path)
+    try:
+        assert migrated.schema_version() == 12
+        assert migrated.begin_run(CONFIG, provenance=PROVENANCE) == 1  # kvlab's own kernels: the stored run
+        flex = dataclasses.replace(CONFIG, attention="flex")
+        assert migrated.begin_run(flex, provenance=PROVENANCE) == 2  # another backend: another run
+        attention = migrated.list_runs().set_index("run_id")["attention"]
+        assert pd.isna(attention[1]) and attention[2] == "flex"
     finally:
         migrated.close()
 

@@ -1,0 +1,162 @@
+"""One query's attention over the heap's slots by ``flex_attention``: the ``flex`` backend of static decode steps.
+
+A static step attends over the heap's whole capacity, whatever it holds. Here the slots are cut into blocks of
+:data:`BLOCK` and a ``BlockMask`` lists, per sequence, the blocks holding a visible token in some KV head: those
+visible in every slot of every head are read without a mask, the others through ``mask_mod`` (one lookup in the
+head's visibility of each slot), and empty blocks are never read. The mask's tables are rebuilt on the device at
+every step from the slots' positions, with fixed shapes and no host synchronisation, so that the step is captured in
+a CUDA graph with them. On CUDA everything here is compiled: flex_attention becomes Triton's split-K decoding kernel
+(one KV head's slots read once for all of its query heads) and the tables a few fused kernels; on a CPU PyTorch's
+reference implementation gives the same numbers slowly, which is how the tests check the mask and the observation.
+
+What H2O accumulates (the attention each slot received, summed over the query heads of its KV head) comes from the
+kernel's log-sum-exp: ``exp(q.k * scale - lse)`` is exactly the probability the kernel used, so one product of the
+query with the keys gives it, without a softmax or a second product with the values.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
+
+from kvlab.attention.kernels import scaled_logits
+from kvlab.attention.masks import allowed_keys
+from kvlab.cache.layer import AttentionShape, HeapLayer
+
+#: Slots per block of the block mask: flex_attention's default tile, so that a block is one tile of the kernel.
+BLOCK = 128
+#: Compiled variants kept per process: one per layer shape (capacity, heads, head size) and observation.
+RECOMPILE_LIMIT = 64
+
+
+def flex_compiles() -> bool:
+    """Whether flex_attention compiles to a fused kernel here: CUDA with Triton."""
+    from torch.utils._triton import has_triton  # private helper torch itself uses; imported only when asked
+
+    return torch.cuda.is_available() and has_triton()
+
+
+def ordered_blocks(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(…, 1)`` count and the ``(…, 1, blocks)`` indices of the ``chosen`` blocks (``(…, blocks)`` booleans),
+    chosen ones first in block order, then the others, as ``BlockMask`` takes them (``int32``; indices past the count
+    are ignored). A scatter to each block's rank among its kind: no sort, a few fused operations once compiled."""
+    count = chosen.sum(dim=-1, dtype=torch.int32).unsqueeze(-1)
+    before = torch.cumsum(chosen.to(torch.int32), dim=-1) - 1
+    after = count + torch.cumsum((~chosen).to(torch.int32), dim=-1) - 1
+    rank = torch.where(chosen, before, after).long()
+    blocks = torch.arange(chosen.shape[-1], dtype=torch.int32, device=chosen.device).expand_as(rank)
+    indices = torch.empty_like(blocks).scatter_(-1, rank, blocks)
+    return count, indices.unsqueeze(-2)
+
+
+def block_tables(
+    positions: torch.Tensor, query_position: torch.Tensor, sliding_window: int | None
+) -> tuple[torch.Tensor, ...]:
+    """What the block mask of one query at ``query_position`` (``(1,)``) over slots holding ``positions`` (``(batch,
+    kv_heads, slots)``) is made of: each slot's visibility padded to whole blocks, then the count and indices of the
+    partly visible blocks and of the blocks visible in every slot of every head. One list for all heads, since
+    flex_attention's decoding kernel (one KV head's slots read once for all of its query heads) takes no per-head
+    lists: given them it falls back to a kernel over 128-row query tiles, 5-10x slower on one query."""
+    batch, kv_heads, slots = positions.shape
+    visible = allowed_keys(positions, query_position, sliding_window).squeeze(-2)
+    padded = visible.new_zeros(batch, kv_heads, -(-slots // BLOCK) * BLOCK)
+    padded[..., :slots] = visible
+    blocks = padded.view(batch, kv_heads, -1, BLOCK)
+    full = blocks.all(dim=-1).all(dim=1, keepdim=True)
+    partial = blocks.any(dim=-1).any(dim=1, keepdim=True) & ~full
+    return (padded, *ordered_blocks(partial), *ordered_blocks(full))
+
+
+def block_mask(tables: tuple[torch.Tensor, ...], slots: int, groups: int) -> BlockMask:
+    """The ``BlockMask`` of :func:`block_tables`' tables over ``slots`` keys, ``groups`` query heads per KV head: full
+    blocks read without a mask, partial ones through ``mask_mod`` (each head's own visibility of each slot), the
+    others never read."""
+    padded, partial_count, partial_indices, full_count, full_indices = tables
+
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return padded[b, h // groups, k]
+
+    return BlockMask.from_kv_blocks(
+        partial_count,
+        partial_indices,
+        full_count,
+        full_indices,
+        BLOCK_SIZE=BLOCK,
+        mask_mod=mask_mod,
+        seq_lengths=(1, slots),
+        compute_q_blocks=False,
+    )
+
+
+def received_attention(
+    query: torch.Tensor, keys: torch.Tensor, lse: torch.Tensor, visible: torch.Tensor, shape: AttentionShape
+) -> torch.Tensor:
+    """The attention each slot received from one query, summed over the query heads of its KV head ``(batch,
+    kv_heads, slots)``: ``exp(logit - lse)`` with the kernel's log-sum-exp ``lse`` (``(batch, q_heads, 1)``), zero
+    where the slot was not ``visible``."""
+    batch, q_heads, _, head_dim = query.shape
+    kv_heads = keys.shape[1]
+    grouped = query.reshape(batch, kv_heads, q_heads // kv_heads, head_dim)
+    logits = scaled_logits(grouped, keys.transpose(-1, -2), shape)
+    probs = (logits - lse.reshape(batch, kv_heads, -1, 1).float()).exp()
+    return probs.masked_fill(~visible.unsqueeze(2), 0.0).sum(dim=2)
+
+
+def _softcap_mod(cap: float) -> Callable[..., torch.Tensor]:
+    """Logit soft-capping (Gemma-2) as a score modification."""
+
+    def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        return torch.tanh(score / cap) * cap
+
+    return score_mod
+
+
+@functools.cache
+def _compiled(device_type: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` as the device runs it: compiled on CUDA (flex_attention's fused kernel, the mask's tables and the
+    observation each fused into a few kernels), as written elsewhere (PyTorch's reference flex_attention)."""
+    if device_type != "cuda":
+        return function
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(function, dynamic=False, fullgraph=True)
+
+
+def flex_decode_attention(
+    query: torch.Tensor,
+    layer: HeapLayer,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    query_position: torch.Tensor,
+) -> torch.Tensor:
+    """One query's attention ``(batch, q_heads, 1, head_dim)`` at ``query_position`` over ``keys`` and ``values``
+    (``(batch, kv_heads, slots, head_dim)``, read in place) holding the tokens at ``positions``; the attention each
+    slot received is added to the layer's accumulated scores where it keeps them."""
+    device, slots = query.device.type, keys.shape[2]
+    groups = query.shape[1] // keys.shape[1]
+    shape = layer.attention
+    tables = _compiled(device, block_tables)(positions, query_position, shape.sliding_window)
+    score_mod = None if shape.softcap is None else _softcap_mod(shape.softcap)
+    observed = layer.scores is not None
+    with warnings.catch_warnings():  # the CPU's reference path warns that it is not compiled: it is meant not to be
+        warnings.filterwarnings("ignore", message=".*flex_attention.*without torch.compile.*")
+        found = _compiled(device, flex_attention)(
+            query,
+            keys,
+            values,
+            score_mod=score_mod,
+            block_mask=block_mask(tables, slots, groups),
+            scale=shape.scaling,
+            enable_gqa=groups > 1,
+            return_aux=AuxRequest(lse=True) if observed else None,
+        )
+    if not observed:
+        return found
+    output, aux = found
+    layer.accumulate(_compiled(device, received_attention)(query, keys, aux.lse, tables[0][..., :slots], shape))
+    return output
