@@ -9,9 +9,10 @@ a CUDA graph with them. On CUDA everything here is compiled: flex_attention beco
 (one KV head's slots read once for all of its query heads) and the tables a few fused kernels; on a CPU PyTorch's
 reference implementation gives the same numbers slowly, which is how the tests check the mask and the observation.
 
-What H2O accumulates (the attention each slot received, summed over the query heads of its KV head) comes from the
-kernel's log-sum-exp: ``exp(q.k * scale - lse)`` is exactly the probability the kernel used, so one product of the
-query with the keys gives it, without a softmax or a second product with the values.
+What H2O accumulates and what TOVA scores by (the attention each slot received from the query, summed over the query
+heads of its KV head) comes from the kernel's log-sum-exp: ``exp(q.k * scale - lse)`` is exactly the probability
+the kernel used, so one product of the query with the keys gives it, without a softmax or a second product with the
+values, and without TOVA's second pass over the keys at eviction.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def flex_decode_attention(
     shape = layer.attention
     tables = _compiled(device, block_tables)(positions, query_position, shape.sliding_window)
     score_mod = None if shape.softcap is None else _softcap_mod(shape.softcap)
-    observed = layer.scores is not None
+    one_query_window = layer.recent_queries is not None and layer.recent_queries.shape[2] == 1
+    observed = layer.scores is not None or one_query_window
     with warnings.catch_warnings():  # the CPU's reference path warns that it is not compiled: it is meant not to be
         warnings.filterwarnings("ignore", message=".*flex_attention.*without torch.compile.*")
         found = _compiled(device, flex_attention)(
@@ -158,5 +160,9 @@ def flex_decode_attention(
     if not observed:
         return found
     output, aux = found
-    layer.accumulate(_compiled(device, received_attention)(query, keys, aux.lse, tables[0][..., :slots], shape))
+    received = _compiled(device, received_attention)(query, keys, aux.lse, tables[0][..., :slots], shape)
+    if layer.scores is not None:
+        layer.accumulate(received)
+    if one_query_window:
+        layer.note_received(received)
     return output

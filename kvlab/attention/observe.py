@@ -30,5 +30,9 @@ def window_probabilities(layer: HeapLayer, span: int) -> torch.Tensor:
 def window_attention(layer: HeapLayer, span: int) -> torch.Tensor:
     """Attention of the remembered query window over the first ``span`` slots, summed over the window and over the
     query heads of each KV head: ``(batch, kv_heads, span)`` (zero on free slots). Used by SnapKV, PyramidKV and
-    TOVA."""
+    TOVA. A window of one query is the query of the pass just made: where its kernel gave what each slot received
+    (:attr:`~kvlab.cache.layer.HeapLayer.received`), that is the answer, without a second pass over the keys."""
+    assert layer.recent_queries is not None
+    if layer.received is not None and layer.recent_queries.shape[2] == 1:
+        return layer.received[..., :span]
     return window_probabilities(layer, span).sum(dim=(2, 3))

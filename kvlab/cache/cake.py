@@ -13,7 +13,7 @@ def cake_dispersion_and_shift(probs: torch.Tensor, keys: torch.Tensor | None = N
     """CAKE's two measures of one layer: spatial dispersion ``H`` (the entropy of the window's attention) and
     temporal shift ``V`` (how much a key's attention varies across the window's queries).
 
-    ``probs`` is the window's attention as :func:`kvlab.attention.function.window_probabilities` returns it, ``(batch,
+    ``probs`` is the window's attention as :func:`kvlab.attention.observe.window_probabilities` returns it, ``(batch,
     kv_heads, groups, window, span)``; ``keys`` (``(batch, kv_heads, span)``, booleans) marks the slots that count,
     the ones outside the window in CAKE's code (all slots when ``None``). As in CAKE's reference code (``H``:
     ``calculate_entropy`` over the window's rows restricted to the keys before the window, not renormalised; ``V``:

@@ -95,7 +95,10 @@ class HeapLayer:
     after a compaction or a run of appends, which lets attention use slot order instead of position masks.
     ``recent_queries`` keeps the last post-RoPE query vectors ``(batch, q_heads, w, head_dim)`` with their positions,
     for policies that score the cache by an observation window (SnapKV, TOVA). ``planned`` is the capacity the
-    engine planned for the layer; ``shared`` names the tensors a fork still shares with its source.
+    engine planned for the layer; ``shared`` names the tensors a fork still shares with its source. ``received`` is
+    the attention each slot received from the one query of the pass in flight, summed over each KV head's query
+    heads, where the attention kernel gave it (the ``flex`` backend, from its log-sum-exp): what a window of one query
+    (TOVA) is scored by, without a second pass over the keys.
     """
 
     planned: int = 0
@@ -110,6 +113,7 @@ class HeapLayer:
     ordered: bool = True
     shape: AttentionShape | None = None
     moments: QueryMoments | None = None
+    received: torch.Tensor | None = None
     shared: set[str] = field(default_factory=set, repr=False)
 
     @property
@@ -179,6 +183,11 @@ class HeapLayer:
         (H2O); the slots past them (recalled demoted tokens, attended after the heap's) have no score here."""
         assert self.scores is not None
         self.scores[:, :, : received.shape[-1]] += received
+
+    def note_received(self, received: torch.Tensor | None) -> None:
+        """Keep what the pass in flight's query gave each slot (``(batch, kv_heads, n)``), or forget the last pass's
+        (``None``: this pass gives none)."""
+        self.received = received
 
     def replace_scores(self, scores: torch.Tensor) -> None:
         """Put scores measured apart (KVzip's reconstruction) in place of the accumulated ones, owned by this layer."""

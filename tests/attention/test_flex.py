@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny_models import prompt, runs_in, small_policy, tiny_model
 
-from kvlab.attention import function
+from kvlab.attention import function, observe
 from kvlab.attention.backends import ATTENTION_BACKENDS, check_attention, resolve_attention, stored_attention
 from kvlab.attention.context import ForwardContext
 from kvlab.attention.flex import BLOCK, block_mask, block_tables, flex_decode_attention
@@ -106,6 +106,26 @@ def test_static_steps_under_flex_give_the_tokens_and_kept_sets_of_kvlabs_kernels
                 assert flex.tokens == sdpa.tokens, (policy, mode, layout)
                 assert flex.kept_per_layer == sdpa.kept_per_layer, (policy, mode, layout)
     assert {"full", "streaming", "h2o", "tova", "snapkv"} <= set(calls)  # flex decoded them: no silent fallback
+
+
+def test_tova_scores_a_static_step_by_what_the_flex_kernel_gave_each_slot(monkeypatch):
+    loaded = wrap_model(tiny_model("llama"))
+    ids = prompt(batch=2, length=40, seed=7)
+    second_passes: list[int] = []
+    counted = observe.window_probabilities
+    monkeypatch.setattr(observe, "window_probabilities", lambda *args: second_passes.append(1) or counted(*args))
+    results = {}
+    for backend in ("sdpa", "flex"):
+        second_passes.clear()
+        common = dict(mode="streaming", chunk=7, max_new_tokens=12, stop_token_ids=(), static=True, attention=backend)
+        results[backend] = (
+            generate(loaded, ids, RunSpec(small_policy("tova"), Budget(tokens=14), **common)),
+            len(second_passes),
+        )
+    (sdpa, sdpa_passes), (flex, flex_passes) = results["sdpa"], results["flex"]
+    assert flex.tokens == sdpa.tokens and flex.kept_per_layer == sdpa.kept_per_layer
+    layers, decode_evictions = loaded.arch.num_layers, 12 - 1
+    assert sdpa_passes - flex_passes == layers * decode_evictions  # every decoded token's eviction, every layer
 
 
 def test_auto_is_flex_where_it_compiles_and_sdpa_elsewhere():
