@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
+from torch.utils._triton import has_triton  # the check torch's own compiler makes before using Triton
 
 from kvlab.attention.kernels import scaled_logits
 from kvlab.attention.masks import allowed_keys
@@ -37,8 +38,6 @@ RECOMPILE_LIMIT = 64
 
 def flex_compiles() -> bool:
     """Whether flex_attention compiles to a fused kernel here: CUDA with Triton."""
-    from torch.utils._triton import has_triton  # private helper torch itself uses; imported only when asked
-
     return torch.cuda.is_available() and has_triton()
 
 

@@ -249,8 +249,9 @@ class HeapLayer:
         return self.live * self.slot_bytes()
 
     def aux_bytes(self) -> int:
-        """Bytes of kvlab's bookkeeping for this layer (positions, scores, remembered queries, query moments)."""
-        tensors = (self.positions, self.scores, self.recent_queries)
+        """Bytes of kvlab's bookkeeping for this layer (positions, scores, remembered queries, query moments, what the
+        last decoded query gave each slot)."""
+        tensors = (self.positions, self.scores, self.recent_queries, self.received)
         moments = 0 if self.moments is None else self.moments.nbytes()
         return moments + sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
