@@ -434,6 +434,7 @@ def part_profile(device: str, context: int, layers: int | None, policy_name: str
         static=True,
     )
     generation = Generation(loaded, spec, torch.randint(10, 1000, (1, context), device=device))
+    generation.fuse_layers()  # as a captured run would: its steps are profiled uncaptured, so nothing else does
     forward, evict = generation.model_forward, generation.evict
 
     def marked_forward(*args, **kwargs):

@@ -5,14 +5,23 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from kvlab.costs import FORMULAS, GPU_PRESETS, MODEL_PRESETS, MOST_GPUS, Scenario, compare, cost_table
+from kvlab.costs import (
+    FORMULAS,
+    GPU_PRESETS,
+    MODEL_PRESETS,
+    MOST_GPUS,
+    Scenario,
+    compare,
+    cost_table,
+    formatted_costs,
+)
+from kvlab.costs.measured import MEASURED_METHOD, MEASURED_SHAPE, load_measured_decode, measured_summary, measured_table
 from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.cost_view import (
     COST_BARS_GUIDE,
     cost_bars,
     cost_metrics,
     fit_notices,
-    formatted_costs,
     gpu_split_table,
     scope_note,
     split_summary,
@@ -35,10 +44,10 @@ NOTICE_CALLS = {"error": st.error, "warning": st.warning, "info": st.info}
 page_setup()
 st.title("Cost calculator")
 st.caption(
-    "Everything on this page is computed from the model's architecture and the GPU's datasheet figures with "
-    "the formulas listed below (kvlab.costs); nothing is measured. Memory and decode time are taken at the "
-    "full context N + M, an upper bound. Several GPUs split the layers as a pipeline. GPU prices are editable "
-    "examples, not quotes."
+    "The estimates on this page are computed from the model's architecture and the GPU's datasheet figures with "
+    "the formulas listed below (kvlab.costs). Memory and decode time are taken at the full context N + M, an "
+    "upper bound. Several GPUs split the layers as a pipeline. GPU prices are editable examples, not quotes. "
+    "Decode times measured on a GPU, with the device named, are at the bottom of the page."
 )
 
 model_column, scenario_column, gpu_column = st.columns(3)
@@ -170,6 +179,26 @@ if scenario.gpu_count > 1:
     st.caption(plain(split_summary(evicted)))
     st.dataframe(gpu_split_table(full, evicted), hide_index=True)
 st.info(plain(scope_note(spec.arch, evicted, scenario)))
+st.subheader("Decode measured on a GPU")
+try:
+    measured = load_measured_decode()
+except KvlabError as error:
+    st.error(plain(str(error)))
+    measured = None
+if measured is None:
+    st.info(
+        "No measured decode figures here: they come from the benchmark results of a kvlab checkout "
+        "(bench/results), which an installed kvlab does not ship."
+    )
+else:
+    st.caption(
+        plain(
+            f"{measured_summary(measured, scenario.context_tokens)} The estimate "
+            f"above is for the GPU and model chosen here; these figures hold for {MEASURED_SHAPE} on "
+            f"{measured.device} only and are not scaled. {MEASURED_METHOD}"
+        )
+    )
+    st.dataframe(measured_table(measured), hide_index=True)
 with st.expander("Formulas (N prompt tokens, M generated tokens)", expanded=True):
     st.table(pd.DataFrame(FORMULAS.items(), columns=["Quantity", "Formula"]).set_index("Quantity"))
     st.caption(

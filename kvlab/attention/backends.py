@@ -5,7 +5,9 @@ query's attention written out as matrix products where they are not) are exact a
 a heap with free slots then runs q.K^T, a softmax and a one-row P.V per layer, each bound by latency. ``flex`` runs a
 static step's attention as PyTorch's ``flex_attention`` (a fused split-K decode kernel on CUDA) over a block mask built
 from the heap's occupied slot blocks; what a policy observes of the step (H2O's accumulated attention) comes from the
-kernel's log-sum-exp. ``auto`` picks ``flex`` where it is compiled (CUDA with Triton) and ``sdpa`` elsewhere.
+kernel's log-sum-exp; on CUDA the model's decoder layers are compiled around it (:mod:`kvlab.models.compiled`), so
+the whole step is fused kernels. ``auto`` picks ``flex`` where it is compiled (CUDA with Triton) and ``sdpa``
+elsewhere.
 
 The command line's ``--attention``, :class:`kvlab.engine.spec.RunSpec`'s ``attention`` and a stored run's
 ``attention`` column spell the backends from here.
@@ -29,8 +31,9 @@ DEFAULT_ATTENTION: AttentionBackend = AUTO
 #: The backends in one sentence, for the command line's and the dashboard's help.
 ATTENTION_HELP = (
     "How a static decode step attends over the heap. flex: PyTorch's flex_attention (compiled on CUDA) over a block "
-    "mask of the occupied slot blocks, observing through its log-sum-exp. sdpa: kvlab's own kernels (SDPA, or the "
-    "query's attention as matrix products where slots are free). auto: flex on CUDA with Triton, else sdpa."
+    "mask of the occupied slot blocks, observing through its log-sum-exp, the model's layers compiled around it. "
+    "sdpa: kvlab's own kernels (SDPA, or the query's attention as matrix products where slots are free), the layers "
+    "eager. auto: flex on CUDA with Triton, else sdpa."
 )
 
 

@@ -17,28 +17,24 @@ values, and without TOVA's second pass over the keys at eviction.
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
-from torch.utils._triton import has_triton  # the check torch's own compiler makes before using Triton
 
 from kvlab.attention.kernels import scaled_logits
 from kvlab.attention.masks import allowed_keys
 from kvlab.cache.layer import AttentionShape, HeapLayer
+from kvlab.fusion import fused, fuses
 
 #: Slots per block of the block mask: flex_attention's default tile, so that a block is one tile of the kernel.
 BLOCK = 128
-#: Compiled variants kept per process: one per layer shape (capacity, heads, head size) and observation.
-RECOMPILE_LIMIT = 64
 
 
 def flex_compiles() -> bool:
     """Whether flex_attention compiles to a fused kernel here: CUDA with Triton."""
-    return torch.cuda.is_available() and has_triton()
+    return fuses("cuda")
 
 
 def ordered_blocks(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,16 +112,6 @@ def _softcap_mod(cap: float) -> Callable[..., torch.Tensor]:
     return score_mod
 
 
-@functools.cache
-def _compiled(device_type: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` as the device runs it: compiled on CUDA (flex_attention's fused kernel, the mask's tables and the
-    observation each fused into a few kernels), as written elsewhere (PyTorch's reference flex_attention)."""
-    if device_type != "cuda":
-        return function
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(function, dynamic=False, fullgraph=True)
-
-
 def flex_decode_attention(
     query: torch.Tensor,
     layer: HeapLayer,
@@ -140,13 +126,13 @@ def flex_decode_attention(
     device, slots = query.device.type, keys.shape[2]
     groups = query.shape[1] // keys.shape[1]
     shape = layer.attention
-    tables = _compiled(device, block_tables)(positions, query_position, shape.sliding_window)
+    tables = fused(device, block_tables)(positions, query_position, shape.sliding_window)
     score_mod = None if shape.softcap is None else _softcap_mod(shape.softcap)
     one_query_window = layer.recent_queries is not None and layer.recent_queries.shape[2] == 1
     observed = layer.scores is not None or one_query_window
     with warnings.catch_warnings():  # the CPU's reference path warns that it is not compiled: it is meant not to be
         warnings.filterwarnings("ignore", message=".*flex_attention.*without torch.compile.*")
-        found = _compiled(device, flex_attention)(
+        found = fused(device, flex_attention)(
             query,
             keys,
             values,
@@ -159,7 +145,7 @@ def flex_decode_attention(
     if not observed:
         return found
     output, aux = found
-    received = _compiled(device, received_attention)(query, keys, aux.lse, tables[0][..., :slots], shape)
+    received = fused(device, received_attention)(query, keys, aux.lse, tables[0][..., :slots], shape)
     if layer.scores is not None:
         layer.accumulate(received)
     if one_query_window:

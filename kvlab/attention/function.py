@@ -38,6 +38,7 @@ from kvlab.cache.layer import AttentionShape, HeapLayer, Slots
 ATTN_IMPLEMENTATION = "kvlab"
 
 
+@torch.compiler.disable  # Python over the heap's state: never traced into compiled layers (kvlab.models.compiled)
 def kvlab_attention(
     module: torch.nn.Module,
     query: torch.Tensor,

@@ -43,6 +43,7 @@ from kvlab.cache.positions import Positions
 from kvlab.cache.ranking import hot_and_cold, kept, victims
 from kvlab.cache.spec import CacheSpec, TierSpec
 from kvlab.cache.tiers import TieredLayer
+from kvlab.fusion import fused
 from kvlab.models.rope import Rope
 
 #: A run's host counts, as :meth:`KVHeap.host_state` takes them: tokens seen, compactions, slots ranked, cuts, and
@@ -173,6 +174,7 @@ class KVHeap:
         """Tokens seen so far (the next token's position), which is what models use to place new tokens."""
         return self.positions.seen
 
+    @torch.compiler.disable  # the heap's bookkeeping stays out of compiled layers (kvlab.models.compiled)
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,7 +229,8 @@ class KVHeap:
         and counting the cut and whether it fell on a tie."""
         layer = self.layers[layer_idx]
         positions = layer.slots(layer.capacity)[2][..., start : start + scores.shape[-1]]
-        chosen = victims(scores, positions, count)
+        select = fused(layer.device.type, victims) if self.static else victims  # fixed shapes in a static step
+        chosen = select(scores, positions, count)
         self.account_ranking(layer, scores.shape[-1], clock.stop() if clock is not None else None)
         self.account_cut(layer, chosen.tied)
         self.evict(layer_idx, chosen.slots + start if start else chosen.slots)

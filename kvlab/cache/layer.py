@@ -258,11 +258,12 @@ class HeapLayer:
 
 def first_free(positions: torch.Tensor, count: int) -> torch.Tensor:
     """The first ``count`` free slots of every sequence and KV head, in slot order, found on the device:
-    ``(batch, kv_heads, count)``. A stable sort puts free slots (key 0) before held ones (key 1) in slot order."""
-    free = positions < 0
+    ``(batch, kv_heads, count)``. One slot (a decode step's) is the first holding the lowest position, :data:`FREE`
+    where a slot is free: one reduction. More: a stable sort puts free slots (key 0) before held ones (key 1) in slot
+    order."""
     if count == 1:
-        return free.to(torch.int8).argmax(dim=-1, keepdim=True)
-    return torch.sort((~free).to(torch.int8), dim=-1, stable=True).indices[..., :count]
+        return positions.argmin(dim=-1, keepdim=True)
+    return torch.sort((positions >= 0).to(torch.int8), dim=-1, stable=True).indices[..., :count]
 
 
 def position_order(positions: torch.Tensor) -> torch.Tensor:

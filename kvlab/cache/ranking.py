@@ -63,6 +63,11 @@ def victims(scores: torch.Tensor, positions: torch.Tensor, count: int) -> Victim
     """The ``count`` lowest-ranked slots among ``scores`` (``(batch, kv_heads, slots)``; free slots, at a negative
     position, are never chosen) and whether each cut tied."""
     order = by_score_then_position(scores.masked_fill(positions < 0, float("inf")), positions)
+    if count == 1 and order.shape[-1] > 1:  # a decode step's one victim: a reduction, where a top-k is a radix select
+        least, slot = order.min(dim=-1, keepdim=True)
+        victim_score = least.squeeze(-1) >> 32
+        others_equal = ((order >> 32) == victim_score.unsqueeze(-1)).sum(dim=-1) > 1
+        return Victims(slot, others_equal & (victim_score != _INFINITE_KEY))
     if count < order.shape[-1]:  # the lowest count + 1 in order: the victims and the best survivor, to see a tie
         lowest = order.topk(count + 1, dim=-1, largest=False, sorted=True)
         return Victims(lowest.indices[..., :count], tied_cut(lowest.values[..., count - 1], lowest.values[..., count]))

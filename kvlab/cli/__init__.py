@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Callable, NoReturn, Sequence
 
-from kvlab.cli import claims, evaluation, generate, live, profile, quality, sidechannel, store
+from kvlab.cli import claims, costs, evaluation, generate, live, profile, quality, sidechannel, store
 from kvlab.errors import KvlabError
 from kvlab.guard import log_to_file
 
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     sidechannel.register(commands)
     profile.register(commands)
     claims.register(commands)
+    costs.register(commands)
     live.register(commands)
     return parser
 

@@ -48,6 +48,7 @@ from kvlab.costs.report import (
     compare,
     cost_table,
     estimate,
+    formatted_costs,
 )
 
 __all__ = [
@@ -74,6 +75,7 @@ __all__ = [
     "decode_step_seconds",
     "decode_tokens_per_second",
     "estimate",
+    "formatted_costs",
     "global_scope_count_bytes",
     "global_scope_gather_bytes",
     "gpu_shares",

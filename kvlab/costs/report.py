@@ -16,6 +16,7 @@ from kvlab.costs.gpus import GpuSpec
 from kvlab.costs.models import ModelSpec
 from kvlab.errors import KvlabError
 from kvlab.models.arch import ArchFacts
+from kvlab.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -333,3 +334,27 @@ FORMULAS: dict[str, str] = {
     "Global scope, counts read back": "layers × 4 bytes (float32) per compression; a local scope moves nothing",
 }
 """The formulas of :mod:`kvlab.costs.formulas`, as the page shows them (N prompt tokens, M generated tokens)."""
+
+
+def formatted_costs(table: pd.DataFrame) -> pd.DataFrame:
+    """``kvlab.costs.cost_table`` with every number written out for reading: sizes in binary units (KiB, MiB, GiB),
+    thousands separated, three significant digits for fractional values, dollars to four significant digits; text
+    cells ("does not fit", "yes") as they are."""
+
+    def cell(value: object, unit: str) -> str:
+        if isinstance(value, str):
+            return value
+        number = float(value)  # type: ignore[arg-type]
+        if unit == "bytes":
+            return format_bytes(number)
+        if unit == "$":
+            return f"${number:,.4g}" if number < 1000 else f"${number:,.0f}"
+        if number == int(number) and abs(number) >= 1:
+            return f"{int(number):,}"
+        return f"{number:,.3f}" if abs(number) >= 1 else f"{number:.3g}"
+
+    shown = table.copy()
+    for column in shown.columns[2:]:
+        shown[column] = [cell(value, unit) for value, unit in zip(shown[column], shown["Unit"])]
+    shown["Unit"] = ["" if unit == "bytes" else unit for unit in shown["Unit"]]
+    return shown

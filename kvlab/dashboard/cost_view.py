@@ -431,27 +431,3 @@ def stored_keep_fractions(runs: pd.DataFrame) -> dict[str, float]:
         label = f"run {run.run_id}: {run_label(run.policy, run.mode, run.keep, run.budget_tokens, run.policy_params)}"
         options[f"{label}, {short_model_name(run.model)}, {run.task} ({fraction:.1%})"] = fraction
     return options
-
-
-def formatted_costs(table: pd.DataFrame) -> pd.DataFrame:
-    """``kvlab.costs.cost_table`` with every number written out for reading: sizes in binary units (KiB, MiB, GiB),
-    thousands separated, three significant digits for fractional values, dollars to four significant digits; text
-    cells ("does not fit", "yes") as they are."""
-
-    def cell(value: object, unit: str) -> str:
-        if isinstance(value, str):
-            return value
-        number = float(value)  # type: ignore[arg-type]
-        if unit == "bytes":
-            return format_bytes(number)
-        if unit == "$":
-            return f"${number:,.4g}" if number < 1000 else f"${number:,.0f}"
-        if number == int(number) and abs(number) >= 1:
-            return f"{int(number):,}"
-        return f"{number:,.3f}" if abs(number) >= 1 else f"{number:.3g}"
-
-    shown = table.copy()
-    for column in shown.columns[2:]:
-        shown[column] = [cell(value, unit) for value, unit in zip(shown[column], shown["Unit"])]
-    shown["Unit"] = ["" if unit == "bytes" else unit for unit in shown["Unit"]]
-    return shown

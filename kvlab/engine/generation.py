@@ -27,7 +27,9 @@ from typing import Any, Literal
 
 import torch
 
+from kvlab.attention.backends import FLEX
 from kvlab.attention.context import ForwardContext, Observer, forward_context
+from kvlab.attention.flex import flex_compiles
 from kvlab.attention.function import install_attention
 from kvlab.attention.kernels import sdpa_backends
 from kvlab.attention.observe import window_probabilities
@@ -48,6 +50,7 @@ from kvlab.engine.spec import RunSpec
 from kvlab.engine.static import StaticSteps
 from kvlab.engine.stopping import StopTokens, eos_token_ids
 from kvlab.errors import KvlabError, shown_name
+from kvlab.models.compiled import compile_layers, layer_stance
 from kvlab.models.loading import LoadedModel, device_name
 from kvlab.models.rope import Rope
 from kvlab.modes import PREFILL, STREAMING
@@ -233,7 +236,8 @@ class Generation:
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
         heap.positions.begin(positions, last_position)
-        with forward_context(context), sdpa_backends(self.loaded.device):
+        fused = decoding and heap.static and self.attention == FLEX
+        with forward_context(context), sdpa_backends(self.loaded.device), layer_stance(self.loaded.model, fused):
             output = self.loaded.model(input_ids=ids, **kwargs)
         heap.positions.end(int(ids.shape[1]))
         return output.logits[:, -1, :].to(self.loaded.device)  # from the last layer's device, where split
@@ -254,6 +258,12 @@ class Generation:
     def graph_captured(self) -> None:
         """Count one more decode step captured in a CUDA graph."""
         self.decode_graphs += 1
+
+    def fuse_layers(self) -> None:
+        """Before the first captured step: under the ``flex`` backend where it compiles (CUDA with Triton), compile
+        the model's layers, so that its static steps run them fused (:mod:`kvlab.models.compiled`)."""
+        if self.attention == FLEX and flex_compiles():
+            compile_layers(self.loaded.model)
 
     def note_peak(self, kv_bytes: int, reserved_bytes: int) -> None:
         """Note bytes held beside the heap's own (a reconstruction's fork) if they are the most so far."""

@@ -101,6 +101,8 @@ class StaticSteps:
         loop = self.loop
         device = loop.loaded.device
         loop.cache.make_static()
+        if self.capture:
+            loop.fuse_layers()
         self.ids = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(1)
         self.position = torch.tensor([loop.cache.seen_tokens], dtype=torch.long, device=device)
 

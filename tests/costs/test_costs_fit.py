@@ -22,6 +22,7 @@ from kvlab.costs import (
     compare,
     cost_table,
     estimate,
+    formatted_costs,
     gpu_shares,
     gpus_that_fit,
     sequences_per_gpu,
@@ -133,7 +134,7 @@ def test_the_table_says_does_not_fit_instead_of_a_time_or_price() -> None:
 
 
 def test_sizes_are_written_in_binary_units() -> None:
-    table = cost_view.formatted_costs(cost_table(LLAMA3_70B, H100, SHORT)).set_index("Quantity")
+    table = formatted_costs(cost_table(LLAMA3_70B, H100, SHORT)).set_index("Quantity")
     assert table.loc["KV per token, all layers", "Full cache"] == "320 KiB"
     assert table.loc["KV per sequence", "Full cache"] == "1.25 GiB"
     assert table.loc["KV per sequence", "Evicted (keep 25%)"] == "320 MiB"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvlab.budget import Budget
-from kvlab.cache.ranking import by_score_then_position, tied_cut
+from kvlab.cache.ranking import by_score_then_position, tied_cut, victims
 from kvlab.engine.generation import generate
 from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import wrap_model
@@ -41,6 +41,21 @@ def test_a_cut_is_tied_when_the_best_victim_scores_as_the_worst_survivor() -> No
     assert tied_cut(keys[..., 0], keys[..., 1]).tolist() == [[False]]
     assert tied_cut(keys[..., 3], keys[..., 3]).tolist() == [[False]]  # kept by rule, not a measured tie
     assert bool(keys[..., 1] < keys[..., 2])  # among equal scores the older token goes first
+
+
+def test_one_victim_by_a_reduction_is_the_top_ks_with_the_same_tie() -> None:
+    generator = torch.Generator().manual_seed(3)
+    for trial in range(40):
+        scores = torch.randint(0, 4, (2, 3, 50), generator=generator).float()  # many ties
+        scores[0, 0, :10] = float("inf")  # tokens kept by rule
+        scores[1, 2] = float("inf") if trial % 2 else scores[1, 2]  # a head where only rule-kept tokens are left
+        positions = torch.randperm(60, generator=generator)[:50].expand(2, 3, 50).clone()
+        positions[:, 1, 5:9] = -1  # free slots
+        one = victims(scores, positions, 1)
+        order = by_score_then_position(scores.masked_fill(positions < 0, float("inf")), positions)
+        lowest = order.topk(2, dim=-1, largest=False, sorted=True)
+        assert torch.equal(one.slots, lowest.indices[..., :1])
+        assert one.tied is not None and torch.equal(one.tied, tied_cut(lowest.values[..., 0], lowest.values[..., 1]))
 
 
 @pytest.mark.parametrize("mode", ["prefill", "streaming"])

@@ -1,0 +1,71 @@
+"""The model's decoder layers compiled (``torch.compile``) for the fused decode steps of the ``flex`` backend.
+
+A decode step of one token reads the weights once, and everything between the matrix products (the norms in float32,
+the rotary embedding, the gated activation, the residual additions) is a few dozen tiny kernels per layer: over 32
+layers they cost milliseconds of launches even when the step is replayed from a CUDA graph. Compiled, each stretch
+between two matrix products becomes one fused kernel.
+
+Only the model's own arithmetic is compiled. The heap's ``update`` and kvlab's attention function are Python over
+the heap's state (slots, positions, what the policy observes); they are marked ``torch.compiler.disable``, so each
+layer compiles into the stretch before the cache write, the stretch after the attention, and nothing of kvlab. The
+graphs are the same for every layer (a layer's index is not specialised on), so a model compiles once per shape.
+
+Compiled code runs only where asked (:func:`layer_stance`): the static decode steps of the ``flex`` backend, whose
+shapes never change. Every other forward (prefill chunks, eager steps, another backend) runs the layers eagerly, as
+it did before they were compiled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch._dynamo
+
+#: Set on a model once its layers are compiled.
+COMPILED = "_kvlab_compiled_layers"
+
+
+def decoder_layers(model: Any) -> list[torch.nn.Module]:
+    """The decoder layers of a transformers causal LM (``model.get_decoder().layers``), or none where it has no such
+    list."""
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    layers = getattr(decoder, "layers", None)
+    return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
+
+
+def compile_layers(model: Any, backend: str | Callable[..., Any] = "inductor") -> bool:
+    """Compile ``model``'s decoder layers for fixed shapes (once per model; ``backend`` is torch.compile's). Whether
+    they are compiled now."""
+    if getattr(model, COMPILED, False):
+        return True
+    layers = decoder_layers(model)
+    if not layers:
+        return False
+    for layer in layers:
+        layer.compile(backend=backend, dynamic=False)
+    setattr(model, COMPILED, True)
+    return True
+
+
+def compiled(model: Any) -> bool:
+    """Whether ``model``'s layers were compiled by :func:`compile_layers`."""
+    return bool(getattr(model, COMPILED, False))
+
+
+@contextlib.contextmanager
+def layer_stance(model: Any, fused: bool) -> Iterator[None]:
+    """Run ``model``'s forward with its compiled layers where ``fused`` (a static decode step of the ``flex``
+    backend), eagerly otherwise; nothing changes for a model whose layers were never compiled. Fused forwards treat
+    a layer's integer attributes (its index) as inputs, so the 32 layers of a model share one compiled graph."""
+    if not compiled(model):
+        yield
+    elif fused:
+        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+            yield
+    else:
+        with torch.compiler.set_stance("force_eager"):
+            yield

@@ -1,0 +1,92 @@
+"""The model's layers compiled for the ``flex`` backend's static decode steps: the same tokens and kept sets as the
+eager layers, one compiled graph shared by every layer, kvlab's own code never traced, and every other forward eager.
+On a CPU the layers compile with a backend that records each graph and runs it as traced (split as on a GPU, run by
+PyTorch's own kernels); the fused kernels' speed on a GPU is ``bench/heap_gpu.py``'s."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import prompt, small_policy, tiny_model
+from torch._dynamo.utils import counters
+
+from kvlab.budget import Budget
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec
+from kvlab.models.compiled import compile_layers, compiled, decoder_layers, layer_stance
+from kvlab.models.loading import wrap_model
+
+
+class Recorder:
+    """A torch.compile backend that keeps the graphs it is given and runs them as traced."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        self.graphs.append(graph)
+        return graph.forward
+
+
+@pytest.fixture
+def recorder():
+    torch._dynamo.reset()
+    counters.clear()
+    yield Recorder()
+    torch._dynamo.reset()
+
+
+def run(loaded, ids, policy: str, attention: str):
+    spec = RunSpec(
+        small_policy(policy),
+        Budget(tokens=14) if policy != "full" else None,
+        mode="streaming" if policy != "full" else "prefill",
+        chunk=7,
+        max_new_tokens=8,
+        stop_token_ids=(),
+        static=True,
+        attention=attention,
+    )
+    return generate(loaded, ids, spec)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gemma2"])
+def test_compiled_layers_decode_the_tokens_of_eager_layers_with_one_graph_for_all_layers(architecture, recorder):
+    loaded = wrap_model(tiny_model(architecture))
+    ids = prompt(batch=2, length=40, seed=5)
+    policies = ("full", "streaming", "h2o", "tova")
+    eager = {policy: run(loaded, ids, policy, "flex") for policy in policies}
+    assert compile_layers(loaded.model, backend=recorder) and compiled(loaded.model)
+    for policy in policies:
+        fused = run(loaded, ids, policy, "flex")
+        assert fused.tokens == eager[policy].tokens, policy
+        assert fused.kept_per_layer == eager[policy].kept_per_layer, policy
+    graph_breaks = [reason for reason in counters["graph_break"] if "disable" in reason]
+    # split only where kvlab's code is called (the heap's write, the attention), never traced into
+    assert graph_breaks and all("KVHeap.update" in reason or "kvlab_attention" in reason for reason in graph_breaks)
+    traced = [node.target for graph in recorder.graphs for node in graph.graph.nodes if node.op == "call_function"]
+    assert traced and not any("kvlab" in getattr(target, "__module__", "") for target in traced)
+    # a few graphs per stretch of a layer whatever the layer's index, not a set per layer
+    assert 0 < len(recorder.graphs) <= 8
+
+
+def test_only_the_flex_backends_static_steps_run_the_compiled_layers(recorder):
+    loaded = wrap_model(tiny_model("llama"))
+    ids = prompt(batch=1, length=30, seed=3)
+    compile_layers(loaded.model, backend=recorder)
+    run(loaded, ids, "h2o", "sdpa")  # a prefill, static steps of another backend: nothing compiled
+    with layer_stance(loaded.model, fused=False):
+        loaded.model(input_ids=ids)
+    assert recorder.graphs == []
+    run(loaded, ids, "h2o", "flex")
+    assert recorder.graphs
+
+
+def test_a_model_without_a_list_of_decoder_layers_is_left_as_it_is():
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    model = Plain()
+    assert decoder_layers(model) == [] and not compile_layers(model) and not compiled(model)
+    assert len(decoder_layers(tiny_model("llama"))) == 3
