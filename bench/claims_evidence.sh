@@ -6,7 +6,7 @@
 #             token removed, StreamingLLM with 0, 1, 4, 8, 32 sinks at budgets of 64, 128 and 256 tokens)
 #   overhead  eviction below 4K tokens: `bench/short_context_overhead.py` (time with and without eviction)
 #   profile   attention on the first token and entropy per layer: `bench/attention_profile.py`
-#   claims    `kvlab claims`: every claim evaluated against the store and the JSONs, written into the store
+#   claims    `kvlab claims --refresh`: every claim evaluated against the store and the JSONs, written into the store
 # Every run goes into one store (default kvlab/data/runs/claims.duckdb, the evidence the Claims page shows), every JSON
 # under bench/results (or $KVLAB_RESULTS). Name steps as arguments to run only those (default: all, in that order).
 # Environment: PYTHON (default .venv/bin/python), KVLAB_CLAIMS_DB, KVLAB_RESULTS, KVLAB_CLAIM_MODELS (labels as
@@ -52,5 +52,5 @@ for step in $steps; do
       *) echo "unknown step $step (needle, sinks, overhead, profile, claims)" >&2; exit 2 ;;
     esac
   done
-  if [ "$step" = claims ]; then "$python" -m kvlab claims --db "$db"; fi
+  if [ "$step" = claims ]; then "$python" -m kvlab claims --db "$db" --refresh; fi
 done

@@ -14,7 +14,7 @@
 #   quality     the claims' text passes (bench/heap_quality.py): the full cache, K4, K2 and V2, the hybrid
 #   frontier    the other text passes: the allocations at 615 tokens, K8/V8/V4, 4 bits keeping 308, and the
 #               generational cache against H2O in streaming mode (compact layout)
-#   claims      `kvlab claims`: every claim evaluated against the store (needs no GPU)
+#   claims      `kvlab claims --refresh`: every claim evaluated against the store (needs no GPU)
 # Parts of at most 8 minutes each on one H100 80GB HBM3 (estimated from the store's earlier timings):
 #   KVLAB_CLAIM_MODELS=kvlab-tiny-llama bash bench/heap_claims.sh budgets precision generational pillars quality
 #   KVLAB_CLAIM_MODELS=kvlab-tiny-llama bash bench/heap_claims.sh frontier
@@ -93,5 +93,5 @@ for step in $steps; do
         ;;
     esac
   done
-  if [ "$step" = claims ]; then "$python" -m kvlab claims --db "$db"; fi
+  if [ "$step" = claims ]; then "$python" -m kvlab claims --db "$db" --refresh; fi
 done

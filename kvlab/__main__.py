@@ -1,5 +1,5 @@
 """Entry point of ``python -m kvlab``."""
 
-from kvlab.cli import run
+from kvlab.console import run
 
 run()

@@ -5,6 +5,9 @@ is raised as a :class:`KvlabError` whose message is one plain sentence. The CLI 
 non-zero; the dashboard shows it on the page. Anything else is a bug and keeps its traceback.
 """
 
+#: What a command says, and its exit status, when Ctrl-C ends it (at any moment: :mod:`kvlab.console`).
+INTERRUPTED = "Interrupted."
+INTERRUPTED_STATUS = 130
 #: A quoted model name is cut to this many characters, so a pasted page cannot flood a message.
 _SHOWN_NAME_CHARS = 80
 

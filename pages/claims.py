@@ -59,7 +59,7 @@ if path == default_db_path():
             else:
                 st.rerun()
 else:
-    st.caption("The shipped evidence is refreshed from the command line: `python -m kvlab claims`.")
+    st.caption("The shipped evidence is refreshed from the command line: `python -m kvlab claims --refresh`.")
 
 for row in view.itertuples(index=False):
     with st.container(border=True, key=f"claim-{row.number}"):

@@ -15,7 +15,7 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from kvlab.cli import claims, costs, evaluation, generate, live, profile, quality, sidechannel, store
-from kvlab.errors import KvlabError
+from kvlab.errors import INTERRUPTED, INTERRUPTED_STATUS, KvlabError
 from kvlab.guard import log_to_file
 
 Command = Callable[[argparse.Namespace], int]
@@ -68,16 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {one_line(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("Interrupted.", file=sys.stderr)
-        return 130
+        print(INTERRUPTED, file=sys.stderr)
+        return INTERRUPTED_STATUS
     except BrokenPipeError:  # the reader of our output went away (`kvlab runs | head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as error:
         print(f"error: {log_to_file(error, f'kvlab {args.command}')}", file=sys.stderr)
         return 1
-
-
-def run() -> None:
-    """The ``kvlab`` console command: :func:`main` with its status as the process's exit status."""
-    sys.exit(main())

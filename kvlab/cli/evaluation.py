@@ -26,7 +26,8 @@ from kvlab.cli.options import (
     run_spec_from_args,
     whole,
 )
-from kvlab.errors import KvlabError
+from kvlab.errors import INTERRUPTED_STATUS, KvlabError
+from kvlab.files import check_file
 from kvlab.modes import MODES, PREFILL, modes_help
 from kvlab.store import RunFilter, Store, default_db_path, has_database, open_store
 from kvlab.tasks.ruler_score import ruler_scores
@@ -271,7 +272,7 @@ def _run_and_report(model: LoadedModel | UnitExecutor, store: Store, grid: Sweep
             f"interrupted after {summary.ran} new trials; run the same command again to resume ({store.path}).",
             file=sys.stderr,
         )
-        return 130
+        return INTERRUPTED_STATUS
     print(
         f"ran {summary.ran} trials, {summary.skipped} were already stored; runs "
         f"{', '.join(map(str, summary.run_ids))} in {store.path}"
@@ -302,7 +303,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from kvlab.runs.records import items_hash, run_config, stops_for  # loads torch: not at import time
     from kvlab.tasks.items import load_jsonl  # loads torch: not at import time
 
-    spec = run_spec_from_args(args)  # bad settings and stores are refused before the model loads
+    spec = run_spec_from_args(args)  # bad settings, task files and stores are refused before the model loads
+    check_file(args.tasks, "task file")
     store = open_store(args.db) if args.db else None
     loaded = load_model_from_args(args)
     items = load_jsonl(args.tasks, loaded.tokenizer, loaded.limits, args.max_new_tokens)

@@ -34,6 +34,7 @@ from typing import Any, Union
 
 import torch
 
+from kvlab import files
 from kvlab.errors import KvlabError, NotAModel, not_fetched, shown_name
 from kvlab.hashing import chunks_sha256, text_sha256
 from kvlab.models import gguf
@@ -68,6 +69,10 @@ DEVICE_MAP_STRATEGIES: tuple[str, ...] = ("auto", "balanced", "sequential")
 #: Where a device map may put a module: a GPU by index, the CPU, or the disk (weights read back at every forward).
 DeviceEntry = Union[int, str]
 DeviceMap = Union[str, dict[str, DeviceEntry]]
+
+
+#: The largest device map file read: a map names each module once, so a few hundred kilobytes is already huge.
+DEVICE_MAP_BYTES = 1 << 20
 
 
 def default_model() -> str:
@@ -287,14 +292,13 @@ def parse_device_map(value: str | Mapping[str, Any]) -> DeviceMap:
                 f"Unknown device map {text[:60]!r}; use {', '.join(DEVICE_MAP_STRATEGIES)}, or a JSON file or object "
                 "mapping module names to devices."
             )
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise KvlabError(f"Could not read the device map {shown_name(str(path))}: {_first_line(error)}") from None
+        text = files.read_text(path, "device map", limit=DEVICE_MAP_BYTES)
     try:
         mapping = json.loads(text)
     except json.JSONDecodeError as error:
         raise KvlabError(f"The device map is not valid JSON ({error.msg} at character {error.pos}).") from None
+    except RecursionError:
+        raise KvlabError("The device map is nested too deeply to be a device map.") from None
     if not isinstance(mapping, dict) or not mapping:
         raise KvlabError(
             'A device map is a JSON object mapping module names to devices, like {"model.layers.0": 0, '

@@ -22,7 +22,7 @@ import duckdb
 
 from kvlab.errors import KvlabError
 from kvlab.paths import user_file
-from kvlab.store.errors import DB_ENV_VAR, disk_full, is_disk_full, open_error, unreadable
+from kvlab.store.errors import DB_ENV_VAR, disk_full, is_disk_full, open_error, query_error, unreadable
 from kvlab.store.rows import utcnow
 from kvlab.store.schema import SCHEMA_VERSION, migrate, usable_version
 
@@ -119,10 +119,22 @@ def check_openable(path: Path, *, write: bool) -> None:
         pass
 
 
+def read_every_block(path: Path, connection: duckdb.DuckDBPyConnection) -> None:
+    """Read every column of every table of the database once (DuckDB checks each block's checksum as it reads), so
+    that a damaged block is one sentence now: a writer refuses what a reader would call damaged, before it writes."""
+    tables = connection.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()
+    for (table,) in tables:
+        try:
+            connection.execute(f'SELECT bit_xor(hash(COLUMNS(*))) FROM "{table}"').fetchall()
+        except duckdb.Error as exc:
+            raise query_error(path, exc, writing=False) from exc
+
+
 def _open_writable(path: Path) -> duckdb.DuckDBPyConnection:
     """Open ``path`` for writing, creating it when missing, and bring its schema up to date.
 
-    An existing file is first inspected read-only, so a file that will be refused is never opened for writing. An
+    An existing file is first inspected read-only, every block of it read as a reader would (a damaged store is
+    refused untouched, not written into), so a file that will be refused is never opened for writing. An
     empty file (what a database whose creation found a full disk leaves) holds nothing and is created afresh; a
     file this call created is removed again when creating it fails. Runs still marked running, and sweeps still
     queued or running, are marked interrupted: DuckDB's file lock means no other process can be writing them, and
@@ -135,6 +147,7 @@ def _open_writable(path: Path) -> duckdb.DuckDBPyConnection:
     else:
         with contextlib.closing(_duckdb_connect(path, read_only=True)) as inspection:
             usable_version(path, inspection)
+            read_every_block(path, inspection)
     try:
         connection = _duckdb_connect(path, read_only=False)
     except KvlabError:

@@ -1,9 +1,10 @@
 """Stored runs and trials written out as CSV or Parquet files, safely.
 
 An export never writes over the database it reads (or its write-ahead log), nor over any other DuckDB database,
-whatever path, symlink or hard link names it; it never creates directories (a typo in a path is a sentence, not a
-new directory tree); and it writes a temporary file next to the target and renames it, so a full disk leaves the
-old file, not half a new one. In CSV, text cells that a spreadsheet would run as a formula (starting with ``=``,
+whatever path, symlink or hard link names it; it never writes through a symlink into the file it points to (the
+link itself is replaced); it never creates directories (a typo in a path is a sentence, not a new directory tree);
+and it writes a temporary file next to the target and renames it, so a full disk leaves the old file, not half a
+new one. In CSV, text cells that a spreadsheet would run as a formula (starting with ``=``,
 ``+``, ``-``, ``@``, a tab or a carriage return) get a leading apostrophe, as OWASP advises against formula
 injection; Parquet keeps values exactly, since it is read as data.
 """
@@ -84,19 +85,21 @@ def frame_bytes(frame: pd.DataFrame, suffix: str) -> bytes:
 
 
 def check_output(out: Path, protected: Iterable[Path] = ()) -> Path:
-    """The resolved file an export may write for ``out``, or one sentence saying why not: a wrong extension, a
-    missing directory, a directory, a file in use (``protected``: compared after resolving links, and by inode for
-    hard links), or any DuckDB database."""
+    """The file an export may write for ``out`` (its directory resolved, its own name kept: a symlink there is
+    replaced by the export, never written through), or one sentence saying why not: a wrong extension, a missing
+    directory, a directory, a file in use (``protected``: compared after resolving links, and by inode for hard
+    links), or any DuckDB database."""
     suffix = out.suffix.lower()
     if suffix not in EXPORT_SUFFIXES:
         raise KvlabError(f"Cannot export to {out}: the file name must end in .csv or .parquet.")
-    target = out.expanduser().resolve()
+    given = out.expanduser()
+    target = given.parent.resolve() / given.name  # the name itself, not what a link there points to
     if not target.parent.is_dir():
         raise KvlabError(f"Cannot export to {out}: the directory {out.parent} does not exist; create it first.")
     if target.is_dir():
         raise KvlabError(f"Cannot export to {out}: it is a directory.")
     for path in protected:
-        if target == path.resolve() or (target.exists() and path.exists() and os.path.samefile(target, path)):
+        if target.resolve() == path.resolve() or (target.exists() and path.exists() and os.path.samefile(target, path)):
             raise KvlabError(f"Refusing to export to {out}: it is {path}, which the export reads; choose another file.")
     if target.is_file() and _is_duckdb(target):
         raise KvlabError(f"Refusing to export to {out}: it is a DuckDB database, and an export never writes over one.")

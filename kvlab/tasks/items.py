@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
+from kvlab import files
 from kvlab.errors import KvlabError
 from kvlab.hashing import text_sha256
 from kvlab.models.limits import Limits
@@ -140,12 +141,7 @@ def load_jsonl(path: str | Path, tokenizer: Any, limits: Limits = Limits(), new_
     until the whole file reads cleanly.
     """
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise KvlabError(f"Cannot read the task file {path}: {error.strerror}.") from None
-    except UnicodeDecodeError:
-        raise KvlabError(f"The task file {path} is not UTF-8 text.") from None
+    lines = files.read_text(path, "task file").splitlines()
     items: list[TaskItem] = []
     seen: set[str] = set()
     for number, line in enumerate(lines, start=1):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvlab import files
 from kvlab.budget import Budget
 from kvlab.errors import KvlabError
 from kvlab.hashing import text_sha256
@@ -75,15 +76,10 @@ def scored_tokens(
 
 
 def read_text(path: str | Path, what: str = "text file") -> str:
-    """A UTF-8 text file's content; a file that cannot be read, is not UTF-8 or holds no text is one sentence that
-    calls it ``what`` (``text file``, ``prompt file``)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise KvlabError(f"Cannot read the {what} {path}: {error.strerror or error}.") from None
-    except UnicodeDecodeError:
-        raise KvlabError(f"The {what} {path} is not UTF-8 text.") from None
+    """A UTF-8 text file's content, read within kvlab's bound (:mod:`kvlab.files`); a file that cannot be read, is
+    not a regular file, is too large, is not UTF-8 or holds no text is one sentence that calls it ``what`` (``text
+    file``, ``prompt file``)."""
+    text = files.read_text(path, what)
     if not text.strip():
         raise KvlabError(f"The {what} {path} holds no text.")
     return text

@@ -1,4 +1,5 @@
-"""``kvlab claims``: evaluates every claim against a store, refreshes its claims table, prints the chosen ones."""
+"""``kvlab claims``: evaluates every claim against a store and prints the chosen ones, reading the store only unless
+``--refresh`` asks it to store the evaluation in its claims table."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def claims(*argv: str) -> int:
 
 def test_the_table_shows_the_chosen_claims_and_every_claim_is_stored(tmp_path, capsys):
     db = tmp_path / "runs.duckdb"
-    assert claims("--db", str(db), "--only", "5", "--only", "9,3") == 0
+    assert claims("--db", str(db), "--refresh", "--only", "5", "--only", "9,3") == 0
     out, err = capsys.readouterr()
     assert [line[:3].strip() for line in out.splitlines() if line[:3].strip().isdigit()] == ["3", "5", "9"]
     flat = " ".join(out.split())  # the table wraps long cells
@@ -32,6 +33,18 @@ def test_the_table_shows_the_chosen_claims_and_every_claim_is_stored(tmp_path, c
     assert f"{len(CATALOGUE)} claims evaluated against {db}" in err
     with open_store(db, read_only=True) as store:
         assert len(store.claims_frame()) == len(CATALOGUE)
+
+
+def test_without_refresh_the_store_is_only_read(tmp_path, capsys):
+    db = tmp_path / "runs.duckdb"
+    assert claims("--db", str(db), "--only", "1") == 0  # no store yet: evaluated as empty, none made
+    assert not db.exists() and "read only (--refresh stores them)" in capsys.readouterr().err
+    open_store(db).close()
+    before = db.read_bytes()
+    assert claims("--db", str(db)) == 0
+    assert db.read_bytes() == before
+    with open_store(db, read_only=True) as store:
+        assert store.claims_frame().empty
 
 
 def test_machine_readable_formats(tmp_path, capsys):
@@ -123,7 +136,9 @@ def test_an_installed_kvlab_evaluates_its_shipped_evidence_without_writing_it(in
     flat = " ".join(out.split())
     assert [line[:3].strip() for line in out.splitlines() if line[:3].strip().isdigit()] == ["1", "29"]
     assert "bench/results/attention (the benchmark results are not installed when kvlab runs from a wheel" in flat
-    assert f"claims evaluated against {installed}, which is installed with kvlab and left as it is." in err
+    assert f"claims evaluated against {installed}, read only" in err
+    assert claims("--refresh") == 2
+    assert "is installed with kvlab and is not written" in capsys.readouterr().err
     assert (installed.read_bytes(), installed.stat().st_mtime_ns) == before
     with open_store(installed, read_only=True) as store:
         assert store.claims_frame().empty

@@ -197,6 +197,17 @@ def test_a_damaged_block_inside_a_valid_database_is_one_sentence(tmp_path: Path)
     assert damaged_reads >= 1
 
 
+@pytest.mark.slow
+def test_a_writer_refuses_a_store_a_reader_calls_damaged_and_leaves_its_bytes(tmp_path: Path) -> None:
+    copy = damaged_database(tmp_path)
+    before = copy.read_bytes()
+    with pytest.raises(KvlabError, match=f"The database {copy} is damaged: .*left untouched"):
+        open_store(copy)
+    done = kvlab("claims", "--db", str(copy), "--refresh")
+    assert done.returncode == 2 and "is damaged" in done.stderr
+    assert copy.read_bytes() == before
+
+
 @contextlib.contextmanager
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MB tmpfs, or a skip where this process may not mount one."""
@@ -274,6 +285,16 @@ def test_an_export_never_writes_over_the_database_it_reads(filled, tmp_path: Pat
     with pytest.raises(KvlabError, match="Refusing to export to .*link.csv: it is .*runs.duckdb"):
         export_trials(filled, link)
     assert db.read_bytes() == before and link.is_symlink()
+
+
+def test_an_export_to_a_symlink_replaces_the_link_and_leaves_its_target_alone(filled, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a file the link points to")
+    link = tmp_path / "link.parquet"
+    link.symlink_to(notes)
+    assert export_trials(filled, link) == 3
+    assert notes.read_text() == "a file the link points to"
+    assert not link.is_symlink() and pd.read_parquet(link).shape[0] == 3
 
 
 @pytest.mark.slow

@@ -1,0 +1,85 @@
+"""The one bounded reader of files a user names: devices, pipes, directories and giants refused from ``stat``
+before a byte is read, one sentence each, through every command that reads such a file."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from kvlab import files
+from kvlab.cli import main
+from kvlab.errors import KvlabError
+from kvlab.tasks.items import load_jsonl
+from kvlab.tasks.texts import read_text
+
+
+def test_a_regular_file_is_read_and_its_limit_holds(tmp_path):
+    path = tmp_path / "prompt.txt"
+    path.write_text("héllo")
+    assert files.read_text(path, "prompt file") == "héllo"
+    with pytest.raises(KvlabError, match="larger than the 5 B kvlab reads from a file; set KVLAB_MAX_FILE_MIB"):
+        files.read_bytes(path, "prompt file", limit=5)
+    (tmp_path / "latin.txt").write_bytes(b"\xe9t\xe9")
+    with pytest.raises(KvlabError, match="is not UTF-8 text"):
+        files.read_text(tmp_path / "latin.txt", "text file")
+
+
+def test_devices_pipes_directories_and_missing_files_are_refused_before_reading(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path, sentence in [
+        ("/dev/zero", "a device, pipe or socket, not a regular file"),
+        (fifo, "a device, pipe or socket, not a regular file"),  # reading would block: refused without opening
+        (tmp_path, "it is a directory"),
+        (tmp_path / "absent.txt", "No such file"),
+    ]:
+        with pytest.raises(KvlabError, match=sentence):
+            files.read_bytes(path, "prompt file")
+
+
+def test_a_sparse_giant_is_refused_by_its_size(tmp_path, monkeypatch):
+    giant = tmp_path / "giant.txt"
+    with giant.open("wb") as handle:
+        handle.truncate(8 << 30)  # 8 GiB of holes: no disk used, no byte read
+    with pytest.raises(KvlabError, match="larger than the 512 MiB"):
+        files.read_bytes(giant, "task file")
+    monkeypatch.setenv(files.MAX_FILE_ENV, "1")
+    small = tmp_path / "two_mib.txt"
+    small.write_bytes(b"x" * (2 << 20))
+    with pytest.raises(KvlabError, match="larger than the 1.00 MiB"):
+        read_text(small, "text file")
+    for bad in ("0", "-3", "1e9", "lots"):
+        monkeypatch.setenv(files.MAX_FILE_ENV, bad)
+        with pytest.raises(KvlabError, match="KVLAB_MAX_FILE_MIB must be a whole number of MiB"):
+            files.most_file_bytes()
+
+
+def test_task_files_and_text_files_go_through_the_bounded_reader(tmp_path):
+    with pytest.raises(KvlabError, match="Cannot read the task file /dev/zero: it is a device"):
+        load_jsonl("/dev/zero", tokenizer=None)
+    with pytest.raises(KvlabError, match="Cannot read the text file /dev/zero: it is a device"):
+        read_text("/dev/zero")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["generate", "--prompt-file", "{fifo}", "--policy", "full"],
+        ["live", "--text-file", "{fifo}", "--question", "q", "--answer", "a"],
+        ["quality", "--text", "/dev/zero"],
+        ["eval", "--tasks", "/dev/zero"],
+    ],
+)
+def test_commands_refuse_a_pipe_or_a_device_in_one_sentence_without_hanging(command, tmp_path, capsys):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    argv = [part.replace("{fifo}", str(fifo)) for part in command]
+    done: list[int] = []
+    worker = threading.Thread(target=lambda: done.append(main(argv)), daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert done == [2], "the command hung or failed otherwise"
+    err = capsys.readouterr().err
+    assert "not a regular file" in err and len(err.strip().splitlines()) == 1
