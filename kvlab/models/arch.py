@@ -6,6 +6,7 @@ read from the config alone (no weights), so a pasted ``config.json`` or a hub co
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -18,6 +19,18 @@ DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float
 def dtype_name(dtype: object) -> str:
     """A dtype as stored with runs and written in configs: ``bfloat16`` for ``torch.bfloat16`` or ``"bfloat16"``."""
     return str(dtype).removeprefix("torch.")
+
+
+#: The most positions a config may state: 128M tokens, far beyond any released model, far below an overflow.
+MOST_POSITIONS = 1 << 27
+#: The largest structural counts a config may state, far beyond any released model.
+MOST = {
+    "num_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "hidden_size": 1 << 17,
+    "head_dim": 4096,
+}
 
 
 @dataclass(frozen=True)
@@ -124,7 +137,11 @@ def arch_from_config(config: Any, *, derive: bool = True) -> ArchFacts:
             "attention heads or hidden size."
         )
     num_kv_heads = _get(text, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=num_q_heads)
+    _check_counts(num_layers=num_layers, num_attention_heads=num_q_heads, hidden_size=hidden)
+    _check_counts(num_key_value_heads=num_kv_heads)
     head_dim = _get(text, "head_dim", default=int(hidden) // int(num_q_heads))
+    _check_counts(head_dim=head_dim)
+    _check_norm(text)
     window, sliding = _sliding_layers(text, int(num_layers))
     return ArchFacts(
         model_type=str(_get(text, "model_type", default="unknown")),
@@ -142,6 +159,34 @@ def arch_from_config(config: Any, *, derive: bool = True) -> ArchFacts:
 
 
 def _positions(config: Any) -> int | None:
-    """The model's position limit, if its config states a positive whole number of them."""
+    """The model's position limit where its config states one. A config can only lower kvlab's bounds, never lift
+    them: a stated limit that is not a whole number from 1 to :data:`MOST_POSITIONS` is one sentence, not "no
+    limit"."""
     value = _get(config, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MOST_POSITIONS:
+        raise KvlabError(
+            f"The config's position limit ({str(value)[:40]}) is not a whole number from 1 to {MOST_POSITIONS:,}; "
+            "kvlab does not run a model without a sane position limit."
+        )
+    return value
+
+
+def _check_counts(**counts: Any) -> None:
+    """Each of the config's structural counts is a whole number within :data:`MOST`, checked before anything is
+    allocated from it (a config of 100,000 layers would load for minutes first)."""
+    for name, value in counts.items():
+        most = MOST[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise KvlabError(f"The config's {name} ({str(value)[:40]}) is not a whole number from 1 to {most:,}.")
+
+
+def _check_norm(config: Any) -> None:
+    """A normalisation epsilon, where the config states one, is a finite positive number (NaN would make every
+    output NaN, silently)."""
+    eps = _get(config, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+    if eps is None:
+        return
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise KvlabError(f"The config's normalisation epsilon ({str(eps)[:40]}) is not a finite positive number.")
