@@ -25,6 +25,7 @@ device synchronised around each recall): the engine reports them per decoded tok
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ from kvlab.cache.layer import FREE, HeapLayer, Slots
 from kvlab.cache.offload import FileRegion, HostStore, OffloadFile, PageShape
 from kvlab.cache.sparse import quest_bounds
 from kvlab.cache.spec import DemotionSpec
+from kvlab.errors import KvlabError
+from kvlab.units import format_bytes
 
 #: Where demotion holds bytes, as runs report them: on the GPU beside the heap, in CPU memory, in the offload file.
 TIERS: tuple[str, ...] = ("gpu", "cpu", "disk")
@@ -125,11 +128,18 @@ class Demotion:
     """The demotion tiers of one generation's heap, shared by its :class:`DemotingLayer` objects."""
 
     def __init__(self, spec: DemotionSpec, num_layers: int) -> None:
+        memory = physical_memory()
+        if memory is not None and spec.cpu_bytes > memory:
+            raise KvlabError(
+                f"A CPU tier of {format_bytes(spec.cpu_bytes)} is more than this machine's {format_bytes(memory)} of "
+                "memory; lower cpu_tier_mib."
+            )
         self.spec = spec
         self.num_layers = num_layers
         self.layers: list[DemotedLayer | None] = [None] * num_layers
         self.moves = Moves()
-        self.file: OffloadFile | None = None
+        #: The offload file, its bytes reserved now, so that a disk without the room is refused before any work.
+        self.file = OffloadFile(spec.disk_bytes) if spec.disk_bytes else None
         self._clock = 0
         self._side: torch.cuda.Stream | None = None
 
@@ -163,9 +173,9 @@ class Demotion:
         shape = PageShape(batch, kv_heads, self.spec.page_tokens, head_dim, like.dtype)
         share = self.num_layers * shape.page_bytes()
         cpu_capacity, disk_capacity = self.spec.cpu_bytes // share, self.spec.disk_bytes // share
-        if self.file is None and disk_capacity:
-            self.file = OffloadFile([shape] * self.num_layers, disk_capacity)
-        region = self.file.regions[layer_idx] if self.file is not None else None
+        if self.file is not None and disk_capacity and not self.file.regions:
+            self.file.map([shape] * self.num_layers, disk_capacity)
+        region = self.file.regions[layer_idx] if self.file is not None and disk_capacity else None
         host = HostStore(shape, cpu_capacity, pinned=like.device.type == "cuda")
         layer = DemotedLayer(shape, like.device, host, region, disk_capacity)
         self.layers[layer_idx] = layer
@@ -555,3 +565,11 @@ class DemotingLayer(HeapLayer):
     def capturable(self) -> bool:
         """A recall's pages are chosen and copied from the host at every step."""
         return False
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes, where the system says it."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -12,6 +12,7 @@ file), so a page read back equals the page written.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import weakref
 from dataclasses import dataclass
@@ -21,9 +22,12 @@ import numpy as np
 import torch
 
 from kvlab.errors import KvlabError
+from kvlab.units import format_bytes
 
 #: Where the file tier's files are created, when set (else the system's temporary directory).
 OFFLOAD_DIR_VARIABLE = "KVLAB_OFFLOAD_DIR"
+#: The start of an offload file's name, followed by the pid of the process that made it.
+FILE_PREFIX = "kvlab-demoted-"
 
 
 @dataclass(frozen=True)
@@ -118,35 +122,93 @@ class HostStore:
 
 
 class OffloadFile:
-    """One memory-mapped file for a whole run: a region of ``capacity`` page slots per layer, created sparse (disk
-    blocks are taken as pages are written) and removed when the run closes it, or when it is collected."""
+    """One memory-mapped file for a whole run, ``size`` bytes reserved when the run starts; once the pages' shape is
+    known (:meth:`map`), a region of page slots per layer.
 
-    def __init__(self, shapes: list[PageShape], capacity: int, directory: str | None = None) -> None:
-        folder = directory or os.environ.get(OFFLOAD_DIR_VARIABLE) or tempfile.gettempdir()
-        self.capacity = capacity
+    The file lies in a directory only its user can enter (:func:`private_directory`), is readable by its user alone
+    (0600), and is named after the process, so that files a killed run left behind are removed by the next run
+    (:func:`remove_stale`). Its blocks are reserved before anything is mapped (``posix_fallocate``): a disk without
+    the room is one sentence before the run does any work, rather than a SIGBUS when a page is written into a hole
+    the disk cannot fill. It is removed when the run closes it, or when it is collected."""
+
+    def __init__(self, size: int, directory: str | None = None) -> None:
+        folder = private_directory(Path(directory or os.environ.get(OFFLOAD_DIR_VARIABLE) or tempfile.gettempdir()))
+        remove_stale(folder)
+        self.size = size
+        self.regions: list[FileRegion] = []
         try:
-            handle, name = tempfile.mkstemp(prefix="kvlab-demoted-", suffix=".kv", dir=folder)
+            handle, name = tempfile.mkstemp(prefix=f"{FILE_PREFIX}{os.getpid()}-", suffix=".kv", dir=folder)
         except OSError as error:
             raise KvlabError(f"Could not create the offload file in {folder}: {error.strerror}.") from None
         self.path = Path(name)
         self._finalizer = weakref.finalize(self, _remove, self.path)
+        try:
+            os.posix_fallocate(handle, 0, max(size, 1))
+        except OSError as error:
+            self.close()
+            raise KvlabError(
+                f"Could not reserve {format_bytes(size)} for the offload file in {folder} ({error.strerror}); "
+                f"free some space or lower disk_tier_mib."
+            ) from None
+        finally:
+            os.close(handle)
+
+    def map(self, shapes: list[PageShape], capacity: int) -> list[FileRegion]:
+        """The regions of ``capacity`` page slots of each shape, one after another in the reserved bytes."""
         offsets, total = [], 0
         for shape in shapes:
             offsets.append(total)
             total += capacity * shape.page_bytes()
-        try:
-            os.ftruncate(handle, max(total, 1))
-        except OSError as error:
-            self.close()
-            raise KvlabError(f"Could not size the offload file {self.path}: {error.strerror}.") from None
-        finally:
-            os.close(handle)
+        if total > self.size:
+            raise ValueError(f"{total} bytes of pages do not fit the {self.size} reserved")
         self.regions = [FileRegion(self.path, shape, capacity, offset) for shape, offset in zip(shapes, offsets)]
+        return self.regions
 
     def close(self) -> None:
         """Remove the file (the regions' maps are dropped with it)."""
         self.regions = []
         self._finalizer()
+
+
+def private_directory(folder: Path) -> Path:
+    """``folder``'s subdirectory of this user's offload files, made 0700 and checked to be a real directory that this
+    user owns (not a link another user planted), or one sentence."""
+    private = folder / f"kvlab-offload-{os.getuid()}"
+    try:
+        private.mkdir(mode=0o700, exist_ok=True)
+        status = private.lstat()
+    except OSError as error:
+        raise KvlabError(f"Could not create the offload directory {private}: {error.strerror}.") from None
+    if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid():
+        raise KvlabError(
+            f"The offload directory {private} is not a directory of this user; remove it or set "
+            f"{OFFLOAD_DIR_VARIABLE} elsewhere."
+        )
+    if status.st_mode & 0o077:
+        private.chmod(0o700)
+    return private
+
+
+def remove_stale(folder: Path) -> list[Path]:
+    """Remove the offload files in ``folder`` whose process is gone (a run killed with -9 cannot remove its own);
+    the removed paths."""
+    removed = []
+    for path in folder.glob(f"{FILE_PREFIX}*-*.kv"):
+        pid_text = path.name.removeprefix(FILE_PREFIX).split("-", 1)[0]
+        if pid_text.isdigit() and not _alive(int(pid_text)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _remove(path: Path) -> None:

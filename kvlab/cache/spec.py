@@ -48,6 +48,11 @@ SUMMARIES: tuple[str, ...] = ("minmax", "mean")
 ADAKV_SAFEGUARD = 0.2
 
 
+#: The largest demotion tier a spec may ask for (1 PiB): beyond any machine, far below a float's overflow. A tier
+#: larger than the machine's memory or free disk is refused when the run starts (``kvlab.cache.demotion``).
+MOST_TIER_MIB = float(1 << 30)
+
+
 @dataclass(frozen=True)
 class TierSpec:
     """What the cold tier holds: bits per key and per value element, and the quantisation group (tokens per key
@@ -95,10 +100,16 @@ class CacheOptions:
     noise: str = param("none", choices=NOISE_KINDS, help="noise added to the scores before ranking")
     noise_scale: float = param(0.0, minimum=0.0, help="noise scale, relative to the spread of the scores")
     cpu_tier_mib: float = param(
-        0.0, minimum=0.0, help="MiB of pinned CPU memory that evicted tokens are demoted to instead of deleted"
+        0.0,
+        minimum=0.0,
+        maximum=MOST_TIER_MIB,
+        help="MiB of pinned CPU memory that evicted tokens are demoted to instead of deleted",
     )
     disk_tier_mib: float = param(
-        0.0, minimum=0.0, help="MiB of an offload file that demoted tokens move to once CPU memory is full"
+        0.0,
+        minimum=0.0,
+        maximum=MOST_TIER_MIB,
+        help="MiB of an offload file that demoted tokens move to once CPU memory is full",
     )
     page_tokens: int = param(16, minimum=1, maximum=4096, help="demoted tokens per page, per sequence and KV head")
     recall_pages: int = param(

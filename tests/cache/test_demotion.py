@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
+
 import numpy as np
 import pytest
 import torch
 from tiny_models import prompt, tiny_model
 
 from kvlab.budget import Budget
-from kvlab.cache.demotion import Demotion
+from kvlab.cache import offload
+from kvlab.cache.demotion import Demotion, physical_memory
 from kvlab.cache.offload import HostStore, OffloadFile, PageShape
 from kvlab.cache.spec import DemotionSpec
 from kvlab.engine.generation import generate
@@ -58,8 +63,8 @@ def test_pages_written_to_memory_and_to_the_file_read_back_bit_for_bit(tmp_path,
     values = torch.randn(5, 2, 3, PAGE, 8).to(dtype)
     positions = torch.randint(0, 10_000, (5, 2, 3, PAGE), dtype=torch.int32)
     slots = np.array([4, 0, 2, 7, 1])
-    file = OffloadFile([shape, shape], capacity=8, directory=str(tmp_path))
-    for store in (HostStore(shape, capacity=8, pinned=False), file.regions[1]):
+    file = OffloadFile(2 * 8 * shape.page_bytes(), directory=str(tmp_path))
+    for store in (HostStore(shape, capacity=8, pinned=False), file.map([shape, shape], capacity=8)[1]):
         store.write(slots, keys, values, positions)
         rows = torch.tensor([2 * shape.rows + 5, 4 * shape.rows + 0, 7 * shape.rows + 3])  # (slot 2, row 5), ...
         out = (
@@ -76,6 +81,47 @@ def test_pages_written_to_memory_and_to_the_file_read_back_bit_for_bit(tmp_path,
     assert path.exists()
     file.close()
     assert not path.exists()
+
+
+def test_an_offload_file_is_private_reserved_and_a_dead_runs_file_is_removed(tmp_path, monkeypatch):
+    shape = PageShape(1, 2, PAGE, 8, torch.float16)
+    folder = offload.private_directory(tmp_path)
+    stale = folder / f"{offload.FILE_PREFIX}999999999-abc.kv"  # no process has this pid
+    stale.write_bytes(b"prompt KV of a run killed with -9")
+    alive = folder / f"{offload.FILE_PREFIX}{os.getpid()}-abc.kv"
+    alive.write_bytes(b"a live run's pages")
+    file = OffloadFile(4 * shape.page_bytes(), directory=str(tmp_path))
+    assert not stale.exists() and alive.exists()
+    assert file.path.parent == folder and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(file.path.stat().st_mode) == 0o600
+    assert file.path.stat().st_blocks * 512 >= 4 * shape.page_bytes()  # reserved, not sparse
+    file.close()
+
+    def full_disk(handle, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(offload.os, "posix_fallocate", full_disk)
+    with pytest.raises(KvlabError, match="Could not reserve .* for the offload file .*No space left on device"):
+        OffloadFile(4 * shape.page_bytes(), directory=str(tmp_path))
+    assert sorted(folder.iterdir()) == [alive]  # nothing half-made left behind
+
+
+def test_an_offload_directory_that_is_not_this_users_own_is_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / f"kvlab-offload-{os.getuid()}").symlink_to(elsewhere)
+    with pytest.raises(KvlabError, match="is not a directory of this user"):
+        OffloadFile(1024, directory=str(tmp_path))
+
+
+def test_a_tier_larger_than_the_machine_is_one_sentence():
+    for huge in (1e300, 1e308):
+        with pytest.raises(KvlabError, match="cpu_tier_mib"):
+            configure("h2o", cpu_tier_mib=huge)
+    memory = physical_memory()
+    assert memory is not None
+    with pytest.raises(KvlabError, match="is more than this machine's .* of memory; lower cpu_tier_mib"):
+        Demotion(DemotionSpec(cpu_bytes=2 * memory, disk_bytes=0), num_layers=2)
 
 
 @pytest.mark.slow
@@ -104,7 +150,7 @@ def test_recalling_every_page_generates_what_the_full_cache_does(llama, mode, ti
         assert report.cpu_bytes == 2 * PAGE_SLOT_BYTES and report.disk_bytes > 0
         if mode == "streaming":  # pages demoted later push the least recently used ones down
             assert report.to_disk_pages > 0
-    assert list(tmp_path.iterdir()) == []  # the run's offload file went with it
+    assert list(tmp_path.glob("**/*.kv")) == []  # the run's offload file went with it
 
 
 @pytest.mark.slow
