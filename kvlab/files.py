@@ -33,9 +33,9 @@ def most_file_bytes(env: Mapping[str, str] = os.environ) -> int:
     return int(text) * MIB
 
 
-def check_file(path: str | Path, what: str, limit: int | None = None) -> int:
+def check_file(path: str | Path, what: str, limit: int | None = None) -> tuple[int, int]:
     """Refuse, from ``stat`` alone, what :func:`read_bytes` would refuse (so that a command can say so before any
-    expensive work); the limit in bytes that applies."""
+    expensive work); the limit in bytes that applies, and the file's size."""
     path = Path(path)
     most = most_file_bytes() if limit is None else limit
     try:
@@ -47,21 +47,23 @@ def check_file(path: str | Path, what: str, limit: int | None = None) -> int:
         raise KvlabError(f"Cannot read the {what} {path}: it is {kind}.")
     if status.st_size > most:
         raise _too_large(path, what, most)
-    return most
+    return most, status.st_size
 
 
 def read_bytes(path: str | Path, what: str, limit: int | None = None) -> bytes:
     """The bytes of the regular file at ``path`` (called ``what`` in sentences), at most ``limit`` (default
     :func:`most_file_bytes`): a device, a FIFO, a directory, a missing file or one larger than the limit is one
-    sentence, decided by ``stat`` before the file is opened."""
+    sentence, decided by ``stat`` before the file is opened. Memory is the file's size, not the limit."""
     path = Path(path)
-    most = check_file(path, what, limit)
+    most, size = check_file(path, what, limit)
     try:
         with path.open("rb") as handle:
-            data = handle.read(most + 1)
+            data = handle.read(size + 1)
+            if len(data) > size:  # it grew since stat: read on, but never past the limit
+                data += handle.read(most + 1 - len(data))
     except OSError as error:
         raise KvlabError(f"Cannot read the {what} {path}: {error.strerror or error}.") from None
-    if len(data) > most:  # it grew while being read
+    if len(data) > most:
         raise _too_large(path, what, most)
     return data
 

@@ -10,25 +10,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from typing import Callable, NoReturn, Sequence
 
 from kvlab.cli import claims, costs, evaluation, generate, live, profile, quality, sidechannel, store
+from kvlab.cli.terminal import one_line, safe_output
 from kvlab.errors import INTERRUPTED, INTERRUPTED_STATUS, KvlabError
 from kvlab.guard import log_to_file
 
 Command = Callable[[argparse.Namespace], int]
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def one_line(message: str) -> str:
-    """A message as one terminal line: control characters that a typed value may carry (a line break, a carriage
-    return, an escape sequence) are shown as escapes, so they can neither split the sentence nor restyle the
-    terminal."""
-    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], message)
 
 
 class Parser(argparse.ArgumentParser):
@@ -63,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return done.code if isinstance(done.code, int) else 2
     func: Command = args.func
     try:
-        return func(args)
+        with safe_output():
+            return func(args)
     except KvlabError as error:
         print(f"error: {one_line(str(error))}", file=sys.stderr)
         return 2

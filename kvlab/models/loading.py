@@ -312,16 +312,19 @@ def _checked_entries(mapping: Mapping[str, Any]) -> dict[str, DeviceEntry]:
     GPU one this machine has."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     checked: dict[str, DeviceEntry] = {}
-    for module, device in mapping.items():
+    for number, (module, device) in enumerate(mapping.items(), start=1):
         entry = _device_entry(device)
+        # the sentences name the entry by its number, never by its text: a map read from a file is not echoed
         if entry is None or not isinstance(module, str):
             raise KvlabError(
-                f"The device map puts {str(module)[:60]!r} on {str(device)[:40]!r}; a device is a GPU index, cuda:N, "
-                "cpu or disk."
+                f"Entry {number} of the device map does not name a device; a device is a GPU index, cuda:N, cpu or "
+                "disk."
             )
         if isinstance(entry, int) and entry >= gpus:
             have = "no GPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''} (0 to {gpus - 1})"
-            raise KvlabError(f"The device map puts {module[:60]!r} on GPU {entry}, but this machine has {have}.")
+            raise KvlabError(
+                f"Entry {number} of the device map puts a module on GPU {entry}, but this machine has {have}."
+            )
         checked[module] = entry
     return checked
 
@@ -364,11 +367,11 @@ def resolve_device_map(model: Any, device_map: DeviceMap) -> dict[str, DeviceEnt
         inferred = infer_auto_device_map(model, max_memory=memory, no_split_module_classes=no_split)
         return {name: entry for name, device in inferred.items() if (entry := _device_entry(device)) is not None}
     modules = dict(model.named_modules())
-    unknown = [name for name in device_map if name and name not in modules]
-    if unknown:
+    unknown = [number for number, name in enumerate(device_map, start=1) if name and name not in modules]
+    if unknown:  # named by its number, not its text: a map read from a file is not echoed
         raise KvlabError(
-            f"The device map names {unknown[0][:60]!r}, which is not a module of this model (its decoder layers are "
-            f"named like {_layer_names(model)[0]!r})."
+            f"Entry {unknown[0]} of the device map names no module of this model (its decoder layers are named like "
+            f"{_layer_names(model)[0]!r})."
         )
     uncovered = [
         tensor

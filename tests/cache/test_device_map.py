@@ -216,7 +216,7 @@ def test_placing_a_model_built_in_memory_goes_through_the_same_map(tmp_path):
         ('{"model.layers.0": "tpu"}', "a device is a GPU index, cuda:N, cpu or disk"),
         ('{"model.layers.0": "cpu",', "not valid JSON"),
         ("[0, 1]", "is a JSON object mapping module names to devices"),
-        ('{"model.decoder.0": "cpu"}', "not a module of this model"),
+        ('{"model.decoder.0": "cpu"}', "Entry 1 of the device map names no module of this model"),
         ('{"model.layers.0": "cpu"}', "gives no device to 'model.embed_tokens.weight' and"),
     ],
 )
@@ -226,6 +226,15 @@ def test_a_bad_device_map_is_one_sentence(four_layers, device_map, says):
     with pytest.raises(KvlabError) as error:
         load_model(str(four_layers), device_map=device_map)
     assert says in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_device_map_file_is_never_echoed(four_layers, tmp_path):
+    secret = tmp_path / "settings.json"
+    secret.write_text('{"api_token": "sk-live-123456", "model.layers.0": "cpu"}')
+    with pytest.raises(KvlabError) as error:
+        load_model(str(four_layers), device_map=str(secret))
+    assert "sk-live" not in str(error.value) and "api_token" not in str(error.value)
+    assert "Entry 1 of the device map does not name a device" in str(error.value)
 
 
 def test_a_device_map_file_and_a_device_map_on_the_command_line(four_layers, tmp_path, capsys):

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvlab.costs import GPU_PRESETS, MODEL_PRESETS, Scenario, compare, cost_table
+from kvlab.costs import GPU_PRESETS, MODEL_PRESETS, Scenario, compare, cost_table, formatted_costs
 from kvlab.dashboard import cost_view, grid_figures, inputs
 from kvlab.dashboard.cost_view import cost_bars
 from kvlab.dashboard.downloads import export_bytes
@@ -189,7 +189,7 @@ def test_stored_keep_fractions_and_choices(store):
 def test_cost_table_is_written_out_for_reading():
     scenario = Scenario(prompt_tokens=7_168, output_tokens=1_024, batch=8, keep_fraction=0.25)
     model, gpu = MODEL_PRESETS["Llama-3-8B"], GPU_PRESETS["H100 SXM 80GB"]
-    shown = cost_view.formatted_costs(cost_table(model, gpu, scenario)).set_index("Quantity")
+    shown = formatted_costs(cost_table(model, gpu, scenario)).set_index("Quantity")
     assert shown.loc["Sequences that fit beside the weights", "Full cache"] == "57"
     assert shown.loc["Sequences that fit beside the weights", "Evicted (keep 25%)"] == "228"
     assert shown.loc["KV per token, all layers", "Full cache"] == "128 KiB"
