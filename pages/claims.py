@@ -6,7 +6,7 @@ import streamlit as st
 
 from kvlab.claims import ARTICLES, EVIDENCE_DB, VERDICTS, refresh
 from kvlab.dashboard.claims import MARKS, claims_of, claims_view, verdict_badge, verdict_counts
-from kvlab.dashboard.session import open_page_store, page_setup, page_store
+from kvlab.dashboard.session import open_page_store, page_setup, page_store, shown_store, without_paths
 from kvlab.dashboard.text import plain
 from kvlab.errors import KvlabError
 from kvlab.store import default_db_path, has_database
@@ -20,16 +20,16 @@ st.caption(
     "the command under it reproduces the figure. The same evaluation as `python -m kvlab claims`."
 )
 
-stores = {f"the dashboard's store ({default_db_path()})": default_db_path()}
+stores = {f"the dashboard's store ({shown_store(default_db_path())})": default_db_path()}
 if EVIDENCE_DB.is_file() and EVIDENCE_DB.resolve() != default_db_path().resolve():
-    stores[f"the shipped evidence ({EVIDENCE_DB})"] = EVIDENCE_DB
+    stores[f"the shipped evidence ({shown_store(EVIDENCE_DB)})"] = EVIDENCE_DB
 chosen = st.radio("Evaluated against", list(stores), horizontal=True, format_func=plain)
 path = stores[chosen]
 
 try:
     claims, stored = claims_of(open_page_store(path) if has_database(path) else None, path)
 except KvlabError as error:
-    st.error(plain(str(error)))
+    st.error(plain(without_paths(str(error), path)))
     st.stop()
 
 counts = verdict_counts(claims)
@@ -42,11 +42,12 @@ articles = right.multiselect(
     "Article", sorted(claims["article"].unique()), placeholder=f"all {len(ARTICLES)} articles", format_func=plain
 )
 view = claims_view(claims, verdicts, articles)
+store_name = plain(shown_store(path))
 if stored:
     refreshed = claims["refreshed_at"].max()
-    st.caption(f"{len(view)} of {len(claims)} claims, as stored in {plain(path)} on {refreshed:%Y-%m-%d %H:%M} UTC.")
+    st.caption(f"{len(view)} of {len(claims)} claims, as stored in {store_name} on {refreshed:%Y-%m-%d %H:%M} UTC.")
 else:
-    st.caption(f"{len(view)} of {len(claims)} claims, evaluated now against {plain(path)}; not stored yet.")
+    st.caption(f"{len(view)} of {len(claims)} claims, evaluated now against {store_name}; not stored yet.")
 
 if path == default_db_path():
     if st.button("Refresh from the store", help="Evaluate every claim again and keep the result in the store."):

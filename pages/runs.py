@@ -10,7 +10,7 @@ import streamlit as st
 from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.downloads import MIME_TYPES, export_bytes, report_file
 from kvlab.dashboard.report import runs_report
-from kvlab.dashboard.session import page_setup, page_store
+from kvlab.dashboard.session import page_setup, page_store, shown_store
 from kvlab.dashboard.text import plain, plain_frame
 from kvlab.runs.tables import (
     METRICS,
@@ -29,7 +29,7 @@ store = page_store()
 everything = store.list_runs() if store is not None else None
 if everything is None or everything.empty:
     st.info(
-        f"No runs are stored in {plain(default_db_path())} yet. Run a live run or a needle grid, or point "
+        f"No runs are stored in {plain(shown_store(default_db_path()))} yet. Run a live run or a needle grid, or point "
         "KVLAB_DB at a database that has some."
     )
     st.stop()

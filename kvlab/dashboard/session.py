@@ -8,6 +8,7 @@ in the sidebar on every run and leaves the loaded model (or None) in the session
 from __future__ import annotations
 
 import logging
+import os
 import runpy
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -57,6 +58,9 @@ DEVICE_MAP_CHOICES: dict[str | None, str] = {
     "balanced": "balanced over the GPUs",
     "sequential": "sequential (fill the first GPU first)",
 }
+
+#: The operator's setting under which pages show a store's path on the server (else its file name).
+SHOW_PATHS_ENV = "KVLAB_SHOW_PATHS"
 
 
 def page_setup() -> None:
@@ -266,7 +270,7 @@ def model_sidebar() -> LoadedModel | None:
             + f"  \n{plain(loaded.source.label)}: {plain(loaded.source.describe())}"
             + f"  \nRunning on **{plain(loaded.placement())}** in {loaded.dtype_name}"
         )
-    sidebar.caption(f"Runs are stored in {plain(default_db_path())}")
+    sidebar.caption(f"Runs are stored in {plain(shown_store(default_db_path()))}")
     st.session_state[LOADED_KEY] = loaded
     return loaded
 
@@ -300,6 +304,19 @@ def current_model() -> LoadedModel | None:
     return loaded if isinstance(loaded, LoadedModel) else None
 
 
+def shown_store(path: Path) -> str:
+    """A store as pages name it: its file name, not where it lies on the server, unless the operator sets
+    ``KVLAB_SHOW_PATHS=1`` (a dashboard for one person on their own machine)."""
+    return str(path) if os.environ.get(SHOW_PATHS_ENV) == "1" else path.name
+
+
+def without_paths(text: str, path: Path) -> str:
+    """A sentence about the store at ``path`` with its place on the server replaced by :func:`shown_store`."""
+    for spelling in {str(path.expanduser().resolve()), str(path)}:
+        text = text.replace(spelling, shown_store(path))
+    return text
+
+
 def open_page_store(path: Path | None = None, *, write: bool = False) -> Store:
     """The one way the dashboard opens a run store: the store at ``path``, else the dashboard's own
     (:func:`~kvlab.store.default_db_path`), read-only unless the page writes into it (a run, a sweep, a refresh of
@@ -317,7 +334,7 @@ def page_store(path: Path | None = None, *, write: bool = False, slot: DeltaGene
     try:
         return open_page_store(target, write=write)
     except KvlabError as error:
-        (slot or st).error(plain(str(error)))
+        (slot or st).error(plain(without_paths(str(error), target)))
         return None
 
 

@@ -49,6 +49,17 @@ def test_every_claim_is_shown_with_its_figure_or_reason(db):
     assert "not stored yet" in app.caption[1].value and not db.exists()  # showing never creates the store
 
 
+def test_pages_name_the_store_not_its_place_on_the_server_unless_the_operator_asks(db, monkeypatch):
+    app = claims_page()
+    shown = (" ".join(caption.value for caption in app.sidebar.caption) + " ".join(app.radio[0].options)).replace(
+        "\\", ""
+    )  # as Markdown shows it
+    assert "runs.duckdb" in shown and str(db.parent) not in shown
+    monkeypatch.setenv("KVLAB_SHOW_PATHS", "1")
+    app = claims_page()
+    assert str(db) in " ".join(caption.value for caption in app.sidebar.caption).replace("\\", "")
+
+
 @pytest.mark.slow
 def test_filters_and_refresh(db):
     app = claims_page()
