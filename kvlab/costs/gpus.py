@@ -11,10 +11,15 @@ in US dollars. They are not quotes: they vary by provider, region, commitment an
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvlab.errors import KvlabError
 from kvlab.units import GIB
+
+#: Upper bounds on a GPU's memory (bytes), bandwidth (bytes/s), dense FLOP/s and price per hour: a thousand times
+#: today's largest, so that a typo is one sentence instead of an overflow.
+MOST_GPU_FIGURES = (float(1 << 50), 1e16, 1e19, 1e6)
 
 
 @dataclass(frozen=True)
@@ -29,8 +34,14 @@ class GpuSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
+        figures = (self.memory_bytes, self.bandwidth_bytes_per_s, self.peak_flops, self.price_per_hour)
+        if not all(math.isfinite(value) for value in figures):
+            raise KvlabError("GPU memory, bandwidth, FLOP rate and price must be finite numbers.")
         if min(self.memory_bytes, self.bandwidth_bytes_per_s, self.peak_flops) <= 0 or self.price_per_hour < 0:
             raise KvlabError("GPU memory, bandwidth and FLOP rate must be positive, and the price not negative.")
+        for value, most, what in zip(figures, MOST_GPU_FIGURES, ("memory", "bandwidth", "FLOP rate", "price")):
+            if value > most:
+                raise KvlabError(f"A GPU's {what} of {value:.3g} is beyond any GPU (at most {most:.3g}).")
 
 
 _PRESETS: tuple[GpuSpec, ...] = (

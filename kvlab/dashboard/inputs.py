@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -118,5 +119,9 @@ def model_spec_from_loaded(loaded: LoadedModel) -> ModelSpec:
 
 
 def gpu_spec(name: str, memory_gib: float, bandwidth_gb_s: float, tflops: float, price_per_hour: float) -> GpuSpec:
-    """A GPU from the calculator's editable fields (GiB, GB/s, dense BF16 TFLOP/s, $ per hour)."""
-    return GpuSpec(name, int(memory_gib * GIB), bandwidth_gb_s * GB, tflops * 1e12, price_per_hour)
+    """A GPU from the calculator's editable fields (GiB, GB/s, dense BF16 TFLOP/s, $ per hour); a figure out of
+    range is one sentence (:class:`~kvlab.costs.GpuSpec`)."""
+    memory = memory_gib * GIB
+    return GpuSpec(
+        name, int(memory) if math.isfinite(memory) else memory, bandwidth_gb_s * GB, tflops * 1e12, price_per_hour
+    )

@@ -17,6 +17,7 @@ for itself. A unit is computed by :meth:`InProcess.unit_trials` wherever it runs
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from collections import Counter
@@ -51,6 +52,22 @@ from kvlab.tasks.ruler import RULER_SOURCES, RULER_TASKS, check_tasks, ruler_ite
 Progress = Callable[[int, int, str], None]
 #: What a grid asks: needle questions of one kind, or the RULER tasks of ``SweepGrid.ruler_tasks``.
 GridKind = Kind | Literal["ruler"]
+
+
+#: Raises the most trials one sweep may plan.
+MAX_SWEEP_TRIALS_ENV = "KVLAB_MAX_SWEEP_TRIALS"
+DEFAULT_MAX_SWEEP_TRIALS = 1_000_000
+
+
+def most_sweep_trials() -> int:
+    """The most trials one sweep may plan: ``KVLAB_MAX_SWEEP_TRIALS``, or a million (a week of an 8B model's
+    needles on one GPU); a value that is not a positive whole number is one sentence."""
+    text = os.environ.get(MAX_SWEEP_TRIALS_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_SWEEP_TRIALS
+    if not text.isdigit() or int(text) < 1:
+        raise KvlabError(f"{MAX_SWEEP_TRIALS_ENV} must be a positive whole number; it is {text[:40]!r}.")
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -132,9 +149,23 @@ class SweepGrid:
                 "Policies that take a budget (evicting ones, and sparse readers) need at least one kept fraction "
                 "(--keep)."
             )
+        planned = self.planned_trials()
+        if planned > most_sweep_trials():
+            raise KvlabError(
+                f"This sweep plans {planned:,} trials, more than the {most_sweep_trials():,} one sweep may have; "
+                f"split it, or set {MAX_SWEEP_TRIALS_ENV} to raise the limit."
+            )
         for cell in self.cells():
             for context in self.contexts:
                 check_budget(cell.variant.policy, Budget(keep=cell.keep) if cell.keep is not None else None, context)
+
+    def planned_trials(self) -> int:
+        """How many trials the grid holds, counted without listing them (a typo in ``--trials`` must not fill the
+        memory before it is refused)."""
+        per_context = self.trials * (len(self.depths) if self.depths else 1)
+        if self.kind == "ruler":
+            per_context *= len(self.ruler_tasks)
+        return len(self.cells()) * len(self.contexts) * per_context
 
     def check_fits(self, loaded: LoadedModel) -> None:
         """Refuse, before anything runs or is stored, a context that with its answer does not fit the model, and a

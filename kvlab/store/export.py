@@ -122,7 +122,10 @@ def write_frame(query: Callable[[], pd.DataFrame], out: Path, protected: Iterabl
     target = check_output(out, protected)
     frame = query()
     data = frame_bytes(frame, target.suffix.lower())
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    except OSError as exc:  # a directory that takes no new files (/proc, a read-only mount)
+        raise KvlabError(f"Cannot write {out} ({exc.strerror}); nothing was written.") from None
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)

@@ -172,6 +172,8 @@ def _parse_line(line: str, where: str) -> dict[str, str]:
         raise KvlabError(f"{where} is not valid JSON ({error.msg}).") from None
     except RecursionError:
         raise KvlabError(f"{where} is nested too deeply to be a task.") from None
+    except ValueError:  # a number too long to convert (Python's integer digit limit)
+        raise KvlabError(f"{where} holds a number too long to read; a task's fields are text.") from None
     if not isinstance(record, dict) or any(not isinstance(record.get(f), str) for f in JSONL_FIELDS):
         raise KvlabError(f"{where} must be an object with string fields {', '.join(JSONL_FIELDS)}.")
     for name in JSONL_FIELDS:

@@ -263,3 +263,16 @@ def test_the_default_model_is_allowed_with_an_allow_list_that_names_it(db, monke
     assert not app.sidebar.error
     with pytest.raises(KvlabError):
         access.check_model_allowed("/etc/shadow", access.allowed_models())
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("Memory (GiB)", 1e308), ("Bandwidth (GB/s)", 1e300), ("Dense BF16 TFLOP/s", 1e250), ("Memory (GiB)", 1e16)],
+)
+def test_huge_numbers_in_the_cost_calculator_are_one_sentence(db, field, value):
+    app = open_page("pages/costs.py")
+    widget(app.number_input, field).set_value(value)
+    app.run()
+    assert not app.exception
+    assert any("GPU" in shown(error.value) for error in app.error)

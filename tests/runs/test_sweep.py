@@ -123,6 +123,18 @@ def test_bad_grids_are_refused():
         grid(modes=("lazy",))
 
 
+def test_a_sweep_too_large_to_plan_is_refused_before_it_is_listed(monkeypatch):
+    assert grid().planned_trials() == len(grid().cells()) * 1 * 2 * 2  # cells x contexts x depths x trials
+    with pytest.raises(KvlabError, match="plans 100,000,000,000 trials, more than the 1,000,000"):
+        grid(trials=10**10)
+    monkeypatch.setenv("KVLAB_MAX_SWEEP_TRIALS", "10")
+    with pytest.raises(KvlabError, match="more than the 10 one sweep may have; split it, or set KVLAB_MAX_SWEEP"):
+        grid()
+    monkeypatch.setenv("KVLAB_MAX_SWEEP_TRIALS", "lots")
+    with pytest.raises(KvlabError, match="KVLAB_MAX_SWEEP_TRIALS must be a positive whole number"):
+        grid()
+
+
 @pytest.mark.slow
 def test_killing_a_sweep_process_and_running_it_again_leaves_one_row_per_cell_and_trial(checkpoint, tmp_path):
     db = tmp_path / "killed.duckdb"

@@ -297,6 +297,11 @@ def test_an_export_to_a_symlink_replaces_the_link_and_leaves_its_target_alone(fi
     assert not link.is_symlink() and pd.read_parquet(link).shape[0] == 3
 
 
+def test_an_export_into_a_directory_that_takes_no_files_is_one_sentence(filled) -> None:
+    with pytest.raises(KvlabError, match="Cannot write /proc/self/x.csv .*; nothing was written"):
+        export_trials(filled, Path("/proc/self/x.csv"))
+
+
 @pytest.mark.slow
 def test_an_export_named_like_its_database_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "r.parquet"

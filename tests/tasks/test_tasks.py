@@ -51,6 +51,7 @@ def test_jsonl_tasks_become_prompts_in_the_needle_format(shipped, tmp_path):
         ("{not json", "Line 1 of .* is not valid JSON"),
         (json.dumps({"id": "x", "context": "c", "question": "q"}), "string fields id, context, question, answer"),
         (json.dumps({"id": 3, "context": "c", "question": "q", "answer": "a"}), "string fields"),
+        ('{"id": ' + "9" * 100_000 + "}", "holds a number too long to read"),
     ],
 )
 def test_a_malformed_line_is_named(shipped, tmp_path, line, message):
