@@ -42,6 +42,7 @@ from kvlab.models.arch import ArchFacts, arch_from_config, dtype_name
 from kvlab.models.catalog import SHIPPED_MODELS_DIR, installed_name, package_of, readme_licence
 from kvlab.models.hub import hub_reachable, in_hub_cache
 from kvlab.models.limits import Limits, limits_for
+from kvlab.models.templates import check_chat_template
 from kvlab.provenance import weights_identity
 
 _LOGGER = logging.getLogger(__name__)
@@ -657,6 +658,8 @@ def load_model(
     except Exception as error:  # tokenizers, sentencepiece and transformers raise many kinds for one cause
         _LOGGER.info("tokenizer of %s failed to load", name, exc_info=True)
         raise KvlabError(f"Could not load the tokenizer of {shown}: {_first_line(error)}") from None
+    special = {key: value for key, value in tokenizer.special_tokens_map.items() if isinstance(value, str)}
+    check_chat_template(getattr(tokenizer, "chat_template", None), special, shown)  # before the weights load
     placement: dict[str, Any] = {}
     if map_spec is not None:
         resolved = resolve_device_map(_skeleton(config, torch_dtype, trust_remote_code), map_spec)
