@@ -12,6 +12,7 @@ driven by Chromium through Playwright (Debian's chromium), on the shipped model.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -54,16 +55,38 @@ SWEEP = [
 EXPECTED_TRIALS = (1 + 2 * 2) * 2 * 3 * 4
 
 
+#: Every process a part started, so that a part that fails or times out leaves none of them running.
+STARTED: list[subprocess.Popen[str]] = []
+
+
 def sweep(db: Path, **popen: object) -> subprocess.Popen[str]:
-    """``python -m kvlab sweep`` into ``db`` in a subprocess."""
-    return subprocess.Popen(
+    """``python -m kvlab sweep`` into ``db`` in a subprocess of its own process group (so that whatever it starts
+    is stopped with it), remembered in :data:`STARTED`."""
+    process = subprocess.Popen(
         [sys.executable, "-m", "kvlab", "sweep", *SWEEP, "--db", str(db)],
         cwd=REPO,
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        start_new_session=True,
         **popen,
     )  # type: ignore[call-overload]
+    STARTED.append(process)
+    return process
+
+
+def stop_everything(processes: list[subprocess.Popen[str]]) -> int:
+    """Kill every process of ``processes`` still running, with its process group, and wait for it; how many were
+    still running. Run after every part, also when it failed or ran out of time."""
+    running = [process for process in processes if process.poll() is None]
+    for process in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
+    processes.clear()
+    return len(running)
 
 
 def counts(db: Path, expected: int) -> dict[str, int]:
@@ -198,6 +221,10 @@ def main() -> None:
                 results[name] = {**part(), "wall_s": round(time.perf_counter() - started, 1)}
             except (OSError, RuntimeError, subprocess.SubprocessError) as error:
                 results[name] = {"skipped": str(error).splitlines()[0]}
+            finally:
+                left = stop_everything(STARTED)
+            if left:
+                results[name] = {**results[name], "processes_stopped_after": left}
             print(name, json.dumps(results[name]), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
