@@ -17,6 +17,10 @@ from kvlab.errors import KvlabError
 KEEP_DECIMALS = 9
 
 
+#: The largest budget in tokens: far beyond any model's positions, far below what the run store's integers hold.
+MOST_TOKENS = 1 << 40
+
+
 def kept_tokens(tokens: int, keep_fraction: float = 1.0) -> int:
     """Tokens kept per layer out of ``tokens`` at a kept fraction: ``ceil(keep_fraction x tokens)``.
 
@@ -40,9 +44,10 @@ class Budget:
     def __post_init__(self) -> None:
         if (self.tokens is None) == (self.keep is None):
             raise KvlabError("Give a budget either in tokens or as a kept fraction, not both and not neither.")
-        if self.tokens is not None and self.tokens <= 0:
+        if self.tokens is not None and not 0 < self.tokens <= MOST_TOKENS:
             raise KvlabError(
-                f"A budget of {self.tokens} tokens is not possible; it must be a positive number of tokens."
+                f"A budget of {self.tokens} tokens is not possible; it must be a positive number of tokens, at most "
+                f"{MOST_TOKENS:,}."
             )
         if self.keep is not None and not 0.0 < self.keep <= 1.0:
             raise KvlabError(f"A kept fraction of {self.keep} is not possible; it must be more than 0 and at most 1.")

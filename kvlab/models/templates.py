@@ -4,7 +4,8 @@ A chat template is a program (Jinja, in transformers' sandbox) that ships with a
 The sandbox keeps it from the file system, but not from running for ever (loops nested over ``range(100000)``) or
 from building a string of gigabytes (``'x' * 100000000``). Before the model's weights load, the template renders
 one short conversation in a separate process with a time limit and a memory limit; a template that does not finish,
-runs out of memory, or turns one short line into a flood of text is refused in one sentence. A template that fails
+runs out of memory, turns one short line into a flood of text, or reaches out of its sandbox is refused in one
+sentence. A template that fails
 on the probe for an ordinary reason (it raises, it needs a variable) is left for the real render to report. The
 verdict is kept per template for the life of the process.
 """
@@ -29,6 +30,7 @@ _PROBE = """
 import json, resource, sys
 limit = int(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))  # here, not in a preexec_fn: the caller may have threads
+from jinja2.exceptions import SecurityError
 from transformers.utils.chat_template_utils import render_jinja_template
 given = json.load(sys.stdin)
 try:
@@ -38,6 +40,8 @@ try:
     )[0][0]
 except MemoryError:
     sys.exit(3)
+except SecurityError:
+    sys.exit(4)
 except Exception:
     sys.exit(0)  # an ordinary failure: the real render reports it
 print(len(text))
@@ -60,6 +64,8 @@ def _probe(template: str, special: str) -> str | None:
         return f"did not render a one-line prompt within {PROBE_SECONDS:g} s"
     if done.returncode == 3 or (done.returncode != 0 and "MemoryError" in done.stderr):
         return f"ran out of {PROBE_MEMORY_BYTES >> 30} GiB rendering a one-line prompt"
+    if done.returncode == 4:
+        return "tries to leave its sandbox (it reaches for Python's internals)"
     length = done.stdout.strip()
     if done.returncode == 0 and length.isdigit() and int(length) > PROBE_CHARACTERS:
         return f"renders a one-line prompt into {int(length):,} characters"

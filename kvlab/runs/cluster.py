@@ -177,11 +177,16 @@ def import_ray() -> ModuleType:
 
 
 def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """Refuse at once a ``host:port`` (or ``ray://host:port``) address that does not answer: Ray itself would keep
-    trying for minutes. Other forms (``auto``) are left to Ray."""
-    host, colon, port = address.removeprefix("ray://").rpartition(":")
-    if not colon or not port.isdigit():
+    """Refuse at once an address that is not one (``host:port``, ``ray://host:port``, or Ray's own ``auto`` and
+    ``local``), and a ``host:port`` that does not answer: Ray itself would keep trying for minutes."""
+    if address in ("auto", "local"):
         return
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise KvlabError(
+            f"{address[:80]!r} is not a Ray address; give host:port or ray://host:port (what `ray status` prints "
+            "on the head node), or auto."
+        )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as error:

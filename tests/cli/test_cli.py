@@ -91,6 +91,7 @@ def test_generate_reads_a_prompt_file_and_takes_policy_parameters(checkpoint, tm
     [
         (["--budget", "0"], "argument --budget: a budget must be at least 1, not 0"),
         (["--budget", "-3"], "a budget must be at least 1, not -3"),
+        (["--budget", str(2**63)], "at most 1,099,511,627,776"),
         (["--keep", "1.5"], "more than 0 and at most 1"),
         (["--keep", "0"], "more than 0 and at most 1"),
         (["--policy", "streaming", "--budget", "4"], "smaller than streaming's minimum of 5"),

@@ -15,7 +15,10 @@ from kvlab.models.loading import load_model
 from kvlab.models.templates import check_chat_template
 
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}
-ORDINARY = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+ORDINARY = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 @pytest.mark.parametrize(
@@ -24,6 +27,7 @@ ORDINARY = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}{%
         ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "within"),
         ("{{ 'x' * 100000000 }}", "characters"),
         ("{{ 'x' * 5000000000 }}", "ran out of 4 GiB"),
+        ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "tries to leave its sandbox"),
         ("{% for i in range(100000) %}{{ 'abcdefgh' }}{% endfor %}", "into 800,000 characters"),
     ],
 )

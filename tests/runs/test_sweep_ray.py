@@ -203,6 +203,9 @@ def test_bad_worker_settings_are_one_sentence_before_any_model_loads(checkpoint,
     assert "runs in one process" in capsys.readouterr().err
     with pytest.raises(KvlabError, match="Cannot reach a Ray cluster at 127.0.0.1:1 "):
         check_reachable("127.0.0.1:1")
+    for garbage in ("garbage::%%", "host", ":8265", "host:99999", "ray://"):
+        with pytest.raises(KvlabError, match="is not a Ray address"):
+            check_reachable(garbage)
     assert not db.exists()
 
 
