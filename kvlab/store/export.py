@@ -27,8 +27,22 @@ from kvlab.store.rows import RunConfig, RunFilter, Trial, canonical_json
 EXPORT_SUFFIXES = (".csv", ".parquet")
 #: What a spreadsheet treats as the start of a formula.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+#: Raises the most rows one export may hold (an export is built in memory before it is written).
+MAX_EXPORT_ROWS_ENV = "KVLAB_MAX_EXPORT_ROWS"
+DEFAULT_MAX_EXPORT_ROWS = 1_000_000
 _DUCKDB_MAGIC = b"DUCK"
 _DUCKDB_MAGIC_OFFSET = 8
+
+
+def most_export_rows() -> int:
+    """The most rows one export may hold: ``KVLAB_MAX_EXPORT_ROWS``, or a million (about 1 GiB of memory while
+    it is written); a value that is not a positive whole number is one sentence."""
+    text = os.environ.get(MAX_EXPORT_ROWS_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_EXPORT_ROWS
+    if not text.isdigit() or int(text) < 1:
+        raise KvlabError(f"{MAX_EXPORT_ROWS_ENV} must be a positive whole number; it is {text[:40]!r}.")
+    return int(text)
 
 
 def export_trials(store: Store, out_path: str | Path, filters: RunFilter = RunFilter()) -> int:
@@ -36,6 +50,12 @@ def export_trials(store: Store, out_path: str | Path, filters: RunFilter = RunFi
 
     Returns the number of rows written.
     """
+    rows = store.count_trials(filters)
+    if rows > most_export_rows():
+        raise KvlabError(
+            f"The export would write {rows:,} trials, more than the {most_export_rows():,} one export may hold; "
+            f"narrow it (--run-id, --policy, --mode, ...) or set {MAX_EXPORT_ROWS_ENV} to raise the limit."
+        )
     return write_frame(lambda: store.trials_frame(filters), Path(out_path), protected=_in_use(store))
 
 

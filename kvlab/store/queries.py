@@ -235,6 +235,10 @@ class Store:
         """One row per trial of the matching runs, with all run columns first; JSON columns stay JSON text."""
         return self._read_trials("r.*, t.* EXCLUDE (run_id)", filters, "ORDER BY r.run_id, t.recorded_at, t.trial_key")
 
+    def count_trials(self, filters: RunFilter = RunFilter()) -> int:
+        """How many trials the matching runs hold (what :meth:`trials_frame` would return, counted, not read)."""
+        return int(self._read_trials("count(*) AS trials", filters, "")["trials"].iloc[0])
+
     def accuracy_by_depth(self, filters: RunFilter = RunFilter()) -> pd.DataFrame:
         """Accuracy per (run, context length, depth), for needle-in-a-haystack heatmaps.
 

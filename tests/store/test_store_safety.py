@@ -297,6 +297,15 @@ def test_an_export_to_a_symlink_replaces_the_link_and_leaves_its_target_alone(fi
     assert not link.is_symlink() and pd.read_parquet(link).shape[0] == 3
 
 
+def test_an_export_larger_than_its_limit_is_refused_before_it_is_read(filled, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("KVLAB_MAX_EXPORT_ROWS", "2")
+    with pytest.raises(KvlabError, match="would write 3 trials, more than the 2 one export may hold; narrow it"):
+        export_trials(filled, tmp_path / "t.csv")
+    assert not (tmp_path / "t.csv").exists()
+    monkeypatch.setenv("KVLAB_MAX_EXPORT_ROWS", "3")
+    assert export_trials(filled, tmp_path / "t.csv") == 3
+
+
 def test_an_export_into_a_directory_that_takes_no_files_is_one_sentence(filled) -> None:
     with pytest.raises(KvlabError, match="Cannot write /proc/self/x.csv .*; nothing was written"):
         export_trials(filled, Path("/proc/self/x.csv"))
