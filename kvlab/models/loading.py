@@ -682,6 +682,7 @@ def load_model(
         _LOGGER.info("weights of %s failed to load", name, exc_info=True)
         raise KvlabError(f"Could not load the weights of {shown}: {_first_line(error)}") from None
     model.eval()
+    _check_finite(model, shown)
     input_device, layer_devices, layer_groups = _placement(model, arch.num_layers, torch_device)
     return LoadedModel(
         name=name,
@@ -695,6 +696,18 @@ def load_model(
         layer_devices=layer_devices,
         layer_groups=layer_groups,
     )
+
+
+def _check_finite(model: Any, shown: str) -> None:
+    """Refuse weights that hold NaN or infinity (a damaged or wrongly dequantised checkpoint would otherwise generate
+    garbage silently). Every tensor is checked where it lies; weights a device map left on the disk are not read."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.device.type == "meta" or not parameter.is_floating_point():
+                continue
+            # in slices, so that the check never holds a mask as large as the embedding
+            if not all(bool(torch.isfinite(part).all()) for part in parameter.detach().reshape(-1).split(1 << 24)):
+                raise KvlabError(f"The weights of {shown} hold NaN or infinite values (in {name}); they are damaged.")
 
 
 def _map_device(device_map: DeviceMap) -> torch.device:

@@ -1,5 +1,6 @@
 """A config can only lower kvlab's bounds, never lift them: position limits, structural counts and normalisation
-epsilons outside sane ranges are one sentence, before anything is allocated from them."""
+epsilons outside sane ranges are one sentence, before anything is allocated from them; weights holding NaN are
+refused once loaded."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import math
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 from tiny_models import save_tiny_checkpoint
 
 from kvlab.errors import KvlabError
@@ -59,4 +62,15 @@ def test_a_checkpoint_whose_config_lifts_the_position_bound_is_refused_before_it
     config_path.write_text(json.dumps({**config, "max_position_embeddings": 0}))
     (tmp_path / "model" / "model.safetensors").write_bytes(b"not weights: never read")
     with pytest.raises(KvlabError, match="position limit"):
+        load_model(directory)
+
+
+def test_weights_holding_nan_are_refused_in_one_sentence(tmp_path):
+    directory = save_tiny_checkpoint(tmp_path / "model")
+    weights_path = tmp_path / "model" / "model.safetensors"
+    weights = load_file(weights_path)
+    name = sorted(weights)[-1]
+    weights[name] = torch.full_like(weights[name], float("nan"))
+    save_file(weights, weights_path, metadata={"format": "pt"})
+    with pytest.raises(KvlabError, match=f"hold NaN or infinite values \\(in {name}\\); they are damaged"):
         load_model(directory)
