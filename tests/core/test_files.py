@@ -7,6 +7,8 @@ import os
 import threading
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvlab import files
 from kvlab.cli import main
@@ -83,3 +85,22 @@ def test_commands_refuse_a_pipe_or_a_device_in_one_sentence_without_hanging(comm
     assert done == [2], "the command hung or failed otherwise"
     err = capsys.readouterr().err
     assert "not a regular file" in err and len(err.strip().splitlines()) == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=4096), limit=st.integers(min_value=1, max_value=5000))
+def test_any_file_is_read_whole_within_its_limit_or_refused_in_one_sentence(tmp_path, data, limit):
+    path = tmp_path / "input.bin"
+    path.write_bytes(data)
+    if len(data) <= limit:
+        assert files.read_bytes(path, "input file", limit=limit) == data
+    else:
+        with pytest.raises(KvlabError) as refused:
+            files.read_bytes(path, "input file", limit=limit)
+        assert "\n" not in str(refused.value) and "KVLAB_MAX_FILE_MIB" in str(refused.value)
+    try:
+        text = files.read_text(path, "input file", limit=max(limit, len(data)))
+    except KvlabError as error:
+        assert str(error).endswith("is not UTF-8 text.")
+    else:
+        assert text.encode("utf-8") == data
