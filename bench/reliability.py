@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -224,7 +225,7 @@ def main() -> None:
             finally:
                 left = stop_everything(STARTED)
             if left:
-                results[name] = {**results[name], "processes_stopped_after": left}
+                results[name] = {**cast(dict[str, object], results[name]), "processes_stopped_after": left}
             print(name, json.dumps(results[name]), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -55,7 +55,7 @@ class SafeStream:
 def safe_output() -> Iterator[None]:
     """Standard output and error through :class:`SafeStream` while a command runs."""
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = SafeStream(out), SafeStream(err)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = SafeStream(out), SafeStream(err)
     try:
         yield
     finally:

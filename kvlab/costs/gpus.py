@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from kvlab.errors import KvlabError
 from kvlab.units import GIB
 
+#: The sentence for a GPU figure that is not a finite number.
+NOT_FINITE = "GPU memory, bandwidth, FLOP rate and price must be finite numbers."
 #: Upper bounds on a GPU's memory (bytes), bandwidth (bytes/s), dense FLOP/s and price per hour: a thousand times
 #: today's largest, so that a typo is one sentence instead of an overflow.
 MOST_GPU_FIGURES = (float(1 << 50), 1e16, 1e19, 1e6)
@@ -36,7 +38,7 @@ class GpuSpec:
     def __post_init__(self) -> None:
         figures = (self.memory_bytes, self.bandwidth_bytes_per_s, self.peak_flops, self.price_per_hour)
         if not all(math.isfinite(value) for value in figures):
-            raise KvlabError("GPU memory, bandwidth, FLOP rate and price must be finite numbers.")
+            raise KvlabError(NOT_FINITE)
         if min(self.memory_bytes, self.bandwidth_bytes_per_s, self.peak_flops) <= 0 or self.price_per_hour < 0:
             raise KvlabError("GPU memory, bandwidth and FLOP rate must be positive, and the price not negative.")
         for value, most, what in zip(figures, MOST_GPU_FIGURES, ("memory", "bandwidth", "FLOP rate", "price")):

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvlab.cache.spec import CacheOptions
 from kvlab.costs import GpuSpec, ModelSpec
+from kvlab.costs.gpus import NOT_FINITE
 from kvlab.costs.models import require_decoder
 from kvlab.errors import KvlabError
 from kvlab.models.arch import arch_from_config
@@ -122,6 +123,6 @@ def gpu_spec(name: str, memory_gib: float, bandwidth_gb_s: float, tflops: float,
     """A GPU from the calculator's editable fields (GiB, GB/s, dense BF16 TFLOP/s, $ per hour); a figure out of
     range is one sentence (:class:`~kvlab.costs.GpuSpec`)."""
     memory = memory_gib * GIB
-    return GpuSpec(
-        name, int(memory) if math.isfinite(memory) else memory, bandwidth_gb_s * GB, tflops * 1e12, price_per_hour
-    )
+    if not math.isfinite(memory):
+        raise KvlabError(NOT_FINITE)
+    return GpuSpec(name, int(memory), bandwidth_gb_s * GB, tflops * 1e12, price_per_hour)
