@@ -28,6 +28,7 @@ from typing import cast
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "store"))
 
 from disks import fill, small_disk  # noqa: E402
 
@@ -198,6 +199,109 @@ def full_disk(megabytes: int, directory: Path) -> dict[str, object]:
         }
 
 
+def kvlab(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """One ``python -m kvlab`` command, run to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "kvlab", *args],
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+
+
+def _sentence(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    said = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    return {
+        "exit_status": done.returncode,
+        "sentence": said[-1] if said else None,
+        "traceback": "Traceback" in done.stderr,
+    }
+
+
+def _offload_files(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.glob("**/*.kv"))
+
+
+#: A demoting run of the shipped model: StreamingLLM mode, a small budget, evicted tokens demoted to the file tier.
+DEMOTING = ["generate", "--policy", "h2o", "--budget", "64", "--mode", "streaming", "--chunk", "256"]
+
+
+def offload_on_a_full_disk(directory: Path) -> dict[str, object]:
+    """A file tier larger than the disk under the offload directory, then one that fits: a sentence before any work,
+    no file left behind either way."""
+    prompt = " ".join(f"word{i}" for i in range(1500))
+    with small_disk(directory, 8) as disk:
+        env = {"KVLAB_OFFLOAD_DIR": str(disk)}
+        too_large = kvlab(
+            *DEMOTING, "--cache", "disk_tier_mib=64", "--prompt", prompt, "--max-new-tokens", "8", env=env
+        )
+        left_after_refusal = _offload_files(disk)
+        fits = kvlab(*DEMOTING, "--cache", "disk_tier_mib=2", "--prompt", prompt, "--max-new-tokens", "8", env=env)
+        return {
+            "disk_mb": 8,
+            "tier_larger_than_disk": {**_sentence(too_large), "offload_files_left": left_after_refusal},
+            "tier_that_fits": {**_sentence(fits), "offload_files_left": _offload_files(disk)},
+        }
+
+
+def killed_demoting_run(directory: Path) -> dict[str, object]:
+    """A demoting run killed with SIGKILL while its offload file exists; the next demoting run removes that file."""
+    folder = directory / "offload"
+    folder.mkdir()
+    env = {"KVLAB_OFFLOAD_DIR": str(folder)}
+    prompt = " ".join(f"word{i}" for i in range(1200))  # about 3,500 tokens: room for 1,000 more in 4,608 positions
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvlab", *DEMOTING, "--cache", "disk_tier_mib=2", "--prompt", prompt,
+         "--max-new-tokens", "1000"],
+        cwd=REPO, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, **env}, start_new_session=True,
+    )  # fmt: skip
+    STARTED.append(process)
+    deadline = time.monotonic() + 300
+    while not _offload_files(folder):
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError("the demoting run never made its offload file")
+        time.sleep(0.05)
+    left = _offload_files(folder)
+    modes = sorted({oct(path.stat().st_mode & 0o777) for path in folder.glob("**/*.kv")})
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    after_kill = _offload_files(folder)
+    next_run = kvlab(
+        *DEMOTING, "--cache", "disk_tier_mib=2", "--prompt", "a short prompt", "--max-new-tokens", "2", env=env
+    )
+    return {
+        "offload_file_while_running": left,
+        "file_modes": modes,
+        "left_after_kill_9": after_kill,
+        "next_run": {**_sentence(next_run), "offload_files_left": _offload_files(folder)},
+    }
+
+
+def damaged_store_to_every_writer(directory: Path) -> dict[str, object]:
+    """A store one of whose data blocks is damaged, offered to every command that writes a store: each refuses it
+    in one sentence, and its bytes stay as they were."""
+    from test_store_safety import damaged_database
+
+    damaged = damaged_database(directory)
+    before = damaged.read_bytes()
+    tasks = directory / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "a", "context": "The code is 7.", "question": "Code?", "answer": "7"}) + "\n")
+    writers = {
+        "sweep": ["sweep", *SWEEP, "--db", str(damaged)],
+        "eval": ["eval", "--tasks", str(tasks), "--policy", "full", "--db", str(damaged)],
+        "claims --refresh": ["claims", "--refresh", "--db", str(damaged)],
+        "live": ["live", "--context", "256", "--max-new-tokens", "2", "--db", str(damaged)],
+    }
+    results: dict[str, object] = {}
+    for name, args in writers.items():
+        done = kvlab(*args)
+        results[name] = {**_sentence(done), "bytes_unchanged": damaged.read_bytes() == before}
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=8)
@@ -205,6 +309,7 @@ def main() -> None:
     parser.add_argument("--disk-mb", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--parts", default=None, help="run only these parts (comma-separated names)")
     args = parser.parse_args()
     results: dict[str, object] = {
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
@@ -212,11 +317,22 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="kvlab-reliability-") as scratch:
         directory = Path(scratch)
-        for name, part in (
+        parts = (
             ("killed_sweeps", lambda: killed_sweeps(args.kills, args.seed, directory)),
             ("concurrent_sessions", lambda: concurrent_sessions(args.sessions, directory)),
             ("full_disk", lambda: full_disk(args.disk_mb, directory)),
-        ):
+            ("offload_on_a_full_disk", lambda: offload_on_a_full_disk(directory / "offload_on_a_full_disk")),
+            ("killed_demoting_run", lambda: killed_demoting_run(directory / "killed_demoting_run")),
+            (
+                "damaged_store_to_every_writer",
+                lambda: damaged_store_to_every_writer(directory / "damaged_store_to_every_writer"),
+            ),
+        )
+        chosen = None if args.parts is None else set(args.parts.split(","))
+        for name, part in parts:
+            if chosen is not None and name not in chosen:
+                continue
+            (directory / name).mkdir(exist_ok=True)
             started = time.perf_counter()
             try:
                 results[name] = {**part(), "wall_s": round(time.perf_counter() - started, 1)}
