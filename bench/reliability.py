@@ -61,11 +61,11 @@ EXPECTED_TRIALS = (1 + 2 * 2) * 2 * 3 * 4
 STARTED: list[subprocess.Popen[str]] = []
 
 
-def sweep(db: Path, **popen: object) -> subprocess.Popen[str]:
-    """``python -m kvlab sweep`` into ``db`` in a subprocess of its own process group (so that whatever it starts
-    is stopped with it), remembered in :data:`STARTED`."""
+def sweep(db: Path, *extra: str, **popen: object) -> subprocess.Popen[str]:
+    """``python -m kvlab sweep`` into ``db`` (with ``extra`` arguments) in a subprocess of its own process group (so
+    that whatever it starts is stopped with it), remembered in :data:`STARTED`."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvlab", "sweep", *SWEEP, "--db", str(db)],
+        [sys.executable, "-m", "kvlab", "sweep", *SWEEP, *extra, "--db", str(db)],
         cwd=REPO,
         text=True,
         stdout=subprocess.PIPE,
@@ -302,6 +302,34 @@ def damaged_store_to_every_writer(directory: Path) -> dict[str, object]:
     return results
 
 
+def killed_ray_worker(directory: Path) -> dict[str, object]:
+    """A sweep on two local Ray workers, one of them killed with SIGKILL while it runs a unit: the unit runs again
+    and the sweep ends complete."""
+    db = directory / "ray.duckdb"
+    process = sweep(db, "--workers", "2")
+    deadline = time.monotonic() + 600
+    victim = None
+    while victim is None:
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError("no Ray worker was seen running a unit")
+        listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        running = [line.split(None, 1) for line in listing.splitlines() if "ray::_Worker.run_unit" in line]
+        victim = int(running[0][0]) if running else None
+        time.sleep(0.2)
+    os.kill(victim, signal.SIGKILL)
+    out, err = process.communicate(timeout=900)
+    said = [line for line in err.splitlines() if line.startswith("error:")]
+    finals = [line for line in out.splitlines() if line.startswith("ran ")]
+    return {
+        "killed_worker_pid": victim,
+        "exit_status": process.returncode,
+        "sentence": said[-1] if said else None,
+        "final": finals[-1] if finals else None,
+        "traceback": "Traceback" in err,
+        **counts(db, EXPECTED_TRIALS),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=8)
@@ -327,6 +355,7 @@ def main() -> None:
                 "damaged_store_to_every_writer",
                 lambda: damaged_store_to_every_writer(directory / "damaged_store_to_every_writer"),
             ),
+            ("killed_ray_worker", lambda: killed_ray_worker(directory / "killed_ray_worker")),
         )
         chosen = None if args.parts is None else set(args.parts.split(","))
         for name, part in parts:

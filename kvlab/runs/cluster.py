@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from kvlab.store import RunConfig, Trial
 MAX_ATTEMPTS = 3
 #: Times Ray restarts a dead worker (each restart loads the model again).
 MAX_RESTARTS = 3
+#: Seconds between asking a restarting worker whether it is back.
+RESTART_POLL_S = 0.5
 #: Seconds to wait for a cluster's address to answer before saying it cannot be reached.
 CONNECT_TIMEOUT_S = 5.0
 #: Environment variables a worker takes from the driver: kvlab's own settings (limits, model cache, default model),
@@ -367,8 +370,8 @@ class SweepWorkers:
             except exceptions.RayActorError as error:
                 self._lost(units[index], attempts, index, error)
                 waiting.appendleft(index)
-                if isinstance(error, exceptions.ActorUnavailableError):  # Ray restarts it
-                    idle.append(worker)
+                if isinstance(error, exceptions.ActorUnavailableError) and self._restarted(worker):
+                    idle.append(worker)  # back, its model loaded again: the unit is not charged for the restart
                 else:
                     self._drop(worker, error)
                 continue
@@ -377,6 +380,19 @@ class SweepWorkers:
             idle.append(worker)
             for job, trials in done:
                 yield units[index], job, trials
+
+    def _restarted(self, worker: Any) -> bool:
+        """Wait until a worker Ray is restarting answers again (so that no unit is sent to it, and lost, while it
+        loads its model); False where Ray gives it up."""
+        exceptions = self.ray.exceptions
+        while True:
+            try:
+                self.ray.get(worker.identity.remote())
+                return True
+            except exceptions.ActorDiedError:
+                return False
+            except exceptions.ActorUnavailableError:
+                time.sleep(RESTART_POLL_S)
 
     def _lost(self, unit: WorkUnit, attempts: list[int], index: int, error: BaseException) -> None:
         """Count a unit lost with its worker; refuse it once it has stopped :data:`MAX_ATTEMPTS` workers."""
