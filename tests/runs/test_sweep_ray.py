@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 from test_sweep import grid as sweep_grid
@@ -16,6 +17,7 @@ from kvlab.cli import main
 from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel, load_model
 from kvlab.policies import make_policy
+from kvlab.runs import cluster
 from kvlab.runs.cluster import (
     CRASH_ONCE_ENV_VAR,
     MAX_ATTEMPTS,
@@ -221,3 +223,34 @@ def test_without_ray_workers_are_refused_in_one_sentence_and_one_worker_runs_her
     assert main([*sweep, "--workers", "1"]) == 0
     with open_store(db) as store:
         assert len(store.trials_frame()) == 1
+
+
+def test_a_restarting_worker_is_waited_for_and_one_ray_gives_up_is_left_out(monkeypatch):
+    """The wait that keeps a unit from being sent, and lost, to a worker Ray is still restarting (a worker killed with
+    SIGKILL mid-unit; ``bench/reliability.py`` kills one in a real sweep)."""
+
+    class Unavailable(Exception):
+        pass
+
+    class Died(Exception):
+        pass
+
+    answers: list[object] = []
+
+    def get(reference):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    fake_ray = SimpleNamespace(
+        get=get, exceptions=SimpleNamespace(ActorUnavailableError=Unavailable, ActorDiedError=Died)
+    )
+    workers = object.__new__(cluster.SweepWorkers)
+    workers._ray = fake_ray
+    worker = SimpleNamespace(identity=SimpleNamespace(remote=lambda: "ref"))
+    monkeypatch.setattr(cluster, "RESTART_POLL_S", 0.0)
+    answers[:] = [Unavailable(), Unavailable(), "back"]
+    assert workers._restarted(worker) and answers == []
+    answers[:] = [Unavailable(), Died()]
+    assert not workers._restarted(worker)
