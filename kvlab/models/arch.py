@@ -30,6 +30,7 @@ MOST = {
     "num_key_value_heads": 1024,
     "hidden_size": 1 << 17,
     "head_dim": 4096,
+    "vocab_size": 1 << 22,
 }
 
 
@@ -138,6 +139,9 @@ def arch_from_config(config: Any, *, derive: bool = True) -> ArchFacts:
         )
     num_kv_heads = _get(text, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=num_q_heads)
     _check_counts(num_layers=num_layers, num_attention_heads=num_q_heads, hidden_size=hidden)
+    vocabulary = _get(text, "vocab_size", "n_vocab")
+    if vocabulary is not None:
+        _check_counts(vocab_size=vocabulary)
     _check_counts(num_key_value_heads=num_kv_heads)
     head_dim = _get(text, "head_dim", default=int(hidden) // int(num_q_heads))
     _check_counts(head_dim=head_dim)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -104,3 +105,28 @@ def test_any_file_is_read_whole_within_its_limit_or_refused_in_one_sentence(tmp_
         assert str(error).endswith("is not UTF-8 text.")
     else:
         assert text.encode("utf-8") == data
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    kind=st.sampled_from(["file", "empty", "fifo", "device", "directory", "missing", "link"]), size=st.integers(0, 64)
+)
+def test_any_kind_of_path_is_read_or_refused_in_one_sentence_without_blocking(tmp_path, kind, size):
+    path = tmp_path / f"input-{kind}-{size}"
+    if kind in ("file", "empty"):
+        path.write_bytes(b"x" * (size if kind == "file" else 0))
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "link":
+        path.symlink_to("/dev/zero")
+    elif kind == "device":
+        path = Path("/dev/zero")
+    try:
+        data = files.read_bytes(path, "input file", limit=32)
+    except KvlabError as error:
+        assert "\n" not in str(error) and str(error).endswith(".")
+        assert kind in ("fifo", "device", "directory", "missing", "link") or size > 32
+    else:
+        assert kind in ("file", "empty") and len(data) == (size if kind == "file" else 0) <= 32

@@ -46,6 +46,7 @@ def test_a_sane_config_reads_as_it_is():
         ("num_attention_heads", -1, "num_attention_heads"),
         ("num_key_value_heads", 0, "num_key_value_heads"),
         ("hidden_size", "4096", "hidden_size"),
+        ("vocab_size", 10**12, "vocab_size \\(1000000000000\\) is not a whole number from 1 to 4,194,304"),
         ("rms_norm_eps", math.nan, "epsilon \\(nan\\) is not a finite positive number"),
         ("rms_norm_eps", 0.0, "epsilon"),
     ],
