@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvlab.attention.backends import SDPA
 from kvlab.claims.needle import interval_text
 from kvlab.policies import POLICIES, is_full_cache
 from kvlab.stats import MIN_PAIRED_ITEMS, mcnemar, mean_interval, pair_by_item, paired_difference_interval
@@ -278,6 +279,8 @@ RUN_COLUMNS: dict[str, str] = {
     "budget": "budget",
     "context_length": "context",
     "chunk": "chunk",
+    "layout": "heap layout",
+    "attention": "attention",
     "trials": "trials",
     "accuracy": "accuracy %",
     "accuracy_ci": "accuracy 95% CI",
@@ -295,6 +298,8 @@ RUN_COLUMNS: dict[str, str] = {
 }
 
 
+#: The run columns a heap layout and attention backend are read from (absent from frames of older stores).
+_LAYOUT_NAMES = ["layout", "compact_at", "attention"]
 #: The columns of :func:`run_shares`.
 _SHARE_NAMES = [f"{metric}{end}" for metric in SHARE_COLUMNS for end in ("", "_low", "_high")] + ["tie_share"]
 
@@ -335,10 +340,12 @@ def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     accuracies in percent, a text's perplexity and KL from the full cache (blank where a run has none). Runs with
     their shares (:func:`with_shares`) show each share's 95 % interval, RULER's mean recall and the mean share of
     eviction cuts decided by a tie; ``—`` where a run has none, or the rows came without them."""
-    table = runs.reindex(columns=list(dict.fromkeys([*runs.columns, *_SHARE_NAMES])))
+    table = runs.reindex(columns=list(dict.fromkeys([*runs.columns, *_SHARE_NAMES, *_LAYOUT_NAMES])))
     table["policy"] = [policy_name(policy, params) for policy, params in zip(table["policy"], table["policy_params"])]
     table["budget"] = [budget_label(k, b) for k, b in zip(table["keep"], table["budget_tokens"])]
     table["model"] = table["model"].map(short_model_name)
+    table["layout"] = [layout_label(layout, at) for layout, at in zip(table["layout"], table["compact_at"])]
+    table["attention"] = [attention_label(value) for value in table["attention"]]
     for column in SHARE_COLUMNS:
         table[f"{column}_ci"] = [
             percent_interval(low, high) for low, high in zip(table[f"{column}_low"], table[f"{column}_high"])
@@ -357,6 +364,12 @@ def layout_label(layout: object, compact_at: object) -> str:
     if layout == "threshold" and present(compact_at):
         return f"threshold at {100 * float(compact_at):.4g}%"  # type: ignore[arg-type]
     return str(layout)
+
+
+def attention_label(stored: object) -> str:
+    """The attention backend a run's static steps used: as stored, or ``sdpa`` where none is (kvlab's own kernels,
+    which every run used before the choice existed)."""
+    return str(stored) if present(stored) else SDPA
 
 
 #: The trial columns averaged per run for a comparison.

@@ -167,6 +167,8 @@ def test_runs_table_and_comparison(store):
     assert list(table["run"]) == sorted(runs["run_id"], reverse=True)
     assert table.loc[table["run"] == 2, "accuracy %"].item() == 50.0
     assert table.loc[table["run"] == 6, "budget"].item() == "128 tokens"
+    assert set(table["attention"]) == {"sdpa"}  # stored without a backend: kvlab's own kernels
+    assert table.columns.get_loc("heap layout") < table.columns.get_loc("attention") < table.columns.get_loc("trials")
     picked = runs[runs["run_id"].isin([1, 2])]
     compared = tables.compare_runs(picked, store.trials_frame(RunFilter(run_ids=(1, 2))))
     assert list(compared.columns) == ["run 1", "run 2"]
