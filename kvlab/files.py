@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kvlab.errors import KvlabError
+from kvlab.settings import positive_setting
 from kvlab.units import MIB, format_bytes
 
 #: Raises (or lowers) the largest file kvlab reads, in MiB.
@@ -23,14 +24,8 @@ DEFAULT_MAX_FILE_MIB = 512
 
 
 def most_file_bytes(env: Mapping[str, str] = os.environ) -> int:
-    """The largest file kvlab reads: ``KVLAB_MAX_FILE_MIB`` MiB, or 512 MiB; a value that is not a positive whole
-    number is one sentence."""
-    text = env.get(MAX_FILE_ENV, "").strip()
-    if not text:
-        return DEFAULT_MAX_FILE_MIB * MIB
-    if not text.isdigit() or int(text) < 1:
-        raise KvlabError(f"{MAX_FILE_ENV} must be a whole number of MiB, at least 1; it is {text[:40]!r}.")
-    return int(text) * MIB
+    """The largest file kvlab reads: ``KVLAB_MAX_FILE_MIB`` MiB, or 512 MiB."""
+    return (positive_setting(MAX_FILE_ENV, "MiB", env) or DEFAULT_MAX_FILE_MIB) * MIB
 
 
 def check_file(path: str | Path, what: str, limit: int | None = None) -> tuple[int, int]:

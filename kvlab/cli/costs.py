@@ -51,8 +51,6 @@ def costs_command(args: argparse.Namespace) -> int:
     """``kvlab costs``: the estimate, then the measured decode times."""
     model = _preset(MODEL_PRESETS, args.model, "model")
     gpu = _preset(GPU_PRESETS, args.gpu, "GPU")
-    if not 0.0 < args.keep <= 1.0:
-        raise KvlabError(f"The kept share must be in (0, 1]; got {args.keep}.")
     scenario = Scenario(
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from kvlab.attention.backends import DEFAULT_ATTENTION, AttentionBackend, check_attention, resolve_attention
+from kvlab.attention.backends import DEFAULT_ATTENTION, SDPA, AttentionBackend, check_attention, resolve_attention
 from kvlab.attention.flex import flex_compiles
 from kvlab.attention.stats import StatsRequest
 from kvlab.budget import Budget
@@ -91,7 +91,11 @@ class RunSpec:
         return context_tokens if self.mode == PREFILL else DEFAULT_STREAMING_CHUNK
 
     def attention_on(self, device: torch.device) -> AttentionBackend:
-        """The attention backend the run's static steps use on ``device`` (``auto`` resolved)."""
+        """The attention backend the run's static steps use on ``device`` (``auto`` resolved); kvlab's own kernels
+        for a run that decodes eagerly (``static=False``), which has no static steps, so that its identity does not
+        depend on a backend it never used."""
+        if self.static is False:
+            return SDPA
         return resolve_attention(self.attention, device.type, flex_compiles())
 
     def stored_params(self) -> dict[str, object]:

@@ -40,7 +40,7 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
 def compile_layers(model: Any, backend: str | Callable[..., Any] = "inductor") -> bool:
     """Compile ``model``'s decoder layers for fixed shapes (once per model; ``backend`` is torch.compile's). Whether
     they are compiled now."""
-    if getattr(model, COMPILED, False):
+    if compiled(model):
         return True
     layers = decoder_layers(model)
     if not layers:

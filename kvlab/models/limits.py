@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from kvlab.errors import KvlabError
 from kvlab.models.arch import ArchFacts
+from kvlab.settings import positive_setting
 
 MAX_PROMPT_TOKENS_ENV = "KVLAB_MAX_PROMPT_TOKENS"
 MAX_NEW_TOKENS_ENV = "KVLAB_MAX_NEW_TOKENS"
@@ -68,20 +69,7 @@ class Limits:
 
 def configured(env: Mapping[str, str] = os.environ) -> tuple[int | None, int | None]:
     """The operator's limits on prompt tokens and new tokens, from the environment (unset or empty: none)."""
-    return _positive(env, MAX_PROMPT_TOKENS_ENV), _positive(env, MAX_NEW_TOKENS_ENV)
-
-
-def _positive(env: Mapping[str, str], name: str) -> int | None:
-    text = env.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise KvlabError(f"{name} must be a positive whole number of tokens, not {text!r}.")
-    return value
+    return positive_setting(MAX_PROMPT_TOKENS_ENV, "tokens", env), positive_setting(MAX_NEW_TOKENS_ENV, "tokens", env)
 
 
 def limits_for(arch: ArchFacts, env: Mapping[str, str] = os.environ) -> Limits:

@@ -17,7 +17,6 @@ for itself. A unit is computed by :meth:`InProcess.unit_trials` wherever it runs
 
 from __future__ import annotations
 
-import os
 import random
 import re
 from collections import Counter
@@ -42,6 +41,7 @@ from kvlab.policies import Policy, Variant, configure, parse_params
 from kvlab.policies.base import check_budget
 from kvlab.policies.variants import as_variant
 from kvlab.runs.records import batch_trials, needle_sources_hash, run_config, stops_for
+from kvlab.settings import positive_setting
 from kvlab.store import RunConfig, Store, Trial
 from kvlab.store.rows import canonical_json
 from kvlab.tasks.facts import TRAIN_TEMPLATES, Fact, make_fact
@@ -61,13 +61,8 @@ DEFAULT_MAX_SWEEP_TRIALS = 1_000_000
 
 def most_sweep_trials() -> int:
     """The most trials one sweep may plan: ``KVLAB_MAX_SWEEP_TRIALS``, or a million (a week of an 8B model's
-    needles on one GPU); a value that is not a positive whole number is one sentence."""
-    text = os.environ.get(MAX_SWEEP_TRIALS_ENV, "").strip()
-    if not text:
-        return DEFAULT_MAX_SWEEP_TRIALS
-    if not text.isdigit() or int(text) < 1:
-        raise KvlabError(f"{MAX_SWEEP_TRIALS_ENV} must be a positive whole number; it is {text[:40]!r}.")
-    return int(text)
+    needles on one GPU)."""
+    return positive_setting(MAX_SWEEP_TRIALS_ENV, "trials") or DEFAULT_MAX_SWEEP_TRIALS
 
 
 @dataclass(frozen=True)

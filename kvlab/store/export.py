@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvlab.errors import KvlabError
+from kvlab.settings import positive_setting
 from kvlab.store.queries import Store
 from kvlab.store.rows import RunConfig, RunFilter, Trial, canonical_json
 
@@ -36,13 +37,8 @@ _DUCKDB_MAGIC_OFFSET = 8
 
 def most_export_rows() -> int:
     """The most rows one export may hold: ``KVLAB_MAX_EXPORT_ROWS``, or a million (about 1 GiB of memory while
-    it is written); a value that is not a positive whole number is one sentence."""
-    text = os.environ.get(MAX_EXPORT_ROWS_ENV, "").strip()
-    if not text:
-        return DEFAULT_MAX_EXPORT_ROWS
-    if not text.isdigit() or int(text) < 1:
-        raise KvlabError(f"{MAX_EXPORT_ROWS_ENV} must be a positive whole number; it is {text[:40]!r}.")
-    return int(text)
+    it is written)."""
+    return positive_setting(MAX_EXPORT_ROWS_ENV, "rows") or DEFAULT_MAX_EXPORT_ROWS
 
 
 def export_trials(store: Store, out_path: str | Path, filters: RunFilter = RunFilter()) -> int:

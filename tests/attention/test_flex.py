@@ -135,6 +135,9 @@ def test_auto_is_flex_where_it_compiles_and_sdpa_elsewhere():
     for named in ("flex", "sdpa"):
         assert resolve_attention(named, "cpu", flex_compiles=False) == named
     assert RunSpec(small_policy("full")).attention_on(torch.device("cpu")) == "sdpa"
+    assert RunSpec(small_policy("full"), attention="flex").attention_on(torch.device("cpu")) == "flex"
+    # a run that decodes eagerly has no static steps: no backend of theirs in its identity
+    assert RunSpec(small_policy("full"), attention="flex", static=False).attention_on(torch.device("cpu")) == "sdpa"
 
 
 def test_a_backend_is_named_once_and_sdpa_keeps_every_older_runs_identity():

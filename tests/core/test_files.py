@@ -55,7 +55,7 @@ def test_a_sparse_giant_is_refused_by_its_size(tmp_path, monkeypatch):
         read_text(small, "text file")
     for bad in ("0", "-3", "1e9", "lots"):
         monkeypatch.setenv(files.MAX_FILE_ENV, bad)
-        with pytest.raises(KvlabError, match="KVLAB_MAX_FILE_MIB must be a whole number of MiB"):
+        with pytest.raises(KvlabError, match="KVLAB_MAX_FILE_MIB must be a positive whole number of MiB"):
             files.most_file_bytes()
 
 

@@ -73,7 +73,7 @@ def test_kvlab_costs_prints_the_estimate_then_the_measured_figures(capsys):
     [
         (["--model", "GPT-9"], "Unknown model preset"),
         (["--gpu", "nope"], "Unknown GPU preset"),
-        (["--keep", "0"], "kept share must be in"),
+        (["--keep", "0"], "must be more than 0 and at most 1"),
         (["--batch", "0"], "batch must be at least 1"),
     ],
 )

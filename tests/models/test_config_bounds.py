@@ -12,19 +12,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_models import save_tiny_checkpoint
 
+from kvlab.costs import MODEL_PRESETS
 from kvlab.errors import KvlabError
 from kvlab.models.arch import MOST_POSITIONS, arch_from_config
 from kvlab.models.loading import load_model
 
-LLAMA = {
-    "model_type": "llama",
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "hidden_size": 4096,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-}
+LLAMA = {**MODEL_PRESETS["Llama-3-8B"].config, "rms_norm_eps": 1e-5}
 
 
 def test_a_sane_config_reads_as_it_is():
