@@ -38,6 +38,9 @@ class ForwardContext:
     decoding: bool = False
     #: The backend static decode steps attend with, resolved for the device (:mod:`kvlab.attention.backends`).
     attention: AttentionBackend = SDPA
+    #: The ``flex`` backend's block tables of every layer, built once per pass where the heap placed the pass's token
+    #: in every layer at its start (:func:`kvlab.attention.flex.stacked_block_tables`).
+    block_tables: tuple[torch.Tensor, ...] | None = None
 
 
 _CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("kvlab_forward", default=None)

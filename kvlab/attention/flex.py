@@ -68,6 +68,23 @@ def block_tables(
     return (padded, *ordered_blocks(partial), *ordered_blocks(full))
 
 
+def stacked_block_tables(stacked_positions: torch.Tensor, query_position: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`block_tables` of every layer at once, from the positions of stacked layers (``(layers, batch, kv_heads,
+    slots)``, :mod:`kvlab.cache.stack`) with no sliding window: each table's rows are every layer's sequences in
+    turn (:func:`layer_tables` takes one layer's), so that a static step builds its masks in one fused call instead of
+    one per layer."""
+    device = stacked_positions.device.type
+    tables: tuple[torch.Tensor, ...] = fused(device, block_tables)(
+        stacked_positions.flatten(0, 1), query_position, None
+    )
+    return tables
+
+
+def layer_tables(tables: tuple[torch.Tensor, ...], layer_idx: int, batch: int) -> tuple[torch.Tensor, ...]:
+    """One layer's rows of :func:`stacked_block_tables`' tables: exactly its own :func:`block_tables`."""
+    return tuple(table[layer_idx * batch : (layer_idx + 1) * batch] for table in tables)
+
+
 def block_mask(tables: tuple[torch.Tensor, ...], slots: int, groups: int) -> BlockMask:
     """The ``BlockMask`` of :func:`block_tables`' tables over ``slots`` keys, ``groups`` query heads per KV head: full
     blocks read without a mask, partial ones through ``mask_mod`` (each head's own visibility of each slot), the
@@ -94,13 +111,30 @@ def received_attention(
 ) -> torch.Tensor:
     """The attention each slot received from one query, summed over the query heads of its KV head ``(batch,
     kv_heads, slots)``: ``exp(logit - lse)`` with the kernel's log-sum-exp ``lse`` (``(batch, q_heads, 1)``), zero
-    where the slot was not ``visible``."""
+    where the slot was not ``visible``. The products are one batched matrix product of the query heads of each KV
+    head with its keys (written as a sum over the head dimension per query head instead, compiled, it ran 4-8%
+    slower at 32k and 128k: the keys were read once per query head)."""
     batch, q_heads, _, head_dim = query.shape
     kv_heads = keys.shape[1]
     grouped = query.reshape(batch, kv_heads, q_heads // kv_heads, head_dim)
     logits = scaled_logits(grouped, keys.transpose(-1, -2), shape)
     probs = (logits - lse.reshape(batch, kv_heads, -1, 1).float()).exp()
     return probs.masked_fill(~visible.unsqueeze(2), 0.0).sum(dim=2)
+
+
+def accumulated_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    lse: torch.Tensor,
+    visible: torch.Tensor,
+    shape: AttentionShape,
+    scores: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`received_attention`, added in place to a layer's accumulated ``scores`` (``(batch, kv_heads, slots)``,
+    H2O) in the same fused kernel: one launch per layer, not two."""
+    received = received_attention(query, keys, lse, visible, shape)
+    scores.add_(received)
+    return received
 
 
 def _softcap_mod(cap: float) -> Callable[..., torch.Tensor]:
@@ -119,14 +153,17 @@ def flex_decode_attention(
     values: torch.Tensor,
     positions: torch.Tensor,
     query_position: torch.Tensor,
+    tables: tuple[torch.Tensor, ...] | None = None,
 ) -> torch.Tensor:
     """One query's attention ``(batch, q_heads, 1, head_dim)`` at ``query_position`` over ``keys`` and ``values``
-    (``(batch, kv_heads, slots, head_dim)``, read in place) holding the tokens at ``positions``; the attention each
-    slot received is added to the layer's accumulated scores where it keeps them."""
+    (``(batch, kv_heads, slots, head_dim)``, read in place) holding the tokens at ``positions``, through the block
+    mask of ``tables`` (built here from ``positions`` where not given); the attention each slot received is added to
+    the layer's accumulated scores where it keeps them."""
     device, slots = query.device.type, keys.shape[2]
     groups = query.shape[1] // keys.shape[1]
     shape = layer.attention
-    tables = fused(device, block_tables)(positions, query_position, shape.sliding_window)
+    if tables is None:
+        tables = fused(device, block_tables)(positions, query_position, shape.sliding_window)
     score_mod = None if shape.softcap is None else _softcap_mod(shape.softcap)
     one_query_window = layer.recent_queries is not None and layer.recent_queries.shape[2] == 1
     observed = layer.scores is not None or one_query_window
@@ -145,9 +182,11 @@ def flex_decode_attention(
     if not observed:
         return found
     output, aux = found
-    received = fused(device, received_attention)(query, keys, aux.lse, tables[0][..., :slots], shape)
-    if layer.scores is not None:
-        layer.accumulate(received)
+    visible = tables[0][..., :slots]
+    if layer.scores is not None:  # a static step's layer: its scores span the slots read
+        received = fused(device, accumulated_attention)(query, keys, aux.lse, visible, shape, layer.scores)
+    else:
+        received = fused(device, received_attention)(query, keys, aux.lse, visible, shape)
     if one_query_window:
         layer.note_received(received)
     return output

@@ -29,7 +29,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvlab.attention.backends import FLEX
 from kvlab.attention.context import ForwardContext, current
-from kvlab.attention.flex import flex_decode_attention
+from kvlab.attention.flex import flex_decode_attention, layer_tables, stacked_block_tables
 from kvlab.attention.kernels import blocked_attention, decode_attention, sdpa
 from kvlab.attention.masks import allowed_keys, ordered_mask
 from kvlab.cache.layer import AttentionShape, HeapLayer, Slots
@@ -91,7 +91,8 @@ def _attend(
     sparse = context.reader is not None and context.reader.reads_sparsely(layer_idx)
     if query.shape[2] == 1 and (observed or layer.softcap is not None or not in_order or sparse):
         if not sparse and _flex_decodes(context, layer, keys):
-            return flex_decode_attention(query, layer, keys, values, positions, query_positions)
+            tables = _stacked_tables(context, layer_idx, query_positions)
+            return flex_decode_attention(query, layer, keys, values, positions, query_positions, tables)
         live = allowed_keys(positions, query_positions, layer.sliding_window)
         if sparse:
             live = _sparse_selection(context, query, attended, live, in_order)
@@ -123,6 +124,20 @@ def _flex_decodes(context: ForwardContext, layer: HeapLayer, keys: torch.Tensor)
         and context.observe is None
         and keys.shape[2] == layer.capacity
     )
+
+
+def _stacked_tables(
+    context: ForwardContext, layer_idx: int, query_positions: torch.Tensor
+) -> tuple[torch.Tensor, ...] | None:
+    """A layer's block tables out of every layer's, built at the pass's first layer, where the heap placed the
+    pass's token in every stacked layer before the pass (so every layer's positions are final) and no layer has a
+    sliding window; ``None`` where each layer builds its own."""
+    heap = context.cache
+    if heap.placed is None or heap.stack is None or any(layer.sliding_window is not None for layer in heap.layers):
+        return None
+    if context.block_tables is None:
+        context.block_tables = stacked_block_tables(heap.stack.positions, query_positions)
+    return layer_tables(context.block_tables, layer_idx, heap.stack.positions.shape[1])
 
 
 def _sparse_selection(

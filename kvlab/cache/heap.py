@@ -40,8 +40,9 @@ from kvlab.cache.layer import FREE, AttentionShape, HeapLayer, first_free, gathe
 from kvlab.cache.layouts import HeapLayout
 from kvlab.cache.noise import NoiseFloor
 from kvlab.cache.positions import Positions
-from kvlab.cache.ranking import hot_and_cold, kept, victims
+from kvlab.cache.ranking import Victims, hot_and_cold, kept, victims
 from kvlab.cache.spec import CacheSpec, TierSpec
+from kvlab.cache.stack import LayerStack
 from kvlab.cache.tiers import TieredLayer
 from kvlab.fusion import fused
 from kvlab.models.rope import Rope
@@ -109,6 +110,11 @@ class KVHeap:
         #: The run's one position state (:mod:`kvlab.cache.positions`).
         self.positions = Positions()
         self.static = False
+        #: Every layer's positions and scores as views of one tensor, in static mode where the layers allow it.
+        self.stack: LayerStack | None = None
+        #: Every layer's slot of the token the pass in flight decodes, ``(layers, batch, kv_heads, 1)``, where
+        #: :meth:`begin_pass` placed it for all layers at once.
+        self.placed: torch.Tensor | None = None
         self.compactions = 0
         self.ranked_slots = 0
         #: Eviction cuts made (one per sequence, KV head and eviction), and on the device those on tied scores.
@@ -170,6 +176,28 @@ class KVHeap:
 
     # --- the forward pass --------------------------------------------------------------------------------------
 
+    def begin_pass(self, positions: torch.Tensor, last: int) -> None:
+        """Before a forward pass that appends the tokens at ``positions`` (:meth:`Positions.begin`): in a static
+        step over one token with the layers stacked (:mod:`kvlab.cache.stack`), find every layer's first free slot
+        in one reduction and write the token's position there (and zero its accumulated attention), so that each
+        layer's :meth:`update` writes only its keys and values, and attention may build every layer's mask at once
+        (:attr:`placed`)."""
+        self.positions.begin(positions, last)
+        self.placed = None
+        stack = self.stack
+        if not self.static or positions.shape[0] != 1 or stack is None or not stack.holds(self.layers):
+            return
+        slots = first_free(stack.positions, 1)
+        stack.positions.scatter_(3, slots, self.positions.slot_values(slots.device).expand_as(slots))
+        if stack.scores is not None:
+            stack.scores.scatter_(3, slots, 0.0)
+        self.placed = slots
+
+    def end_pass(self, count: int) -> None:
+        """After a forward pass that appended ``count`` tokens to every layer."""
+        self.positions.end(count)
+        self.placed = None
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens seen so far (the next token's position), which is what models use to place new tokens."""
         return self.positions.seen
@@ -189,7 +217,11 @@ class KVHeap:
             self._grow(layer, max(layer.planned, layer.live + count))
         self._own(layer, "keys", "values", "positions", "scores")
         keys, values, slot_positions = layer.slots(layer.capacity)
-        if layer.dead == 0 and not self.static:  # the free slots are the tail: append in order
+        if self.placed is not None:  # the position and the score are written: the keys and values are left
+            index = self.placed[layer_idx].unsqueeze(-1).expand(-1, -1, -1, head_dim)
+            keys.scatter_(2, index, key_states.to(keys.dtype))
+            values.scatter_(2, index, value_states.to(values.dtype))
+        elif layer.dead == 0 and not self.static:  # the free slots are the tail: append in order
             start = layer.used
             keys[:, :, start : start + count] = key_states
             values[:, :, start : start + count] = value_states
@@ -229,11 +261,42 @@ class KVHeap:
         and counting the cut and whether it fell on a tie."""
         layer = self.layers[layer_idx]
         positions = layer.slots(layer.capacity)[2][..., start : start + scores.shape[-1]]
-        select = fused(layer.device.type, victims) if self.static else victims  # fixed shapes in a static step
-        chosen = select(scores, positions, count)
+        chosen = self._victims(layer, scores, positions, count)
         self.account_ranking(layer, scores.shape[-1], clock.stop() if clock is not None else None)
         self.account_cut(layer, chosen.tied)
         self.evict(layer_idx, chosen.slots + start if start else chosen.slots)
+
+    def stacked_layer(self) -> HeapLayer | None:
+        """Every layer as one layer whose sequences are all layers' (:meth:`LayerStack.as_layer`), for a static
+        step's eviction of all layers at once; ``None`` where the layers are not stacked or their noise floor draws
+        per layer."""
+        stack = self.stack
+        if stack is None or self.noise.kind != "none" or not stack.holds(self.layers):
+            return None
+        return stack.as_layer(self.layers)
+
+    def cut_every_layer(self, count: int, scores: torch.Tensor) -> None:
+        """Evict the ``count`` lowest-ranked slots of every layer at once, ``scores`` being the eviction scores of
+        :meth:`stacked_layer`'s slots (``(layers x batch, kv_heads, capacity)``): one ranking, one tie count and one
+        scatter for all layers, the victims those layer-by-layer eviction chooses (:meth:`cut`)."""
+        assert self.stack is not None
+        positions = self.stack.flat(self.stack.positions)
+        chosen = self._victims(self.layers[0], scores, positions, count)
+        if chosen.tied is not None:
+            self._count_ties(chosen.tied)
+        positions.scatter_(2, chosen.slots, FREE)
+        for layer in self.layers:
+            self.account_ranking(layer, scores.shape[-1])
+            self.account_cut(layer)
+            if self.account_evict(layer, count):
+                self._compact(layer)
+
+    def _victims(self, layer: HeapLayer, scores: torch.Tensor, positions: torch.Tensor, count: int) -> Victims:
+        """The victims among ``scores`` (:func:`~kvlab.cache.ranking.victims`), fused for the fixed shapes of a static
+        step."""
+        select = fused(layer.device.type, victims) if self.static else victims
+        chosen: Victims = select(scores, positions, count)
+        return chosen
 
     def compress(self, layer_idx: int, count: int, rank: Ranker, candidates: tuple[int, int] | None) -> None:
         """Prefill mode's one compression of a layer down to its budget (``count`` tokens fewer): the lowest-ranked
@@ -310,9 +373,13 @@ class KVHeap:
         assert layer.keys is not None
         self.cuts += layer.keys.shape[0] * layer.keys.shape[1]
         if tied is not None:
-            if self._tied_cuts is None:
-                self._tied_cuts = torch.zeros((), device=tied.device)
-            self._tied_cuts += tied.sum().to(self._tied_cuts.device)  # layers may live on several devices
+            self._count_ties(tied)
+
+    def _count_ties(self, tied: torch.Tensor) -> None:
+        """Add on the device how many cuts (``tied``: a boolean per cut) fell on tied scores."""
+        if self._tied_cuts is None:
+            self._tied_cuts = torch.zeros((), device=tied.device)
+        self._tied_cuts += tied.sum().to(self._tied_cuts.device)  # layers may live on several devices
 
     def account_appended(self, count: int) -> None:
         """The host's counts after a forward pass the host did not run appended ``count`` tokens to every layer (a
@@ -470,6 +537,7 @@ class KVHeap:
             self._own(layer, *list(layer.shared))
         if self._tied_cuts is None:  # a captured eviction adds to it in place: it must exist before the capture
             self._tied_cuts = torch.zeros((), device=self.layers[0].device)
+        self.stack = LayerStack.of(self.layers)
         self.static = True
 
     def windows_full(self) -> bool:

@@ -20,7 +20,7 @@ from kvlab.errors import KvlabError
 from kvlab.paths import bench_results
 
 #: The newest side-by-side decode measurement, relative to the benchmark results folder.
-MEASURED_DECODE = "heap_gpu/fused_decode_h200.json"
+MEASURED_DECODE = "heap_gpu/stacked_decode_h200.json"
 #: What the benchmark decodes: the shape its figures hold for.
 MEASURED_SHAPE = "Llama-3-8B shape, random bf16 weights, batch 1"
 #: How the figures were taken, as the cost views say it.

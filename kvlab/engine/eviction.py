@@ -50,6 +50,43 @@ def evict_layer(heap: KVHeap, policy: Policy, view: LayerView) -> None:
     heap.cut(view.layer_idx, count, eviction_scores(policy, view, heap)[..., start:stop], start, clock)
 
 
+def evict_layers(heap: KVHeap, policy: Policy, views: Sequence[LayerView]) -> None:
+    """Cut every layer back to its budget: all layers at once where the heap stacks them and the policy scores them
+    alike (:func:`evict_stacked`), else one after another (:func:`evict_layer`)."""
+    if not evict_stacked(heap, policy, views):
+        for view in views:
+            evict_layer(heap, policy, view)
+
+
+def evict_stacked(heap: KVHeap, policy: Policy, views: Sequence[LayerView]) -> bool:
+    """Cut every layer back to its budget in one ranking over the stacked layers (:mod:`kvlab.cache.stack`), where
+    that chooses the victims layer-by-layer eviction would: a static step's heap of alike layers, a policy that
+    scores layers alike with no candidates or ablation, every layer giving up the same number of tokens to the same
+    budget and none with a sliding window. Whether it did."""
+    if not policy.scores_layers_alike or not views:
+        return False
+    first = views[0]
+    counts = {eviction_count(view.cache, view.budget, view.uniform_budget) for view in views}
+    alike = all(
+        (view.budget, view.uniform_budget, view.span) == (first.budget, first.uniform_budget, first.span)
+        and view.cache.sliding_window is None
+        for view in views
+    )
+    if len(counts) != 1 or not alike:
+        return False
+    count = counts.pop()
+    if count == 0:
+        return True
+    if policy.candidates(first, count) is not None or policy.removes():
+        return False
+    stacked = heap.stacked_layer()
+    if stacked is None:
+        return False
+    view = dataclasses.replace(first, layer_idx=0, cache=stacked)
+    heap.cut_every_layer(count, eviction_scores(policy, view, heap))
+    return True
+
+
 def compress_layer(heap: KVHeap, policy: Policy, view: LayerView) -> None:
     """Prefill mode's one compression of a layer (:meth:`kvlab.cache.heap.KVHeap.compress`): evicted in place, or
     what it keeps frozen at its precision, as the cache says."""

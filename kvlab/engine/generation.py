@@ -42,7 +42,7 @@ from kvlab.cache.scopes import global_budgets, local_budgets
 from kvlab.cache.sparse import ReadCount
 from kvlab.engine.decoding import EagerSteps, decode
 from kvlab.engine.events import Event, GenerationResult
-from kvlab.engine.eviction import compress_layer, evict_layer, eviction_keys
+from kvlab.engine.eviction import compress_layer, evict_layers, eviction_keys
 from kvlab.engine.plan import NO_BUDGET, plan_run, spread
 from kvlab.engine.prefilled import Prefilled
 from kvlab.engine.reconstruction import reconstruct
@@ -192,8 +192,7 @@ class Generation:
         """Cut every layer back to its budget."""
         if not self.plan.prunes:
             return
-        for view in self.layer_views(next_position):
-            evict_layer(self.cache, self.spec.policy, view)
+        evict_layers(self.cache, self.spec.policy, self.layer_views(next_position))
 
     # --- what the steps share ----------------------------------------------------------------------------------
 
@@ -235,11 +234,11 @@ class Generation:
         }
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        heap.positions.begin(positions, last_position)
+        heap.begin_pass(positions, last_position)
         fused = decoding and heap.static and self.attention == FLEX
         with forward_context(context), sdpa_backends(self.loaded.device), layer_stance(self.loaded.model, fused):
             output = self.loaded.model(input_ids=ids, **kwargs)
-        heap.positions.end(int(ids.shape[1]))
+        heap.end_pass(int(ids.shape[1]))
         return output.logits[:, -1, :].to(self.loaded.device)  # from the last layer's device, where split
 
     def step_done(self, decoding: bool) -> None:

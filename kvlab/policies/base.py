@@ -118,6 +118,10 @@ class Policy:
     #: Whether the policy spreads its budget over layers itself (PyramidKV, :meth:`layer_budgets`), so takes no layer
     #: allocation of the cache's.
     own_layer_budgets: ClassVar[bool] = False
+    #: Whether :meth:`score` reads only a slot's position, its accumulated attention and the attention it received
+    #: from the last query, by the same rule in every layer (no layer index, keys, draws or other layers'
+    #: decisions), so that a static step may score all layers as one (:mod:`kvlab.cache.stack`).
+    scores_layers_alike: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         check_values(self, f"policy {self.name!r}")

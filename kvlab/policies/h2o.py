@@ -36,6 +36,7 @@ class H2O(ScoringPolicy):
 
     name: ClassVar[str] = "h2o"
     needs_scores: ClassVar[bool] = True
+    scores_layers_alike: ClassVar[bool] = True
     recent_ratio: float = param(
         0.5,
         minimum=0.0,

@@ -25,6 +25,7 @@ class Streaming(ScoringPolicy):
     """
 
     name: ClassVar[str] = "streaming"
+    scores_layers_alike: ClassVar[bool] = True
     sinks: int = param(4, minimum=0, help="first tokens always kept (attention sinks)")
 
     def min_budget(self) -> int:

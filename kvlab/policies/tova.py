@@ -23,6 +23,7 @@ class TOVA(ScoringPolicy):
     """
 
     name: ClassVar[str] = "tova"
+    scores_layers_alike: ClassVar[bool] = True
     per_head: bool = param(False, help="score each KV head on its own instead of the layer's mean")
 
     def query_window(self) -> int:

@@ -1,0 +1,138 @@
+"""Layers stacked for one eviction of all of them: static steps that rank every layer at once keep exactly the tokens
+of layer-by-layer eviction, and fall back to it wherever layers differ."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import prompt, small_policy, tiny_model
+
+from kvlab.budget import Budget
+from kvlab.cache.heap import KVHeap
+from kvlab.cache.layer import FREE, HeapLayer
+from kvlab.cache.spec import CacheSpec
+from kvlab.cache.stack import LayerStack
+from kvlab.engine.generation import generate
+from kvlab.engine.spec import RunSpec
+from kvlab.models.loading import wrap_model
+
+
+def layer(capacity: int, seed: int, scores: bool = True) -> HeapLayer:
+    generator = torch.Generator().manual_seed(seed)
+    return HeapLayer(
+        planned=capacity,
+        keys=torch.zeros(2, 3, capacity, 4),
+        values=torch.zeros(2, 3, capacity, 4),
+        positions=torch.randperm(capacity, generator=generator).int().expand(2, 3, capacity).clone(),
+        scores=torch.rand(2, 3, capacity, generator=generator) if scores else None,
+    )
+
+
+def test_the_layers_hold_views_of_the_stack_until_one_is_replaced():
+    layers = [layer(8, seed) for seed in range(3)]
+    before = [(held.positions.clone(), held.scores.clone()) for held in layers]
+    stack = LayerStack.of(layers)
+    assert stack is not None and stack.positions.shape == (3, 2, 3, 8) and stack.holds(layers)
+    for held, (positions, scores) in zip(layers, before):
+        assert torch.equal(held.positions, positions) and torch.equal(held.scores, scores)
+    stack.positions[1, 0, 0, 0] = FREE  # a write to the stack is a write to the layer's own tensor
+    assert int(layers[1].positions[0, 0, 0]) == FREE
+    flat = stack.as_layer(layers)
+    assert flat is not None and flat.positions.shape == (6, 3, 8) and torch.equal(flat.scores[2:4], layers[1].scores)
+    layers[2].positions = layers[2].positions.clone()
+    assert not stack.holds(layers)
+
+
+def test_layers_that_differ_are_not_stacked():
+    assert LayerStack.of([layer(8, 0), layer(9, 1)]) is None  # another capacity
+    assert LayerStack.of([layer(8, 0), HeapLayer(planned=8)]) is None  # a layer not allocated
+    mixed = [layer(8, 0), layer(8, 1, scores=False)]
+    stack = LayerStack.of(mixed)
+    assert stack is None  # accumulated attention in one layer only
+
+
+def test_a_window_scored_against_the_keys_is_not_stacked():
+    layers = [layer(8, seed) for seed in range(2)]
+    stack = LayerStack.of(layers)
+    assert stack is not None
+    for held in layers:
+        held.recent_queries = torch.zeros(2, 6, 1, 4)
+    assert stack.as_layer(layers) is None  # no attention received from the query: scoring it needs the keys
+    for held in layers:
+        held.received = torch.rand(2, 3, 8)
+    flat = stack.as_layer(layers)
+    assert flat is not None and torch.equal(flat.received[2:], layers[1].received)
+
+
+@pytest.mark.parametrize(
+    "policy,attention,architecture,stacked",
+    [
+        ("streaming", "sdpa", "llama", True),
+        ("h2o", "sdpa", "llama", True),
+        ("tova", "flex", "llama", True),  # scored by what the flex kernel gave each slot
+        ("tova", "sdpa", "llama", False),  # scored by a second pass over each layer's keys
+        ("snapkv", "sdpa", "llama", False),  # a window of several queries
+        ("h2o", "sdpa", "gemma2", False),  # sliding-window layers evict what their window no longer sees
+    ],
+)
+@pytest.mark.parametrize("layout", ["bitmask", "threshold"])
+def test_static_steps_evict_every_layer_at_once_and_keep_the_tokens_of_eager_eviction(
+    policy, attention, architecture, stacked, layout, monkeypatch
+):
+    loaded = wrap_model(tiny_model(architecture))
+    ids = prompt(batch=2, length=40, seed=5)
+    calls = {"one layer": 0, "every layer": 0}
+    one_layer, every_layer = KVHeap.cut, KVHeap.cut_every_layer
+
+    def cut(heap, *args, **kwargs):
+        calls["one layer"] += heap.static
+        return one_layer(heap, *args, **kwargs)
+
+    def cut_every(heap, *args, **kwargs):
+        calls["every layer"] += 1
+        return every_layer(heap, *args, **kwargs)
+
+    monkeypatch.setattr(KVHeap, "cut", cut)
+    monkeypatch.setattr(KVHeap, "cut_every_layer", cut_every)
+    common = dict(mode="streaming", chunk=7, max_new_tokens=10, stop_token_ids=(), cache=CacheSpec(layout))
+    runs = {
+        static: generate(
+            loaded,
+            ids,
+            RunSpec(small_policy(policy), Budget(tokens=14), static=static, attention=attention, **common),
+        )
+        for static in (False, True)
+    }
+    assert runs[True].tokens == runs[False].tokens
+    assert runs[True].kept_per_layer == runs[False].kept_per_layer
+    assert runs[True].tie_share == runs[False].tie_share
+    if stacked:
+        assert calls == {"one layer": 0, "every layer": 9}  # every decoded token but the last evicts
+    else:
+        assert calls["every layer"] == 0 and calls["one layer"] > 0
+
+
+@pytest.mark.parametrize("policy", ["full", "h2o"])
+def test_a_static_step_places_its_token_and_builds_its_masks_for_every_layer_at_once(policy, monkeypatch):
+    from kvlab.attention import flex, function
+
+    loaded = wrap_model(tiny_model("llama"))
+    ids = prompt(batch=2, length=40, seed=9)
+    calls = {"tables": 0, "attention": 0}
+    tables, attention = flex.block_tables, function.flex_decode_attention
+
+    def counted(name, wrapped):
+        def call(*args):
+            calls[name] += 1
+            return wrapped(*args)
+
+        return call
+
+    monkeypatch.setattr(flex, "block_tables", counted("tables", tables))
+    monkeypatch.setattr(function, "flex_decode_attention", counted("attention", attention))
+    budget = None if policy == "full" else Budget(tokens=14)
+    common = dict(mode="streaming", chunk=7, max_new_tokens=10, stop_token_ids=())
+    flex_run = generate(loaded, ids, RunSpec(small_policy(policy), budget, static=True, attention="flex", **common))
+    eager = generate(loaded, ids, RunSpec(small_policy(policy), budget, static=False, **common))
+    assert flex_run.tokens == eager.tokens and flex_run.kept_per_layer == eager.kept_per_layer
+    assert calls["tables"] > 0 and calls["attention"] == loaded.arch.num_layers * calls["tables"]
