@@ -44,8 +44,10 @@ from kvlab.models.catalog import package_models  # noqa: E402
 from kvlab.models.loading import LoadedModel, load_model  # noqa: E402
 from kvlab.store import Store, open_store  # noqa: E402
 
-#: The GGUF file of the published model that scripts/published_models.txt installs.
+#: The GGUF files of the published models that scripts/published_models.txt installs: a Llama (SmolLM2) and a
+#: Gemma 3 (carried in four parts, reassembled on first load).
 PUBLISHED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PUBLISHED_GEMMA_GGUF = "gemma-3-270m-q4_k_m.gguf"
 
 
 @pytest.fixture(scope="session")
@@ -54,15 +56,27 @@ def shipped() -> LoadedModel:
     return load_model()
 
 
-@pytest.fixture(scope="session")
-def published() -> LoadedModel:
-    """The published model the set-up installs from the package registry (SmolLM2-135M-Instruct, GGUF Q4_1),
-    found among the installed packages and loaded once for the whole suite, offline."""
-    entries = [entry for entry in package_models() if entry.name.endswith(PUBLISHED_GGUF)]
+def load_published(file_name: str) -> LoadedModel:
+    """A published model the set-up installs from the package registry, found among the installed packages by its
+    file's name and loaded offline (skipped where the install left the published models out)."""
+    entries = [entry for entry in package_models() if entry.name.endswith(file_name)]
     if not entries and os.environ.get("KVLAB_PUBLISHED_MODELS") == "0":
         pytest.skip("the published models were left out of the install (KVLAB_PUBLISHED_MODELS=0)")
-    assert entries, f"{PUBLISHED_GGUF} is not installed; run scripts/install.sh"
+    assert entries, f"{file_name} is not installed; run scripts/install.sh"
     return load_model(entries[0].name, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def published() -> LoadedModel:
+    """SmolLM2-135M-Instruct (GGUF Q4_1, a Llama), loaded once for the whole suite."""
+    return load_published(PUBLISHED_GGUF)
+
+
+@pytest.fixture(scope="session")
+def published_gemma() -> LoadedModel:
+    """Gemma 3 270M (GGUF Q4_K_M, five of every six layers with a sliding window), loaded once for the whole
+    suite."""
+    return load_published(PUBLISHED_GEMMA_GGUF)
 
 
 @pytest.fixture(scope="session")

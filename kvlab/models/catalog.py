@@ -19,6 +19,7 @@ from typing import Literal
 
 from kvlab.models.gguf import GGUF_SUFFIX
 from kvlab.models.hub import hub_cache_dir
+from kvlab.models.parts import parted_files
 from kvlab.paths import shipped
 
 SHIPPED_MODELS_DIR = shipped("models")
@@ -63,7 +64,8 @@ def shipped_models(root: Path = SHIPPED_MODELS_DIR) -> list[ModelEntry]:
 
 
 def package_models() -> list[ModelEntry]:
-    """Models carried by installed Python packages: their GGUF files and model directories."""
+    """Models carried by installed Python packages: their GGUF files and model directories, and GGUF files that
+    several packages carry in parts (:mod:`kvlab.models.parts`)."""
     return list(_package_models())
 
 
@@ -91,6 +93,12 @@ def _package_models() -> tuple[ModelEntry, ...]:
         for name in sorted(found):
             if name.is_file() or (name / "config.json").is_file():
                 entries.append(ModelEntry(str(name), name.name, "package", origin, _one_line(licence)))
+    for parted in parted_files():
+        origin = (
+            f"packages {', '.join(parted.packages)} (installed from the package registry; "
+            f"{len(parted.parts)} parts, reassembled on first load)"
+        )
+        entries.append(ModelEntry(str(parted.target()), parted.name, "package", origin, parted.licence))
     return tuple(entries)
 
 

