@@ -75,9 +75,17 @@ def _parted_files() -> tuple[PartedFile, ...]:
         indices = sorted(numbered)
         if indices != list(range(len(indices))):
             continue  # a part is missing: not a model yet
-        digest, licence = digests[name] if name in digests else (None, None)
+        published = digests.get(name)
         ordered = tuple(numbered[index] for index in indices)
-        files.append(PartedFile(name, ordered, tuple(sorted(carriers[name])), digest, licence))
+        files.append(
+            PartedFile(
+                name,
+                ordered,
+                tuple(sorted(carriers[name])),
+                None if published is None else published[0],
+                None if published is None else published[1],
+            )
+        )
     return tuple(files)
 
 
