@@ -3,7 +3,9 @@
 Three articles, identified by their numbers (002, 003, 004) and titles; their words are quoted short. Claims keep
 stable numbers: 1 to 36 in the order they were first listed, 37 and up for figures found later. A claim is
 *computed* (from published configs and datasheets, :mod:`~kvlab.claims.computed`), *measured* (from stored runs or
-committed profiles), or *not measurable here*, with the reason.
+committed profiles), or *not measurable here*: such a claim lists what it needs from kvlab
+(:class:`~kvlab.claims.capabilities.Requirements`) and its reason is computed from what kvlab has when it is
+evaluated, so that it never says kvlab lacks what it has.
 """
 
 from __future__ import annotations
@@ -12,21 +14,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from kvlab.cache.layouts import DEFAULT_COMPACT_AT
+from kvlab.cache.layouts import DEFAULT_COMPACT_AT, LAYOUTS
 from kvlab.claims import (
     attention,
     budgets,
     computed,
     generational,
     needle_claims,
+    offload,
     pillars,
     precision,
     side_channel,
     sinks,
     timing,
 )
+from kvlab.claims.capabilities import Capability, Requirements
 from kvlab.claims.evidence import Evidence
-from kvlab.claims.verdicts import Evaluation, per_model, unmeasurable
+from kvlab.claims.verdicts import Evaluation, per_model
 
 Source = Literal["computed", "measured", "not measurable"]
 
@@ -46,6 +50,7 @@ class Claim:
     text: str
     source: Source
     evaluate: Callable[[Evidence], Evaluation]
+    requirements: Requirements | None = None
 
     @property
     def article_label(self) -> str:
@@ -73,11 +78,21 @@ def _per_model(evaluate: Callable[[Evidence], Evaluation]) -> Callable[[Evidence
     return each
 
 
-def _not_measurable(claim_id: str, article: str, text: str, reason: str, figure: str | None = None) -> Claim:
-    def evaluate(_: Evidence) -> Evaluation:
-        return unmeasurable(reason, figure=figure)
+def _needing(
+    claim_id: str,
+    article: str,
+    text: str,
+    requirements: Requirements,
+    source: Source = "not measurable",
+    figure: str | None = None,
+) -> Claim:
+    """A claim whose figure needs what kvlab may lack: its reason is computed from ``requirements`` against what
+    kvlab has when it is evaluated (with ``figure``, what can be said without a measurement)."""
 
-    return Claim(claim_id, article, text, "not measurable", evaluate)
+    def evaluate(evidence: Evidence) -> Evaluation:
+        return requirements.evaluate(evidence, figure=figure)
+
+    return Claim(claim_id, article, text, source, evaluate, requirements)
 
 
 CATALOGUE: tuple[Claim, ...] = (
@@ -127,21 +142,25 @@ CATALOGUE: tuple[Claim, ...] = (
         "Removing heavy-hitter pillars raises attention entropy and lowers retrieval accuracy",
         pillars.pillars_removed,
     ),
-    _not_measurable(
+    _needing(
         "14",
         "002",
         "Bitmasking is cheap but frees no memory until compaction; compaction frees memory at a copy cost growing "
         "with layers; compact at 50% sparsity",
-        "a design trade-off without a figure to check; kvlab's KV heap has all three layouts (bitmask, compact, and "
-        f"threshold, which compacts at a dead share of {DEFAULT_COMPACT_AT:g} by default) and bench/heap_gpu.py "
-        "times them",
+        Requirements(
+            needs=tuple(Capability.layout(layout) for layout in LAYOUTS),
+            beyond="a design trade-off without a figure to check; bench/heap_gpu.py times the layouts (threshold "
+            f"compacts at a dead share of {DEFAULT_COMPACT_AT:g} by default)",
+        ),
     ),
-    _not_measurable(
+    _needing(
         "15",
         "002",
         "An indirection-table kernel is 20% slower than FlashAttention and allows 10x longer contexts",
-        "the article's Triton kernel is not published, and kvlab attends through SDPA and exact blocked attention, "
-        "not an indirection-table kernel",
+        Requirements(
+            needs=(Capability.backend("indirection-table"),),
+            beyond="the article's Triton kernel is not published",
+        ),
     ),
     _measured(
         "16",
@@ -150,12 +169,15 @@ CATALOGUE: tuple[Claim, ...] = (
         "within 1%",
         _per_model(precision.hybrid_precision),
     ),
-    _not_measurable(
+    _needing(
         "17",
         "002",
         "Llama 3 has more distinct pillars than Mistral; Llama 3 70B survives a 90% prune, Mistral 7B loses "
         "coherence past 70%",
-        "needs Llama-3-70B and Mistral-7B weights and a coherence measure; kvlab measures the models it has here",
+        Requirements(
+            needs=(Capability.model("Llama-3-70B"), Capability.model("Mistral-7B")),
+            beyond="the article defines no coherence measure",
+        ),
     ),
     _measured(
         "18",
@@ -199,11 +221,11 @@ CATALOGUE: tuple[Claim, ...] = (
         "Pruned caches can outperform full caches by removing distracting history",
         _per_model(needle_claims.pruned_beats_full),
     ),
-    _not_measurable(
+    _needing(
         "25",
         "002",
         'vLLM 0.8.0 ships "HeapContext", H2O-style pruning in PagedAttention',
-        "a statement about vLLM's releases; vLLM is not installed here and kvlab does not use it",
+        Requirements(needs=(Capability.package("vllm"),), beyond="a statement about vLLM's releases"),
     ),
     _computed("26", "003", "The KV cache can take up to 90% of a GPU's HBM at long contexts", computed.kv_share_of_hbm),
     _measured("27", "003", "Keys need 4 bits; values survive 2 bits", _per_model(precision.keys_and_values_bits)),
@@ -219,23 +241,33 @@ CATALOGUE: tuple[Claim, ...] = (
         "Over 50% of attention weight often concentrates on the first few tokens",
         attention.first_token_share,
     ),
-    _not_measurable(
+    _needing(
         "30",
         "004",
         "H2O: 29x throughput on OPT-6.7B with 20% of the cache",
-        "needs OPT-6.7B, the H2O paper's serving baselines and an A100 to measure throughput against",
+        Requirements(
+            needs=(Capability.model("OPT-6.7B"), Capability.device("A100")),
+            beyond="a throughput against the H2O paper's serving systems (DeepSpeed, Accelerate, FlexGen)",
+        ),
     ),
-    _not_measurable(
+    _needing(
         "31",
         "004",
         "SnapKV: 3.6x faster generation and 8.2x memory efficiency at 16K; 380K tokens on one A100-80GB",
-        "needs SnapKV's long-context model (LWM-Text-Chat-1M), its benchmark setup and an A100-80GB",
+        Requirements(
+            needs=(Capability.model("LWM-Text-Chat-1M"), Capability.device("A100")),
+            beyond="timed in SnapKV's own benchmark setup",
+        ),
     ),
-    _not_measurable(
+    _needing(
         "32",
         "004",
         "RocketKV: 400x compression, 3.7x end-to-end speed-up, 32.6% lower peak memory",
-        "needs RocketKV's models, benchmarks and sparse-attention kernels",
+        Requirements(
+            needs=(Capability.policy("rocketkv"), Capability.model("Llama-3.1-8B")),
+            beyond="the paper's speed-up and peak memory are its end-to-end decoding of long contexts at 400x "
+            "compression against the full cache",
+        ),
     ),
     _computed(
         "33",
@@ -256,17 +288,18 @@ CATALOGUE: tuple[Claim, ...] = (
         "Use at least 30% budget for reasoning; prefer attention-based eviction over heuristics",
         _per_model(needle_claims.attention_beats_heuristics),
     ),
-    _not_measurable(
+    _needing(
         "37",
         "002",
         "Disk-based offloading introduces a 100x latency penalty",
-        "kvlab keeps its cache in device memory and has no offloading; the penalty depends on the disk and the bus",
+        Requirements(needs=(Capability.option("disk_tier_mib"),), pending=offload.disk_penalty),
+        source="measured",
     ),
-    _not_measurable(
+    _needing(
         "38",
         "002",
         "Thermal throttling from 3.5 GHz to 2.8 GHz increased per-token latency by 22%",
-        "needs the article's MacBook Air M2 under sustained load",
+        Requirements(needs=(Capability.device("Apple M2"),), beyond="the article's MacBook Air under sustained load"),
         figure=f"were per-token time proportional to the clock, 3.5 → 2.8 GHz would add {3.5 / 2.8 - 1:.0%}",
     ),
 )

@@ -6,8 +6,9 @@ and without attention sinks, each pass a ``kvlab quality`` run), ``bench/heap_qu
 of several cache configurations in one process), ``bench/short_context_overhead.py`` (time with and without eviction
 below 4K tokens; without its results, ``kvlab quality`` passes, which decode every step),
 ``bench/attention_profile.py`` (attention per layer), ``bench/pillar_entropy.py`` (attention entropy with the heavy
-hitters removed) and ``kvlab sidechannel`` (the side-channel experiment, ``bench/side_channel.sh``); computed figures
-and unmeasurable claims are shown again by ``kvlab claims --only <id>``. ``bench/heap_claims.sh`` runs the heap
+hitters removed), ``kvlab sidechannel`` (the side-channel experiment, ``bench/side_channel.sh``) and
+``bench/demotion_gpu.py`` (decode time with evicted tokens demoted to CPU memory and disk); computed figures and
+unmeasurable claims are shown again by ``kvlab claims --only <id>``. ``bench/heap_claims.sh`` runs the heap
 claims' commands on a GPU.
 """
 
@@ -111,6 +112,12 @@ def overhead_benchmark(model: str = SHIPPED_MODEL) -> str:
         f"python bench/short_context_overhead.py{model_option(model)} "
         f"--out {shlex.quote(f'bench/results/overhead/{name}.json')}"
     )
+
+
+def demotion_timing() -> str:
+    """Decode time per token at 128k tokens with evicted tokens deleted, demoted to CPU memory and to an offload
+    file, on one GPU (a Llama-3-8B-shaped model with random weights)."""
+    return "python bench/demotion_gpu.py bench/results/demotion --new-tokens 24"
 
 
 def attention_profile(model: str = SHIPPED_MODEL) -> str:

@@ -1,6 +1,7 @@
 """What measured claims are evaluated against: the runs of one kvlab store, and the benchmark results a source
 checkout keeps in ``bench/results/`` (attention profiles, short-context timings, attention entropy with the heavy
-hitters removed, side-channel experiments), which a wheel does not install (:func:`kvlab.paths.bench_results`).
+hitters removed, side-channel experiments, demotion timings), which a wheel does not install
+(:func:`kvlab.paths.bench_results`).
 
 Only reads: the frames a claim needs are fetched once per evaluation, and nothing here imports torch, so the
 command line and the dashboard evaluate every claim in a fraction of a second.
@@ -231,6 +232,42 @@ class SideChannel:
     levels: tuple[NoiseFigures, ...]
 
 
+@dataclass(frozen=True)
+class DemotionConfiguration:
+    """One cache configuration of a demotion timing: its label, the cache options it set (none: evicted tokens
+    deleted) and its decode milliseconds per token."""
+
+    label: str
+    params: dict[str, Any]
+    decode_ms: float
+
+
+@dataclass(frozen=True)
+class Demotion:
+    """A demotion timing as ``bench/demotion_gpu.py`` writes it: one context read once, then decoded by each
+    configuration, on one device."""
+
+    model: str
+    device: str
+    context_tokens: int
+    configurations: tuple[DemotionConfiguration, ...]
+
+
+def parse_demotion(data: Any) -> Demotion:
+    """A :class:`Demotion` from the benchmark's JSON object; ``ValueError`` saying what is wrong."""
+    data = _object(data, ("model", "device", "context_tokens", "configurations"))
+    try:
+        configurations = tuple(
+            DemotionConfiguration(str(label), dict(row["params"]), float(row["decode_ms_per_token"]))
+            for label, row in dict(data["configurations"]).items()
+        )
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("its configurations are not {params, decode_ms_per_token} objects") from None
+    if not configurations:
+        raise ValueError("it times no configuration")
+    return Demotion(str(data["model"]), str(data["device"]), int(data["context_tokens"]), configurations)
+
+
 def _optional(value: Any) -> float | None:
     return None if value is None else float(value)
 
@@ -433,6 +470,11 @@ class Evidence:
     def pillar_entropies(self) -> tuple[list[PillarEntropy], list[str]]:
         """The heavy-hitter ablations in ``results/pillars``, and one sentence per file that is not one."""
         return read_results(self.results_in("pillars"), parse_pillars, "an attention-entropy ablation")
+
+    @cached_property
+    def demotions(self) -> tuple[list[Demotion], list[str]]:
+        """The demotion timings in ``results/demotion``, and one sentence per file that is not one."""
+        return read_results(self.results_in("demotion"), parse_demotion, "a demotion timing")
 
     @cached_property
     def side_channels(self) -> tuple[list[SideChannel], list[str]]:

@@ -1,4 +1,4 @@
-"""The cache options of a stored run, read from its policy parameters without torch.
+"""The cache options of a stored run (read from its policy parameters) or of a benchmark's configuration, without torch.
 
 Every scoring policy takes the same cache options (:class:`kvlab.cache.spec.CacheOptions`: layer and head
 allocations, precision tiers, a noise floor, demotion) and a run stores only those that differ from their defaults
@@ -36,3 +36,9 @@ def variant(policy: str, policy_params: object) -> str:
 
 def _shown(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def demotes_to_disk(stored: dict[str, Any]) -> bool:
+    """Whether a configuration with these options (as a benchmark stores them) demotes evicted tokens to an offload
+    file."""
+    return CacheOptions.from_stored(stored).disk_tier_mib > 0.0
