@@ -400,7 +400,9 @@ class InProcess:
 
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
-        self.stops = stops_for(loaded, one_line_answers=True)
+        # a sweep's prompts (needles, RULER's tasks) are plain text whatever the model, never a chat turn: the one
+        # stop rule of that format (a line break ends the answer) holds for base and chat models alike
+        self.stops = stops_for(loaded, one_line_answers=True, chat=False)
 
     def check_fits(self, grid: SweepGrid) -> None:
         grid.check_fits(self.loaded)

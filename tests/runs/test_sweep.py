@@ -15,8 +15,9 @@ import pytest
 from kvlab.errors import KvlabError
 from kvlab.models.loading import load_model
 from kvlab.policies import make_policy
-from kvlab.runs.sweep import SweepGrid, SweepRunner, needle_items, parse_policies
+from kvlab.runs.sweep import InProcess, SweepGrid, SweepRunner, needle_items, parse_policies
 from kvlab.store import RunFilter, open_store
+from kvlab.tasks.items import has_chat_template, stop_token_ids
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -202,3 +203,13 @@ def test_killing_a_sweep_process_and_running_it_again_leaves_one_row_per_cell_an
 def test_a_cell_whose_budget_is_below_the_policy_minimum_is_refused_before_anything_runs():
     with pytest.raises(KvlabError, match="snapkv's minimum"):
         grid(policies=(make_policy("snapkv"),), keeps=(0.1,), contexts=(256,))
+
+
+def test_a_chat_model_answers_a_sweep_by_the_same_stop_rule_as_a_base_model(loaded, monkeypatch):
+    """A sweep's prompts are plain text whatever the model: a chat model stops at the answer's line break too, so
+    it neither runs on for all its tokens nor has a later line counted as its answer."""
+    base = InProcess(loaded).stops
+    monkeypatch.setattr(loaded.tokenizer, "chat_template", "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert has_chat_template(loaded.tokenizer)
+    assert InProcess(loaded).stops == base
+    assert base.rule == "eos+line" and set(stop_token_ids(loaded.tokenizer)) <= set(base.token_ids)
