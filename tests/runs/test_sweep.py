@@ -213,3 +213,26 @@ def test_a_chat_model_answers_a_sweep_by_the_same_stop_rule_as_a_base_model(load
     assert has_chat_template(loaded.tokenizer)
     assert InProcess(loaded).stops == base
     assert base.rule == "eos+line" and set(stop_token_ids(loaded.tokenizer)) <= set(base.token_ids)
+
+
+def test_a_stop_request_ends_a_shared_unit_after_the_generation_in_flight(loaded, tmp_path, monkeypatch):
+    """A stop asked while a unit's first cell is generating stores that cell's trials and starts no other cell of
+    the unit; the runs left are interrupted and a rerun completes them."""
+    store = open_store(tmp_path / "runs.duckdb")
+    asked: list[bool] = []
+    unit_trials = InProcess.unit_trials
+
+    def first_job_asks_to_stop(self, grid, unit):
+        for job, trials in unit_trials(self, grid, unit):
+            asked.append(True)
+            yield job, trials
+
+    monkeypatch.setattr(InProcess, "unit_trials", first_job_asks_to_stop)
+    sweep = grid(depths=(0.0,), trials=1, modes=("prefill",), batch_size=1)
+    summary = SweepRunner(loaded, store, sweep, should_stop=lambda: bool(asked)).run()
+    assert summary.stopped and summary.ran == 1 and len(asked) == 1
+    assert sorted(store.list_runs()["status"]) == ["finished", "interrupted", "interrupted"]
+    monkeypatch.undo()
+    again = SweepRunner(loaded, store, sweep).run()
+    assert again.ran == 2 and again.skipped == 1
+    assert set(store.list_runs()["status"]) == {"finished"}
