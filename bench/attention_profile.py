@@ -5,6 +5,8 @@ articles also claim early layers spread attention widely (high entropy) and deep
 with the full cache through kvlab's own attention (its statistics hook, the one the live page draws from), in
 chunks, and averages each layer's first-token share and entropy over the queries of every chunk but the first:
 queries near the start of a text see only a few keys, and their share of the first token says nothing about sinks.
+The first-token share counts only the queries that can see the first token: on a sliding-window layer, those whose
+window still reaches it (the others put nothing there because they cannot, which says nothing about sinks either).
 
     python bench/attention_profile.py --model kvlab/data/models/kvlab-tiny-llama
     python bench/attention_profile.py --model path/to/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -36,18 +38,21 @@ RESULTS = Path(__file__).resolve().parent / "results" / "attention"
 
 def profile(loaded, ids: torch.Tensor, chunk: int) -> list[dict[str, float | int]]:
     """Per layer: the first-token share and entropy of attention, averaged over the queries of chunks 2 onwards
-    (each chunk's statistics are means over its queries, so equal chunks weigh equally)."""
+    (entropy: each chunk's mean over its queries, equal chunks weighing equally; first-token share: over the queries
+    that could see the first token, each chunk weighed by how many could, a layer none could see it from at 0)."""
     spec = RunSpec(
         policy=make_policy("full"), chunk=chunk, max_new_tokens=0, stats=StatsRequest(n_sink=1, n_bins=1, span=1)
     )
-    shares, entropies = [], []
+    shares, seeing, entropies = [], [], []
     for event in Generation(loaded, spec, ids).events():
         if event.kind == "prefill" and event.stats is not None and event.seen_tokens > chunk:
             shares.append(event.stats["sink_mass"][:, 0].float())  # (layers, q_heads) of the first sequence
+            seeing.append(event.stats["sink_queries"][:, 0].float())
             entropies.append(event.stats["entropy"][:, 0].float())
     if not shares:
         raise SystemExit(f"the text must be longer than one chunk ({chunk} tokens) to profile")
-    share, entropy = torch.stack(shares).mean(0), torch.stack(entropies).mean(0)
+    share = first_token_share(torch.stack(shares), torch.stack(seeing))
+    entropy = torch.stack(entropies).mean(0)
     return [
         {
             "layer": layer,
@@ -57,6 +62,12 @@ def profile(loaded, ids: torch.Tensor, chunk: int) -> list[dict[str, float | int
         }
         for layer in range(share.shape[0])
     ]
+
+
+def first_token_share(shares: torch.Tensor, seeing: torch.Tensor) -> torch.Tensor:
+    """Chunks' first-token shares ``(chunks, layers, q_heads)``, each a mean over the ``seeing`` queries that could
+    see the first token, averaged over all those queries (0 where none could)."""
+    return (shares * seeing).sum(0) / seeing.sum(0).clamp_min(1.0)
 
 
 def main() -> None:

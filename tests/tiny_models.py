@@ -8,6 +8,8 @@ import torch
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -47,6 +49,23 @@ BUILDERS = {
     ),
 }
 ARCHITECTURES = tuple(BUILDERS)
+
+
+def tiny_gemma3(seed: int = 0) -> torch.nn.Module:
+    """A random-weight Gemma-3-style model: two layers with a sliding window of 6 tokens, then one global layer."""
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        **COMMON,
+        head_dim=16,
+        sliding_window=6,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        query_pre_attn_scalar=16,
+    )
+    model = Gemma3ForCausalLM(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+    return model.eval()
 
 
 def small_policy(name: str) -> Policy:

@@ -90,7 +90,7 @@ def decode_attention(
     if layer.scores is not None:  # the heap's slots come first; recalled demoted tokens have no score there
         layer.accumulate(probs[..., : min(span, layer.span(context.cache.static))].sum(dim=2))
     if context.stats is not None:
-        context.stats.add(layer_idx, probs.unsqueeze(3), positions)
+        context.stats.add(layer_idx, probs.unsqueeze(3), positions, mask.unsqueeze(2))
     if context.observe is not None:
         context.observe(layer_idx, probs.unsqueeze(3), positions)
     return output.reshape(batch, q_heads, 1, head_dim)
@@ -146,7 +146,7 @@ def blocked_attention(
         if layer.scores is not None:  # the heap's slots come first; recalled demoted tokens have no score there
             layer.accumulate(probs[..., : min(visible, layer.span(context.cache.static))].sum(dim=(2, 3)))
         if context.stats is not None:
-            context.stats.add(layer_idx, probs, positions[..., :visible])
+            context.stats.add(layer_idx, probs, positions[..., :visible], block_mask)
         if context.observe is not None:
             context.observe(layer_idx, probs, positions[..., :visible])
     return torch.cat(outputs, dim=3).reshape(batch, q_heads, n_queries, head_dim) if output else None

@@ -19,7 +19,6 @@ from kvlab.engine.events import Event
 from kvlab.engine.spec import RunSpec
 from kvlab.engine.stopping import StopTokens
 from kvlab.models.loading import LoadedModel
-from kvlab.modes import STREAMING
 
 
 class Loop(Protocol):
@@ -43,7 +42,9 @@ class Loop(Protocol):
 
     def evict(self, next_position: int | torch.Tensor | None = None) -> None: ...
 
-    def eviction_counts(self) -> list[int]: ...
+    def evicts_after(self, index: int) -> bool: ...
+
+    def eviction_counts(self, to_budget: bool | None = None) -> list[int]: ...
 
     def graph_captured(self) -> None: ...
 
@@ -61,11 +62,6 @@ class Steps(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor] | None]: ...
 
 
-def evicts_after(spec: RunSpec, index: int) -> bool:
-    """Whether the ``index``-th decode step evicts: in streaming mode, once every ``compression_interval`` tokens."""
-    return spec.mode == STREAMING and (index + 1) % spec.compression_interval == 0
-
-
 class EagerSteps:
     """Decode steps of one eager forward pass each (the forced token in place of the greedy choice where given)."""
 
@@ -77,7 +73,7 @@ class EagerSteps:
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor] | None]:
         loop = self.loop
         logits, stats = loop.forward(ids.unsqueeze(1), decoding=True)
-        if evicts_after(loop.spec, index):
+        if loop.evicts_after(index):
             loop.evict()
         forced = loop.forced_ids
         return (logits.argmax(dim=-1) if forced is None else forced[:, index + 1]), logits, stats

@@ -123,6 +123,10 @@ class Generation:
             else eos_token_ids(loaded),
             self.batch_size,
         )
+        #: Whether forks of this run's context will compress it (:func:`prefill_once`).
+        self.forked = bool(observe_for)
+        #: Whether prefill mode's one compression has run (sliding windows are cut after every pass from then on).
+        self.compressed = False
         self._start_logits = None if prefilled is None else prefilled.logits
         self._logits_to_keep = "logits_to_keep" in inspect.signature(loaded.model.forward).parameters
 
@@ -162,8 +166,7 @@ class Generation:
         chunk = self.spec.chunk_size(self.context_tokens)
         for index, start in enumerate(range(0, ids.shape[1], chunk)):
             logits, stats = self.forward(ids[:, start : start + chunk])
-            if self.spec.mode == STREAMING:
-                self.evict()
+            self.evict()
             yield self.event("prefill", first_step + index, stats=stats, logits=logits)
 
     def compress(self, step: int) -> Event:
@@ -174,13 +177,14 @@ class Generation:
         policy = self.spec.policy
         if self.plan.rebudget == "prompt":
             self.allocate_by_prompt()
-        if policy.reconstructs() and (self.cache.freezes or any(self.eviction_counts())):
+        if policy.reconstructs() and (self.cache.freezes or any(self.eviction_counts(to_budget=True))):
             self.reconstruct()
-        if self.plan.rebudget == "global" and any(self.eviction_counts()):
+        if self.plan.rebudget == "global" and any(self.eviction_counts(to_budget=True)):
             self.allocate_globally()
         for view in self.layer_views():
             compress_layer(self.cache, policy, view)
         self.cache.stop_observing()
+        self.compressed = True
         return self.event("compress", step)
 
     def decode(self, logits: torch.Tensor, step: int) -> Iterator[Event]:
@@ -189,10 +193,36 @@ class Generation:
         return decode(self, logits, step, StaticSteps.for_loop(self) or EagerSteps(self))
 
     def evict(self, next_position: int | torch.Tensor | None = None) -> None:
-        """Cut every layer back to its budget."""
-        if not self.plan.prunes:
+        """After a forward pass: in streaming mode, cut every layer back to its budget; in prefill mode, where the
+        budget is met once at the compression, drop only what sliding windows can no longer see, so that a layer
+        with a window never holds more than the full cache's ``window - 1`` tokens (as transformers' own cache)."""
+        if not self.evicts():
             return
-        evict_layers(self.cache, self.spec.policy, self.layer_views(next_position))
+        streaming = self.spec.mode == STREAMING
+        policy = self.spec.policy if streaming else _WINDOWS
+        evict_layers(self.cache, policy, self.layer_views(next_position, to_budget=streaming))
+
+    def evicts(self) -> bool:
+        """Whether :meth:`evict` can free anything: in streaming mode where the plan prunes; in prefill mode where
+        the model has sliding-window layers, except before a compression, its own or a fork's (which cuts the
+        windows itself, and whose passes, KVzip's reconstruction, read the context as it was read)."""
+        if self.spec.mode == STREAMING:
+            return self.plan.prunes
+        return self.plan.windows and (self.compressed or not (self.compresses() or self.forked))
+
+    def compresses(self) -> bool:
+        """Whether the run compresses once after reading its context (prefill mode): where it evicts to a budget,
+        freezes what it keeps, or an ablation removes tokens."""
+        return self.spec.mode == PREFILL and bool(
+            self.plan.evicting or self.cache.freezes or self.spec.policy.removes()
+        )
+
+    def evicts_after(self, index: int) -> bool:
+        """Whether the ``index``-th decode step evicts: in streaming mode once every ``compression_interval``
+        tokens; in prefill mode after every step on a model with sliding-window layers (:meth:`evict`)."""
+        if self.spec.mode == STREAMING:
+            return self.plan.prunes and (index + 1) % self.spec.compression_interval == 0
+        return self.evicts()
 
     # --- what the steps share ----------------------------------------------------------------------------------
 
@@ -269,26 +299,35 @@ class Generation:
         self.peak_kv_bytes = max(self.peak_kv_bytes, kv_bytes)
         self.peak_kv_reserved_bytes = max(self.peak_kv_reserved_bytes, reserved_bytes)
 
-    def eviction_counts(self) -> list[int]:
+    def eviction_counts(self, to_budget: bool | None = None) -> list[int]:
         """How many tokens each layer gives up at the next eviction (host counts only: the rule
-        :func:`kvlab.engine.eviction.evict_layer` follows)."""
-        if not self.plan.prunes:
+        :func:`kvlab.engine.eviction.evict_layer` follows): :meth:`evict`'s, or with ``to_budget`` the
+        compression's."""
+        if to_budget is None:
+            if not self.evicts():
+                return [0] * len(self.layer_budgets)
+            to_budget = self.spec.mode == STREAMING
+        elif not self.plan.prunes:
             return [0] * len(self.layer_budgets)
         return [
             eviction_count(layer, budget, uniform)
-            for layer, (budget, uniform) in zip(self.cache.layers, self.budgets())
+            for layer, (budget, uniform) in zip(self.cache.layers, self.budgets(to_budget))
         ]
 
-    def budgets(self) -> list[tuple[int, int]]:
+    def budgets(self, to_budget: bool = True) -> list[tuple[int, int]]:
         """Each layer's budget and the uniform budget for an eviction now: the run's, at most the tokens seen after
-        those an ablation removes (:meth:`~kvlab.policies.base.Policy.removes`)."""
+        those an ablation removes (:meth:`~kvlab.policies.base.Policy.removes`); without ``to_budget`` none (only
+        sliding windows then cut)."""
+        if not to_budget:
+            return [(NO_BUDGET, NO_BUDGET)] * len(self.layer_budgets)
         uniform = self.plan.held_tokens or NO_BUDGET
         removed = self.spec.policy.removes()
         most = max(self.cache.seen_tokens - removed, 0) if removed else NO_BUDGET
         return [(min(budget, most), min(uniform, most)) for budget in self.layer_budgets]
 
-    def layer_views(self, next_position: int | torch.Tensor | None = None) -> list[LayerView]:
-        """What the policy sees of each layer for an eviction now, with the layer's budget."""
+    def layer_views(self, next_position: int | torch.Tensor | None = None, to_budget: bool = True) -> list[LayerView]:
+        """What the policy sees of each layer for an eviction now, with the layer's budget (none without
+        ``to_budget``)."""
         position = self.cache.seen_tokens if next_position is None else next_position
         return [
             LayerView(
@@ -303,7 +342,7 @@ class Generation:
                 self.rope,
                 self.cache,
             )
-            for layer_idx, (layer, (budget, uniform)) in enumerate(zip(self.cache.layers, self.budgets()))
+            for layer_idx, (layer, (budget, uniform)) in enumerate(zip(self.cache.layers, self.budgets(to_budget)))
         ]
 
     def event(self, kind: Literal["prefill", "compress", "decode"], step: int, **extra: Any) -> Event:
@@ -432,7 +471,7 @@ class Generation:
             for event in self.read(self.input_ids, step):
                 step, logits = step + 1, event.logits
                 yield event
-        if self.spec.mode == PREFILL and (self.plan.evicting or self.cache.freezes or self.spec.policy.removes()):
+        if self.compresses():
             yield self.compress(step)
             step += 1
         if self.suffix_ids is not None:
@@ -518,6 +557,11 @@ def prefill_once(
         reader.prefill_seconds,
         reader.peak_gpu_bytes_per_device,
     )
+
+
+#: What prefill mode's :meth:`Generation.evict` ranks by: the full cache's rule, which drops only what sliding windows
+#: can no longer see (the run's policy is not asked, so it draws no noise and scores nothing between compressions).
+_WINDOWS = Full()
 
 
 class _Seconds:

@@ -37,15 +37,18 @@ class Plan:
     """What a run decides before reading: ``budget_tokens`` (``None``: nothing to evict), the sparse ``reader`` and
     the tokens each layer holds per KV head (``held_tokens``; a sparse reader's own, else the budget), whether it
     evicts to a budget, whether evictions can free anything at all (``prunes``: a budget, sliding-window layers, or
-    tokens the policy never keeps), the layer budgets, each layer's planned slots and the room a compaction leaves,
-    what attention observes, and what decides the layer budgets anew at the compression (``rebudget``: ``prompt`` for
-    CAKE's preferences measured from the prompt, ``global`` for one threshold over every layer, ``None``)."""
+    tokens the policy never keeps), whether the model has sliding-window layers (``windows``: what they no longer
+    see is dropped after every forward pass in every mode, the full cache included), the layer budgets, each layer's
+    planned slots and the room a compaction leaves, what attention observes, and what decides the layer budgets anew
+    at the compression (``rebudget``: ``prompt`` for CAKE's preferences measured from the prompt, ``global`` for one
+    threshold over every layer, ``None``)."""
 
     budget_tokens: int | None
     reader: SparseRead | None
     held_tokens: int | None
     evicting: bool
     prunes: bool
+    windows: bool
     layer_budgets: tuple[int, ...]
     capacities: tuple[int, ...]
     room: int
@@ -90,6 +93,7 @@ def plan_run(
         held_tokens=held_tokens,
         evicting=evicting,
         prunes=evicting or bool(arch.sliding_layers) or policy.removes() > 0,
+        windows=bool(arch.sliding_layers),
         layer_budgets=tuple(layer_budgets),
         capacities=tuple(capacities),
         room=room,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from kvlab.engine.decoding import Loop, evicts_after
+from kvlab.engine.decoding import Loop
 from kvlab.modes import STREAMING
 
 #: At most this many graphs are captured per generation; steps of further signatures run eagerly.
@@ -60,7 +60,8 @@ class StaticSteps:
             return None
         if (spec.static is None and not cuda) or len(loop.loaded.devices) > 1 or not loop.cache.capturable():
             return None
-        # only streaming mode evicts while decoding, so only there can an eviction stop a capture
+        # only streaming mode evicts by the policy while decoding (prefill mode drops only what sliding windows no
+        # longer see, by position), so only there can an eviction stop a capture
         capturable = spec.mode != STREAMING or (spec.policy.can_capture() and loop.cache.evictions_capturable())
         if spec.static is None and not capturable:
             return None  # uncaptured static steps would only be slower than eager ones
@@ -73,7 +74,7 @@ class StaticSteps:
         until the loop reads them."""
         if self.ids is None:
             self._start(ids.view(-1).tolist())
-        evicting = evicts_after(self.loop.spec, index)
+        evicting = self.loop.evicts_after(index)
         signature = self._signature(evicting)
         graph = self.graphs.get(signature)
         if graph is None and self.capture and signature in self.warmed and len(self.graphs) < MAX_GRAPHS:

@@ -389,8 +389,8 @@ class UnitExecutor(Protocol):
     def results(
         self, grid: SweepGrid, units: Sequence[WorkUnit], should_stop: Callable[[], bool]
     ) -> Iterator[UnitResult]:
-        """Every job of every unit with its trials, each once, in any order; no unit is started once
-        ``should_stop`` has said so, and those already started still come back."""
+        """Every job of every unit with its trials, each once, in any order; no unit (or, in this process, no further
+        job of a unit) is started once ``should_stop`` has said so, and those already started still come back."""
         ...
 
 
@@ -400,7 +400,9 @@ class InProcess:
 
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
-        self.stops = stops_for(loaded, one_line_answers=True)
+        # a sweep's prompts (needles, RULER's tasks) are plain text whatever the model, never a chat turn: the one
+        # stop rule of that format (a line break ends the answer) holds for base and chat models alike
+        self.stops = stops_for(loaded, one_line_answers=True, chat=False)
 
     def check_fits(self, grid: SweepGrid) -> None:
         grid.check_fits(self.loaded)
@@ -462,11 +464,15 @@ class InProcess:
     def results(
         self, grid: SweepGrid, units: Sequence[WorkUnit], should_stop: Callable[[], bool]
     ) -> Iterator[UnitResult]:
+        # asked between generations, not only between units: a shared unit runs one generation per cell of its
+        # batch, which under load is many minutes that a SIGTERM would otherwise wait for (Ctrl-C does not)
         for unit in units:
             if should_stop():
                 return
             for job, trials in self.unit_trials(grid, unit):
                 yield unit, job, trials
+                if should_stop():
+                    return
 
 
 def work_units(grid: SweepGrid, runs: Sequence[PendingRun]) -> list[WorkUnit]:

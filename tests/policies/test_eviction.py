@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import prompt, runs_in, small_policy, tiny_model
+from tiny_models import prompt, runs_in, small_policy, tiny_gemma3, tiny_model
 
 from kvlab.attention.stats import StatsRequest
 from kvlab.budget import Budget
@@ -314,3 +314,18 @@ def test_prefill_mode_stops_observing_after_its_one_compression(llama, policy):
         if event.kind != "prefill":
             assert all(layer.scores is None and layer.recent_queries is None for layer in generation.cache.layers)
     assert kinds.count("compress") == 1
+
+
+def test_sink_mass_counts_only_the_queries_that_can_see_a_sink():
+    """On a sliding-window layer the queries past the window cannot see the first token; the sink mass is the mean
+    over those that can (positions 0-5 with a window of 6), as transformers' own attention gives it."""
+    model = tiny_gemma3()
+    loaded = wrap_model(model)
+    ids = prompt(length=30)
+    spec = RunSpec(make_policy("full"), max_new_tokens=1, stats=StatsRequest(n_sink=1, n_bins=4))
+    prefill = [e for e in Generation(loaded, spec, ids).events() if e.kind == "prefill"][0]
+    for layer, attention in enumerate(attention_rows(model, ids)):
+        seeing = 6 if loaded.arch.is_sliding(layer) else 30
+        sink = attention[0, :, :seeing, 0].mean(-1)
+        torch.testing.assert_close(prefill.stats["sink_mass"][layer, 0], sink, atol=1e-5, rtol=1e-4)
+        assert prefill.stats["sink_queries"][layer, 0].tolist() == [seeing] * attention.shape[1]

@@ -15,8 +15,9 @@ import pytest
 from kvlab.errors import KvlabError
 from kvlab.models.loading import load_model
 from kvlab.policies import make_policy
-from kvlab.runs.sweep import SweepGrid, SweepRunner, needle_items, parse_policies
+from kvlab.runs.sweep import InProcess, SweepGrid, SweepRunner, needle_items, parse_policies
 from kvlab.store import RunFilter, open_store
+from kvlab.tasks.items import has_chat_template, stop_token_ids
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -202,3 +203,36 @@ def test_killing_a_sweep_process_and_running_it_again_leaves_one_row_per_cell_an
 def test_a_cell_whose_budget_is_below_the_policy_minimum_is_refused_before_anything_runs():
     with pytest.raises(KvlabError, match="snapkv's minimum"):
         grid(policies=(make_policy("snapkv"),), keeps=(0.1,), contexts=(256,))
+
+
+def test_a_chat_model_answers_a_sweep_by_the_same_stop_rule_as_a_base_model(loaded, monkeypatch):
+    """A sweep's prompts are plain text whatever the model: a chat model stops at the answer's line break too, so
+    it neither runs on for all its tokens nor has a later line counted as its answer."""
+    base = InProcess(loaded).stops
+    monkeypatch.setattr(loaded.tokenizer, "chat_template", "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert has_chat_template(loaded.tokenizer)
+    assert InProcess(loaded).stops == base
+    assert base.rule == "eos+line" and set(stop_token_ids(loaded.tokenizer)) <= set(base.token_ids)
+
+
+def test_a_stop_request_ends_a_shared_unit_after_the_generation_in_flight(loaded, tmp_path, monkeypatch):
+    """A stop asked while a unit's first cell is generating stores that cell's trials and starts no other cell of
+    the unit; the runs left are interrupted and a rerun completes them."""
+    store = open_store(tmp_path / "runs.duckdb")
+    asked: list[bool] = []
+    unit_trials = InProcess.unit_trials
+
+    def first_job_asks_to_stop(self, grid, unit):
+        for job, trials in unit_trials(self, grid, unit):
+            asked.append(True)
+            yield job, trials
+
+    monkeypatch.setattr(InProcess, "unit_trials", first_job_asks_to_stop)
+    sweep = grid(depths=(0.0,), trials=1, modes=("prefill",), batch_size=1)
+    summary = SweepRunner(loaded, store, sweep, should_stop=lambda: bool(asked)).run()
+    assert summary.stopped and summary.ran == 1 and len(asked) == 1
+    assert sorted(store.list_runs()["status"]) == ["finished", "interrupted", "interrupted"]
+    monkeypatch.undo()
+    again = SweepRunner(loaded, store, sweep).run()
+    assert again.ran == 2 and again.skipped == 1
+    assert set(store.list_runs()["status"]) == {"finished"}
