@@ -64,6 +64,9 @@ def test_a_cold_tier_at_16_bits_equals_its_base_policy(llama, gemma2, name):
         _, base_events, base = run(loaded, name)
         _, tier_events, tiered = run(loaded, name, hot=0.25)
         assert tiered.tokens == base.tokens
+        if loaded.arch.sliding_layers:  # a frozen tier keeps what a window no longer sees; dense slots drop it
+            assert tiered.kv_bytes > base.kv_bytes
+            continue
         assert tiered.kv_bytes == base.kv_bytes
         assert [e.kept for e in tier_events] == [e.kept for e in base_events]
 
