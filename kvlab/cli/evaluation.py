@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvlab.cli.options import (
+    add_bos_argument,
     add_db_argument,
     add_generation_arguments,
     add_heap_arguments,
@@ -68,6 +69,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--mode", default=PREFILL, help=f"{', '.join(MODES)}, or both: {','.join(MODES)}. {modes_help()}"
     )
     add_heap_arguments(sweep)
+    add_bos_argument(sweep)
     sweep.add_argument("--contexts", required=True, help="context lengths in tokens, e.g. 1024,2048")
     sweep.add_argument(
         "--depths",
@@ -137,6 +139,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--tasks", required=True, help="a JSONL file of tasks")
     add_policy_arguments(evaluate)
     add_heap_arguments(evaluate)
+    add_bos_argument(evaluate)
     add_generation_arguments(evaluate, default=32)
     evaluate.add_argument("--query-agnostic", action="store_true", help="read the question after compression")
     evaluate.add_argument("--db", default=None, metavar="FILE", help="store the run in this database")
@@ -187,6 +190,7 @@ def sweep_grid(args: argparse.Namespace):
         max_new_tokens=new_tokens if args.max_new_tokens is None else args.max_new_tokens,
         batch_size=args.batch_size,
         share_prefill=not args.no_share_prefill,
+        bos=args.bos,
         **heap_settings(args),
     )
 
@@ -307,7 +311,7 @@ def run_eval(args: argparse.Namespace) -> int:
     check_file(args.tasks, "task file")
     store = open_store(args.db) if args.db else None
     loaded = load_model_from_args(args)
-    items = load_jsonl(args.tasks, loaded.tokenizer, loaded.limits, args.max_new_tokens)
+    items = load_jsonl(args.tasks, loaded.tokenizer, loaded.limits, args.max_new_tokens, spec.bos)
     stops = stops_for(loaded, one_line_answers=True)
     spec = dataclasses.replace(spec, stop_token_ids=stops.token_ids)
     query_aware = not args.query_agnostic

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from kvlab.cache.spec import CacheOptions
 from kvlab.cli.options import (
+    add_bos_argument,
     add_generation_arguments,
     add_heap_arguments,
     add_model_arguments,
@@ -38,6 +39,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     prompt.add_argument("--prompt-file", help="a UTF-8 file holding the prompt")
     add_policy_arguments(generate)
     add_heap_arguments(generate)
+    add_bos_argument(generate)
     add_generation_arguments(generate, default=32)
     generate.add_argument(
         "--raw-prompt",
@@ -82,7 +84,7 @@ def run_generate(args: argparse.Namespace) -> int:
     loaded = load_model_from_args(args)
     loaded.limits.check_text(prompt, "The prompt")
     chat = not args.raw_prompt and has_chat_template(loaded.tokenizer)
-    input_ids = torch.tensor([text_ids(loaded.tokenizer, prompt, chat=chat)])
+    input_ids = torch.tensor([text_ids(loaded.tokenizer, prompt, chat=chat, bos=spec.bos)])
     result = generate(loaded, input_ids, spec)
     source = loaded.source
     if args.json:
@@ -96,6 +98,7 @@ def run_generate(args: argparse.Namespace) -> int:
             "params": spec.stored_params(),
             "mode": spec.mode,
             "attention": spec.attention_on(loaded.device),
+            "bos": spec.bos,
             **result.to_json(),
         }
         print(json.dumps(payload))

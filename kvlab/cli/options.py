@@ -14,6 +14,7 @@ from kvlab.errors import KvlabError
 from kvlab.models.limits import MAX_SEED
 from kvlab.modes import MODES, PREFILL, modes_help
 from kvlab.store import DB_ENV_VAR
+from kvlab.tasks.bos import BOS_HELP, BOS_RULES, DEFAULT_BOS
 
 if TYPE_CHECKING:  # loading a model imports torch; the parser must not
     from kvlab.models.loading import LoadedModel
@@ -155,6 +156,11 @@ def add_heap_arguments(parser: argparse.ArgumentParser, eager: bool = True) -> N
     )
 
 
+def add_bos_argument(parser: argparse.ArgumentParser) -> None:
+    """The BOS rule of a command that tokenises prompts (``generate``, ``eval``, ``sweep``)."""
+    parser.add_argument("--bos", default=DEFAULT_BOS, choices=BOS_RULES, help=f"{BOS_HELP} Default: {DEFAULT_BOS}.")
+
+
 def add_seed_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed, default=0, help="seed of random eviction and of generated tasks")
 
@@ -202,7 +208,8 @@ def policy_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def run_spec_from_args(args: argparse.Namespace, max_new_tokens: int | None = None) -> Any:
     """The ``RunSpec`` of the variant the arguments describe (``generate``, ``eval``, ``quality``), stopping at the
-    model's end-of-sequence tokens until a caller sets other stop tokens."""
+    model's end-of-sequence tokens until a caller sets other stop tokens; its BOS rule is ``--bos`` where the command
+    has one (``quality`` reads texts as the tokenizer reads them)."""
     from kvlab.engine.spec import RunSpec  # loads torch: not at import time
 
     variant, budget = policy_from_args(args)
@@ -217,6 +224,7 @@ def run_spec_from_args(args: argparse.Namespace, max_new_tokens: int | None = No
         cache=variant.cache(heap["layout"], heap["compact_at"]),
         static=heap["static"],
         attention=heap["attention"],
+        bos=getattr(args, "bos", DEFAULT_BOS),
     )
 
 

@@ -17,6 +17,7 @@ from kvlab.errors import KvlabError
 from kvlab.modes import PREFILL, STREAMING, Mode, check_mode
 from kvlab.policies.base import Policy
 from kvlab.policies.variants import Variant, as_variant, check_options
+from kvlab.tasks.bos import DEFAULT_BOS, BosRule, check_bos
 
 #: Context tokens per forward pass in streaming mode unless a chunk is given.
 DEFAULT_STREAMING_CHUNK = 256
@@ -35,7 +36,8 @@ class RunSpec:
     that the budget + chunk bound holds. ``static`` chooses how decoding runs: ``None`` in static steps captured in
     CUDA graphs where the run allows it on a GPU, else eagerly; ``True`` in static steps always (eagerly on a CPU: the
     same computation a graph replays); ``False`` eagerly. ``attention`` is the backend static steps attend with
-    (:mod:`kvlab.attention.backends`; ``auto`` picks it for the device). Decoding is greedy.
+    (:mod:`kvlab.attention.backends`; ``auto`` picks it for the device). ``bos`` is the rule the run's prompts were
+    tokenised by (:mod:`kvlab.tasks.bos`; ``auto``: the tokenizer's own), part of its identity. Decoding is greedy.
     """
 
     policy: Policy
@@ -50,10 +52,12 @@ class RunSpec:
     cache: CacheSpec = field(default_factory=CacheSpec)
     static: bool | None = None
     attention: AttentionBackend = DEFAULT_ATTENTION
+    bos: BosRule = DEFAULT_BOS
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
         check_attention(self.attention)
+        check_bos(self.bos)
         if self.chunk is not None and self.chunk <= 0:
             raise KvlabError(f"A chunk of {self.chunk} tokens is not possible; it must be a positive number.")
         if self.max_new_tokens < 0:

@@ -166,7 +166,9 @@ def run_quality(
     loaded: LoadedModel, spec: RunSpec, text: TextPass, store: Store | None = None
 ) -> tuple[Quality, int | None]:
     """Measure a pass and, with a ``store``, file it as a run with one trial (the same settings on the same tokens
-    are the same run: a second pass adds no trial); returns the measurement and the run's id."""
+    are the same run: a second pass adds no trial); returns the measurement and the run's id. A text is read as the
+    tokenizer reads it, whatever the BOS rule (its ids are part of the task's hash), so the rule is left out of the
+    run's identity, as it was before the rule could be chosen."""
     if store is None:
         return measure(loaded, spec, text), None
     config = run_config(
@@ -178,7 +180,7 @@ def run_quality(
         query_aware=None,
         context_length=len(text.ids),
     )
-    run_id = store.begin_run(config)
+    run_id = store.begin_run(dataclasses.replace(config, bos=None))
     finished = False
     try:
         quality = measure(loaded, spec, text)

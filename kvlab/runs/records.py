@@ -29,6 +29,7 @@ from kvlab.hashing import sources_sha256, text_sha256
 from kvlab.models.loading import LoadedModel
 from kvlab.store import RunConfig, Trial
 from kvlab.tasks import facts, needle
+from kvlab.tasks.bos import stored_bos
 from kvlab.tasks.items import TaskItem, has_chat_template, stop_token_ids
 from kvlab.tasks.needle import HAYSTACK_DIR, score
 from kvlab.tasks.ruler_score import recall
@@ -112,6 +113,7 @@ def run_config(
         dtype=loaded.dtype_name,
         profile_hash=None if (profile := layer_profile(loaded, spec.cache)) is None else profile.digest(),
         attention=stored_attention(spec.attention_on(loaded.device)),
+        bos=stored_bos(loaded.tokenizer, spec.bos),
     )
 
 

@@ -44,6 +44,7 @@ from kvlab.runs.records import batch_trials, needle_sources_hash, run_config, st
 from kvlab.settings import positive_setting
 from kvlab.store import RunConfig, Store, Trial
 from kvlab.store.rows import canonical_json
+from kvlab.tasks.bos import DEFAULT_BOS, BosRule, check_bos
 from kvlab.tasks.facts import TRAIN_TEMPLATES, Fact, make_fact
 from kvlab.tasks.items import TaskItem, from_needle, from_ruler
 from kvlab.tasks.needle import Kind, build_needle, load_haystacks
@@ -104,6 +105,7 @@ class SweepGrid:
     compact_at: float = DEFAULT_COMPACT_AT
     static: bool | None = None
     attention: AttentionBackend = DEFAULT_ATTENTION
+    bos: BosRule = DEFAULT_BOS
     variants: tuple[Variant, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +129,7 @@ class SweepGrid:
             raise KvlabError(f"A sweep must generate at least one token per answer, not {self.max_new_tokens}.")
         check_seed(self.seed)
         check_attention(self.attention)
+        check_bos(self.bos)
         HeapLayout(self.layout, self.compact_at)  # type: ignore[arg-type]
         if self.trials < 1:
             raise KvlabError(f"A sweep needs at least one trial per cell, not {self.trials}.")
@@ -169,7 +172,7 @@ class SweepGrid:
             loaded.limits.check(context, self.max_new_tokens, shown_name(loaded.name))
             if self.kind == "ruler":
                 for task in self.ruler_tasks:
-                    ruler_item(loaded.tokenizer, task, context, _item_rng(self, context, f"{task}/trial=0"))
+                    ruler_item(loaded.tokenizer, task, context, _item_rng(self, context, f"{task}/trial=0"), self.bos)
 
     @property
     def task(self) -> str:
@@ -262,7 +265,7 @@ def ruler_items(loaded: LoadedModel, grid: SweepGrid, context: int) -> list[tupl
     items: list[tuple[str, TaskItem]] = []
     for key, _ in trial_slots(grid, context):
         task, _, trial = key.partition("/trial=")
-        item = ruler_item(loaded.tokenizer, task, context, _item_rng(grid, context, key))
+        item = ruler_item(loaded.tokenizer, task, context, _item_rng(grid, context, key), grid.bos)
         items.append((key, from_ruler(item, int(trial))))
     return items
 
@@ -288,7 +291,7 @@ def needle_items(loaded: LoadedModel, grid: SweepGrid, context: int) -> list[tup
                 distractors.append(make_fact(template, rng, avoid_keys=frozenset(used)))
                 used.add(distractors[-1].key)
         haystack = haystacks[rng.randrange(len(haystacks))]
-        item = build_needle(tokenizer, haystack, context, depth, fact, distractors=distractors, rng=rng)
+        item = build_needle(tokenizer, haystack, context, depth, fact, distractors=distractors, rng=rng, bos=grid.bos)
         items.append((key, from_needle(item, index)))
     return items
 
@@ -421,6 +424,7 @@ class InProcess:
             cache=cell.variant.cache(grid.layout, grid.compact_at),
             static=grid.static,
             attention=grid.attention,
+            bos=grid.bos,
         )
 
     def config(self, grid: SweepGrid, cell: Cell, context: int) -> RunConfig:

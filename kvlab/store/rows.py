@@ -40,7 +40,9 @@ class RunConfig:
     answer (``eos``, or ``eos+line`` for one-line answers). ``layout`` is the KV heap's layout and ``compact_at``
     the threshold layout's dead share (``None`` otherwise). ``profile_hash`` identifies the stored attention profile
     the layer budgets followed (the ``entropy`` allocation; ``None`` otherwise). ``attention`` is the backend static
-    decode steps attended with (``flex``; ``None`` for kvlab's own kernels, which every older run used). Build them with
+    decode steps attended with (``flex``; ``None`` for kvlab's own kernels, which every older run used). ``bos`` is the
+    rule its prompts were tokenised by (:mod:`kvlab.tasks.bos`; ``None`` where it gave the ids of ``always``, the
+    rule of every older run). Build them with
     :mod:`kvlab.runs.records`, which fills every field from the loaded model and the engine's settings.
     """
 
@@ -67,6 +69,7 @@ class RunConfig:
     dtype: str | None = None
     profile_hash: str | None = None
     attention: str | None = None
+    bos: str | None = None
 
 
 @dataclass(frozen=True)

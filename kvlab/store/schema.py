@@ -307,6 +307,12 @@ def v12_attention_backend(cursor: Cursor) -> None:
     cursor.execute("ALTER TABLE runs ADD COLUMN attention VARCHAR;")
 
 
+def v13_bos_rule(cursor: Cursor) -> None:
+    """The rule a run's prompts were tokenised by, part of its identity: ``auto`` or ``never`` where they differ from
+    ``always``, or NULL for ``always`` (every older run, whose identity stays what it was)."""
+    cursor.execute("ALTER TABLE runs ADD COLUMN bos VARCHAR;")
+
+
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
 MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v1_initial,
@@ -321,6 +327,7 @@ MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v10_uncertainty_and_reads,
     v11_tiers_and_devices,
     v12_attention_backend,
+    v13_bos_rule,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The first version with the marker; older kvlab databases are recognised by their tables and columns.

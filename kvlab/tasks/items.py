@@ -19,6 +19,7 @@ from kvlab import files
 from kvlab.errors import KvlabError
 from kvlab.hashing import text_sha256
 from kvlab.models.limits import Limits
+from kvlab.tasks.bos import DEFAULT_BOS, BosRule, special_ids
 from kvlab.tasks.needle import ANSWER_PREFIX, QUESTION_PREFIX, NeedleItem, encode
 from kvlab.tasks.ruler_build import RulerItem
 from kvlab.tasks.ruler_score import join_answers, ruler_task_id
@@ -37,8 +38,8 @@ def item_hash(context_ids: Sequence[int], question_ids: Sequence[int], answer: s
 
 @dataclass(frozen=True)
 class TaskItem:
-    """One prompt to answer. ``context_ids`` begin with the model's BOS (when it has one); the prompt the model
-    reads is ``context_ids + question_ids``.
+    """One prompt to answer. ``context_ids`` begin with the special tokens the BOS rule puts first
+    (:mod:`kvlab.tasks.bos`); the prompt the model reads is ``context_ids + question_ids``.
 
     ``answers`` lists every string the output should contain when there are several to look for (a RULER item,
     scored by the share it contains); ``answer`` then holds them joined (:func:`~kvlab.tasks.ruler_score.join_answers`),
@@ -103,23 +104,20 @@ def _user_turn(tokenizer: Any, content: str) -> str:
     )
 
 
-def _bos(tokenizer: Any) -> tuple[int, ...]:
-    return (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
-
-
-def text_ids(tokenizer: Any, text: str, *, chat: bool = True) -> tuple[int, ...]:
+def text_ids(tokenizer: Any, text: str, *, chat: bool = True, bos: BosRule = DEFAULT_BOS) -> tuple[int, ...]:
     """A prompt's ids: for a model with a chat template the text as one user turn (the model answers it, as it was
-    trained to), unless ``chat`` is off; otherwise the text as it is after the model's BOS."""
+    trained to), unless ``chat`` is off; otherwise the text wrapped in the special tokens of the ``bos`` rule."""
     if chat and has_chat_template(tokenizer):
         return tuple(encode(tokenizer, _user_turn(tokenizer, text)))
-    return _bos(tokenizer) + tuple(encode(tokenizer, text))
+    before, after = special_ids(tokenizer, bos)
+    return (*before, *encode(tokenizer, text), *after)
 
 
 def prompt_ids(
-    tokenizer: Any, context: str, question: str, *, chat: bool = True
+    tokenizer: Any, context: str, question: str, *, chat: bool = True, bos: BosRule = DEFAULT_BOS
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Context and question ids for a model: the needle format for base models (and for chat models with ``chat``
-    off), a chat turn for chat models.
+    off), wrapped in the special tokens of the ``bos`` rule, a chat turn for chat models.
 
     For chat models the rendered conversation is split where the question begins, so that the question (and the
     end of the user turn) can still be read after compression.
@@ -128,13 +126,16 @@ def prompt_ids(
         marker = "\u2063kvlab-question\u2063"
         head, _, tail = _user_turn(tokenizer, f"{context}\n\n{marker}").partition(marker)
         return tuple(encode(tokenizer, head)), tuple(encode(tokenizer, question + tail))
-    return _bos(tokenizer) + tuple(encode(tokenizer, context)), tuple(
-        encode(tokenizer, f"{QUESTION_PREFIX}{question}{ANSWER_PREFIX}")
-    )
+    before, after = special_ids(tokenizer, bos)
+    question_ids = encode(tokenizer, f"{QUESTION_PREFIX}{question}{ANSWER_PREFIX}")
+    return (*before, *encode(tokenizer, context)), (*question_ids, *after)
 
 
-def load_jsonl(path: str | Path, tokenizer: Any, limits: Limits = Limits(), new_tokens: int = 0) -> list[TaskItem]:
-    """User tasks, one JSON object per line with string fields ``id``, ``context``, ``question``, ``answer``.
+def load_jsonl(
+    path: str | Path, tokenizer: Any, limits: Limits = Limits(), new_tokens: int = 0, bos: BosRule = DEFAULT_BOS
+) -> list[TaskItem]:
+    """User tasks, one JSON object per line with string fields ``id``, ``context``, ``question``, ``answer``, their
+    prompts wrapped by the ``bos`` rule.
 
     A malformed line is reported with its number (bad JSON, nesting too deep, text that is not valid Unicode, a
     missing or empty field, a prompt that with ``new_tokens`` generated would not fit ``limits``); nothing is run
@@ -153,7 +154,7 @@ def load_jsonl(path: str | Path, tokenizer: Any, limits: Limits = Limits(), new_
         if record["id"] in seen:
             raise KvlabError(f"{where} repeats the id {record['id']!r}; ids must be unique.")
         seen.add(record["id"])
-        context_ids, question_ids = prompt_ids(tokenizer, record["context"], record["question"])
+        context_ids, question_ids = prompt_ids(tokenizer, record["context"], record["question"], bos=bos)
         try:
             limits.check(len(context_ids) + len(question_ids), new_tokens)
         except KvlabError as error:

@@ -1,7 +1,8 @@
 """Needle-in-a-haystack prompts of an exact length, and their scoring.
 
-A prompt is ``BOS + haystack with the fact sentence(s) inserted + "\\n\\nQuestion: <question>\\nAnswer:"``. The model
-should continue with ``" <answer>\\n"``. The prompt is assembled from token ids, not re-tokenised text, so that its
+A prompt is ``BOS + haystack with the fact sentence(s) inserted + "\\n\\nQuestion: <question>\\nAnswer:"``, its
+special tokens (the BOS, where there is one) those of the BOS rule (:mod:`kvlab.tasks.bos`). The model should continue
+with ``" <answer>\\n"``. The prompt is assembled from token ids, not re-tokenised text, so that its
 length is exactly the number of tokens asked for and the fact sits exactly where the item says: the haystack is
 tokenised once, a window of it is cut to the length left over by the BOS, the fact(s) and the question, and each fact
 is inserted at the sentence boundary nearest its requested depth. Every piece is tokenised on its own and the pieces
@@ -25,6 +26,7 @@ import torch
 
 from kvlab.errors import KvlabError
 from kvlab.paths import shipped
+from kvlab.tasks.bos import DEFAULT_BOS, BosRule, special_ids
 from kvlab.tasks.facts import Fact, Template, make_fact
 
 HAYSTACK_DIR = shipped("haystacks")
@@ -34,7 +36,7 @@ Kind = Literal["single", "multi-key", "multi-value"]
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of ``text`` with no special tokens (the prompt's one BOS is added by the assembler).
+    """Token ids of ``text`` with no special tokens (the assembler adds the prompt's, by the BOS rule).
 
     Haystacks are longer than the model's context on purpose (prompts are windows of them), so the tokenizer's
     too-long warning is silenced.
@@ -141,12 +143,12 @@ def insert_at_boundaries(
 
 @dataclass(frozen=True)
 class NeedleItem:
-    """One needle prompt. ``context_ids`` start with BOS (if the tokenizer has one); the prompt is
-    ``context_ids + question_ids``.
+    """One needle prompt. ``context_ids`` start with the special tokens the BOS rule puts first (a BOS, or none) and
+    ``question_ids`` end with those it puts last; the prompt is ``context_ids + question_ids``.
 
-    ``context`` and ``question`` are the decoded texts of those ids (the context without its BOS). ``depth`` is where
-    the asked fact really sits (the fraction of haystack tokens before it), ``requested_depth`` what was asked for.
-    ``context_tokens`` counts every prompt token: BOS, haystack, facts and question.
+    ``context`` and ``question`` are the texts of the prompt without its special tokens. ``depth`` is where the asked
+    fact really sits (the fraction of haystack tokens before it), ``requested_depth`` what was asked for.
+    ``context_tokens`` counts every prompt token: special tokens, haystack, facts and question.
     """
 
     context: str
@@ -164,7 +166,7 @@ class NeedleItem:
     haystack: str
 
     def prompt_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prompt split in two ``(1, n)`` long tensors: the context (with BOS) and the question."""
+        """The prompt split in two ``(1, n)`` long tensors: the context and the question."""
         return (torch.tensor([self.context_ids], dtype=torch.long), torch.tensor([self.question_ids], dtype=torch.long))
 
 
@@ -194,20 +196,22 @@ def build_needle(
     *,
     distractors: Sequence[Fact] = (),
     rng: random.Random | None = None,
+    bos: BosRule = DEFAULT_BOS,
 ) -> NeedleItem:
     """A prompt of exactly ``context_tokens`` tokens asking for ``fact``, hidden at ``depth`` of ``haystack``.
 
     ``distractors`` are other facts stated at random depths (same template and other keys make a multi-key task).
     A multi-value fact's first value goes at ``depth`` and the others at random depths; the expected answer lists the
     values in the order they appear. The haystack window starts at a sentence boundary, the first one unless ``rng``
-    is given, in which case it is drawn at random (so items at one length see different text).
+    is given, in which case it is drawn at random (so items at one length see different text). The special tokens
+    around the prompt are those of the ``bos`` rule, counted in its length.
     """
     if not 0.0 <= depth <= 1.0:
         raise KvlabError(f"A needle depth must lie in [0, 1]; got {depth}.")
     pieces = fact_pieces(tokenizer, fact, depth, distractors, rng or random.Random(0))
-    q_ids = encode(tokenizer, question_text(fact))
-    bos = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
-    window_len = context_tokens - len(bos) - len(q_ids) - sum(len(p) for p, _ in pieces)
+    before, after = special_ids(tokenizer, bos)
+    q_ids = [*encode(tokenizer, question_text(fact)), *after]
+    window_len = context_tokens - len(before) - len(q_ids) - sum(len(p) for p, _ in pieces)
     starts = np.union1d(np.asarray([0]), haystack.boundaries)
     starts = starts[starts + window_len <= len(haystack.ids)]
     if window_len <= 0 or len(starts) == 0:
@@ -219,7 +223,7 @@ def build_needle(
     window = haystack.ids[start : start + window_len]
     local = haystack.boundaries[(haystack.boundaries > start) & (haystack.boundaries < start + window_len)] - start
     body, positions = insert_at_boundaries(window, local, pieces)
-    context_ids = (*bos, *body)
+    context_ids = (*before, *body)
     kind: Kind = (
         "multi-value"
         if fact.multi_value

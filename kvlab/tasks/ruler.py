@@ -21,8 +21,9 @@ kvlab generates the 11 that need no downloaded data set (not its two QA tasks, w
 Every task is scored as RULER scores them (``string_match_all``, :func:`kvlab.tasks.ruler_score.recall`). The
 generators and their differences from RULER's are in :mod:`kvlab.tasks.ruler_niah` and
 :mod:`kvlab.tasks.ruler_lists`; the words come from :mod:`kvlab.tasks.ruler_words`. Shared differences: prompts are
-plain text after the model's BOS (no chat template, as kvlab's needle sweeps), with RULER's answer prefix at the end
-of the question; items are drawn from a seed per item, so the same seed gives the same prompts.
+plain text wrapped by the BOS rule (:mod:`kvlab.tasks.bos`; no chat template, as kvlab's needle sweeps), with
+RULER's answer prefix at the end of the question; items are drawn from a seed per item, so the same seed gives the
+same prompts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import KvlabError
+from kvlab.tasks.bos import DEFAULT_BOS, BosRule
 from kvlab.tasks.ruler_build import RulerItem
 from kvlab.tasks.ruler_lists import cwe_item, fwe_item, vt_item
 from kvlab.tasks.ruler_niah import NIAH, niah_item
@@ -68,9 +70,10 @@ def task_set_name(tasks: Sequence[str]) -> str:
     return "ruler" if chosen == RULER_TASKS else "ruler:" + ",".join(chosen)
 
 
-def ruler_item(tokenizer: Any, task: str, length: int, rng: random.Random) -> RulerItem:
-    """One prompt of RULER task ``task`` with exactly ``length`` tokens for ``tokenizer``, drawn from ``rng``."""
+def ruler_item(tokenizer: Any, task: str, length: int, rng: random.Random, bos: BosRule = DEFAULT_BOS) -> RulerItem:
+    """One prompt of RULER task ``task`` with exactly ``length`` tokens for ``tokenizer``, drawn from ``rng``, its
+    special tokens those of the ``bos`` rule."""
     check_tasks([task])
     if task in NIAH:
-        return niah_item(tokenizer, task, length, rng)
-    return {"vt": vt_item, "cwe": cwe_item, "fwe": fwe_item}[task](tokenizer, length, rng)
+        return niah_item(tokenizer, task, length, rng, bos)
+    return {"vt": vt_item, "cwe": cwe_item, "fwe": fwe_item}[task](tokenizer, length, rng, bos)

@@ -1,7 +1,8 @@
 """A RULER prompt of an exact token length: instructions, a filler window with pieces inserted, and the question.
 
 Every RULER task here has the same shape: ``BOS + head + body`` is the context and ``question`` (the question and
-RULER's answer prefix) follows it, kept apart so that an engine can read it before or after compressing the cache.
+RULER's answer prefix) follows it, the special tokens (the BOS, where there is one) those of the BOS rule
+(:mod:`kvlab.tasks.bos`), kept apart so that an engine can read it before or after compressing the cache.
 Like kvlab's needle prompts (:mod:`kvlab.tasks.needle`), a prompt is assembled from token ids rather than
 re-tokenised text: the head, the question and each inserted piece are tokenised on their own, and the body's filler
 is cut to exactly the tokens left over, so that the prompt has exactly the length asked for. The filler is an essay
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from kvlab.errors import KvlabError
+from kvlab.tasks.bos import BosRule, special_ids
 from kvlab.tasks.needle import HAYSTACK_DIR, Haystack, encode, insert_at_boundaries
 
 #: A filler of ``n`` tokens: its ids and the positions where a piece may be inserted.
@@ -29,9 +31,10 @@ Window = Callable[[int], tuple[np.ndarray, np.ndarray]]
 
 @dataclass(frozen=True)
 class RulerItem:
-    """One RULER prompt. ``context_ids`` start with BOS (when the tokenizer has one); the prompt is
-    ``context_ids + question_ids``. ``answers`` are every string the output should contain; ``depth`` is where the
-    first answer's needle sits (the share of filler tokens before it), ``None`` for tasks without needles."""
+    """One RULER prompt. ``context_ids`` start with the special tokens the BOS rule puts first and ``question_ids``
+    end with those it puts last; the prompt is ``context_ids + question_ids``. ``answers`` are every string the
+    output should contain; ``depth`` is where the first answer's needle sits (the share of filler tokens before it),
+    ``None`` for tasks without needles."""
 
     task: str
     context_ids: tuple[int, ...]
@@ -55,12 +58,15 @@ def assemble(
     window: Window,
     pieces: Sequence[tuple[Sequence[int], float]] = (),
     asked: int | None = None,
+    *,
+    bos: BosRule,
 ) -> RulerItem:
     """The prompt of exactly ``length`` tokens: ``head``, a filler window with each ``(ids, depth)`` piece inserted at
-    the insertion point nearest its depth, and ``question``. ``asked`` is the piece whose depth the item records."""
-    bos = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
-    head_ids, question_ids = encode(tokenizer, head), encode(tokenizer, question)
-    window_len = length - len(bos) - len(head_ids) - len(question_ids) - sum(len(ids) for ids, _ in pieces)
+    the insertion point nearest its depth, and ``question``, wrapped in the special tokens of the ``bos`` rule.
+    ``asked`` is the piece whose depth the item records."""
+    before, after = special_ids(tokenizer, bos)
+    head_ids, question_ids = encode(tokenizer, head), [*encode(tokenizer, question), *after]
+    window_len = length - len(before) - len(head_ids) - len(question_ids) - sum(len(ids) for ids, _ in pieces)
     if window_len < 1:
         raise KvlabError(
             f"A {length}-token {task} prompt does not fit: its instructions, inserted lines and question alone take "
@@ -70,7 +76,7 @@ def assemble(
     body, positions = insert_at_boundaries(ids, boundaries, pieces)
     return RulerItem(
         task=task,
-        context_ids=(*bos, *head_ids, *body),
+        context_ids=(*before, *head_ids, *body),
         question_ids=tuple(question_ids),
         answers=tuple(answers),
         depth=None if asked is None else positions[asked] / window_len,

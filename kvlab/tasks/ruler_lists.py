@@ -27,6 +27,7 @@ from collections import Counter
 from typing import Any
 
 from kvlab.errors import KvlabError
+from kvlab.tasks.bos import BosRule
 from kvlab.tasks.needle import encode
 from kvlab.tasks.ruler_build import RulerItem, assemble, cut_window, line_window
 from kvlab.tasks.ruler_niah import NOISE
@@ -76,7 +77,7 @@ def _vt_question(names: list[str], value: str) -> str:
     return VT_QUESTION.format(value=value) + VT_ANSWER_PREFIX.format(count=len(names), value=value)
 
 
-def vt_item(tokenizer: Any, length: int, rng: random.Random) -> RulerItem:
+def vt_item(tokenizer: Any, length: int, rng: random.Random, bos: BosRule) -> RulerItem:
     """One variable-tracking prompt of exactly ``length`` tokens; the answers are the chain's variables."""
     example_names, example_value, example_lines = _chain(rng, 3)
     lines = [NOISE] * EXAMPLE_NOISE_LINES
@@ -95,6 +96,7 @@ def vt_item(tokenizer: Any, length: int, rng: random.Random) -> RulerItem:
         names,
         line_window(lambda: noise),
         [(encode(tokenizer, f"{line}\n"), depth) for line, depth in zip(assignments, depths)],
+        bos=bos,
     )
 
 
@@ -116,7 +118,7 @@ def _cwe_repeats(length: int) -> tuple[tuple[int, int, int], tuple[int, int]]:
     return (40, 10, 3), (30, 3)
 
 
-def cwe_item(tokenizer: Any, length: int, rng: random.Random) -> RulerItem:
+def cwe_item(tokenizer: Any, length: int, rng: random.Random, bos: BosRule) -> RulerItem:
     """One common-words prompt of exactly ``length`` tokens; the answers are the 10 common words."""
     words = list(vocabulary().common)
     (example_count, example_common, example_uncommon), (common, uncommon) = _cwe_repeats(length)
@@ -142,10 +144,11 @@ def cwe_item(tokenizer: Any, length: int, rng: random.Random) -> RulerItem:
         CWE_QUESTION + CWE_ANSWER_PREFIX,
         order[:COMMON_WORDS],
         cut_window("cwe", length, grown, len(words) - COMMON_WORDS + 1, check),
+        bos=bos,
     )
 
 
-def fwe_item(tokenizer: Any, length: int, rng: random.Random) -> RulerItem:
+def fwe_item(tokenizer: Any, length: int, rng: random.Random, bos: BosRule) -> RulerItem:
     """One frequent-words prompt of exactly ``length`` tokens; the answers are the three most frequent coded words."""
     coded = ["...", *random_strings(rng, max(length // 50, 4) - 1, CODED_LETTERS)]
     shuffle_seed = rng.random()
@@ -162,7 +165,7 @@ def fwe_item(tokenizer: Any, length: int, rng: random.Random) -> RulerItem:
         _refuse_unless_above(counts, coded[1:4], length, "fwe")
 
     window = cut_window("fwe", length, grown, 4 * length, check)
-    return assemble(tokenizer, "fwe", length, FWE_HEAD, FWE_QUESTION + FWE_ANSWER_PREFIX, coded[1:4], window)
+    return assemble(tokenizer, "fwe", length, FWE_HEAD, FWE_QUESTION + FWE_ANSWER_PREFIX, coded[1:4], window, bos=bos)
 
 
 def _refuse_unless_above(counts: Counter[str], answers: list[str], length: int, task: str) -> None:

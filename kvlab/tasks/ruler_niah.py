@@ -25,6 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kvlab.tasks.bos import BosRule
 from kvlab.tasks.needle import encode, fact_piece
 from kvlab.tasks.ruler_build import RulerItem, Window, assemble, essay_window, line_window
 from kvlab.tasks.ruler_words import Shape, draw_distinct
@@ -78,7 +79,7 @@ def asked_text(template: str, config: NiahConfig, query: str) -> str:
     return template.format(kind=config.value[:-1], query=query)
 
 
-def niah_item(tokenizer: Any, task: str, length: int, rng: random.Random) -> RulerItem:
+def niah_item(tokenizer: Any, task: str, length: int, rng: random.Random, bos: BosRule) -> RulerItem:
     """One NIAH prompt of ``task`` with exactly ``length`` tokens; its answers are the asked keys' values, in the
     order the keys are asked (RULER's order)."""
     config = NIAH[task]
@@ -111,6 +112,7 @@ def niah_item(tokenizer: Any, task: str, length: int, rng: random.Random) -> Rul
         window,
         pieces,
         asked=first,
+        bos=bos,
     )
 
 

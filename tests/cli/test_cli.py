@@ -60,6 +60,18 @@ def test_generate_takes_an_attention_backend_and_refuses_an_unknown_one(checkpoi
     assert status == 2 and "--attention: invalid choice: 'triton'" in err
 
 
+def test_generate_reads_the_prompt_by_the_bos_rule_and_refuses_an_unknown_one(checkpoint, capsys):
+    common = ["generate", "--model", checkpoint, "--prompt", "a b c d e f", "--max-new-tokens", "3", "--json"]
+    contexts = {}
+    for rule in ("auto", "always", "never"):
+        status, out, _ = run(capsys, *common, "--bos", rule)
+        assert status == 0 and json.loads(out)["bos"] == rule
+        contexts[rule] = json.loads(out)["context_tokens"]
+    assert contexts == {"auto": contexts["never"], "always": contexts["never"] + 1, "never": contexts["never"]}
+    status, _, err = run(capsys, *common, "--bos", "first")
+    assert status == 2 and "--bos: invalid choice: 'first'" in err
+
+
 def test_generate_reads_a_prompt_file_and_takes_policy_parameters(checkpoint, tmp_path, capsys):
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text("the tokens that matter " * 10, encoding="utf-8")

@@ -192,12 +192,27 @@ def test_chat_template_wraps_the_prompt_unless_raw(published):
     wrapped = tokenizer.decode(text_ids(tokenizer, "Hello there"))
     raw = tokenizer.decode(text_ids(tokenizer, "Hello there", chat=False))
     assert "<|im_start|>user\nHello there<|im_end|>" in wrapped and wrapped.rstrip().endswith("assistant")
-    assert "user" not in raw and "<|im_end|>" not in raw and raw.endswith("Hello there")  # its BOS, then the text
+    assert "user" not in raw and "<|im_end|>" not in raw and raw.endswith("Hello there")  # as its tokenizer reads it
 
 
 def test_cache_dir_follows_the_environment(tmp_path):
     assert gguf.model_cache_dir({"KVLAB_MODEL_CACHE": str(tmp_path)}) == tmp_path
     assert gguf.model_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/kvlab/models")
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_raw_prompt_gives_what_transformers_generates_from_it(published):
+    """SmolLM2's tokenizer has a BOS token it never adds: the full cache reads the prompt as transformers does."""
+    from kvlab.tasks.items import text_ids
+
+    text = "The capital of France is"
+    inputs = published.tokenizer(text, return_tensors="pt")
+    expected = published.model.generate(**inputs, do_sample=False, max_new_tokens=8, min_new_tokens=8)
+    ids = torch.tensor([text_ids(published.tokenizer, text, chat=False)])
+    assert ids.tolist() == inputs.input_ids.tolist()
+    full = generate(published, ids, RunSpec(policy=make_policy("full"), max_new_tokens=8, stop_token_ids=()))
+    assert full.tokens[0] == expected[0, ids.shape[1] :].tolist()
 
 
 @pytest.mark.model

@@ -43,6 +43,18 @@ def grid(**changes) -> SweepGrid:
     return SweepGrid(**values)
 
 
+def test_a_grid_builds_its_prompts_and_runs_by_its_bos_rule(loaded):
+    bos = loaded.tokenizer.bos_token_id  # the tiny checkpoint's tokenizer has a BOS it does not add
+    runner = InProcess(loaded)
+    cell = grid().cells()[0]
+    for rule, first in (("auto", False), ("always", True)):
+        chosen = grid(bos=rule)
+        items = needle_items(loaded, chosen, 256)
+        assert all(item.context_tokens == 256 and (item.context_ids[0] == bos) == first for _, item in items)
+        assert runner.spec(chosen, cell).bos == rule
+        assert runner.config(chosen, cell, 256).bos == (None if first else "auto")
+
+
 def test_items_have_the_requested_length_and_are_the_same_every_time(loaded):
     first = needle_items(loaded, grid(), 256)
     again = needle_items(loaded, grid(), 256)

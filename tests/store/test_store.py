@@ -325,7 +325,7 @@ def test_migrating_a_v3_database_adds_sweeps_and_keeps_its_runs(db_path: Path) -
 
     migrated = open_store(db_path)
     try:
-        assert migrated.schema_version() == SCHEMA_VERSION == 12
+        assert migrated.schema_version() == SCHEMA_VERSION == 13
         runs = migrated.list_runs()
         assert runs[["run_id", "status", "started_by", "trials"]].values.tolist() == [[1, "interrupted", "ann", 1]]
         assert migrated.sweeps() == []
@@ -346,7 +346,7 @@ def test_a_v11_database_records_the_attention_backend_and_its_runs_keep_their_id
         )
     migrated = open_store(db_path)
     try:
-        assert migrated.schema_version() == 12
+        assert migrated.schema_version() == SCHEMA_VERSION
         assert migrated.begin_run(CONFIG, provenance=PROVENANCE) == 1  # kvlab's own kernels: the stored run
         flex = dataclasses.replace(CONFIG, attention="flex")
         assert migrated.begin_run(flex, provenance=PROVENANCE) == 2  # another backend: another run
@@ -592,3 +592,25 @@ def test_export_refuses_an_unknown_extension(filled, tmp_path: Path) -> None:
     with pytest.raises(KvlabError, match=r"must end in \.csv or \.parquet"):
         export_trials(store, out)
     assert not out.exists()
+
+
+def test_a_v12_database_records_the_bos_rule_and_its_runs_keep_their_identity(db_path: Path) -> None:
+    with duckdb.connect(str(db_path)) as connection:
+        for migration in MIGRATIONS[:12]:
+            migration(connection)
+        connection.execute("INSERT INTO schema_version VALUES (12)")
+        connection.execute(
+            "INSERT INTO runs (run_key, status, model, policy, mode, policy_params, started_at) "
+            "VALUES (?, 'finished', 'm', 'h2o', 'prefill', '{}', '2026-01-01 10:00')",
+            [run_key(CONFIG)],
+        )
+    migrated = open_store(db_path)
+    try:
+        assert migrated.schema_version() == 13
+        assert migrated.begin_run(CONFIG, provenance=PROVENANCE) == 1  # the BOS always first: the stored run
+        auto = dataclasses.replace(CONFIG, bos="auto")
+        assert migrated.begin_run(auto, provenance=PROVENANCE) == 2  # other prompts: another run
+        bos = migrated.list_runs().set_index("run_id")["bos"]
+        assert pd.isna(bos[1]) and bos[2] == "auto"
+    finally:
+        migrated.close()
