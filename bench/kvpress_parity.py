@@ -69,7 +69,8 @@ SHOWN_POSITIONS = 8
 class Pair:
     """A kvlab policy and the kvpress press it is compared with. ``inner`` is the scorer a ``ChunkKVPress`` wraps.
     ``rule_first``/``rule_last``: how many of the first and last positions the press keeps by rule (sinks, window),
-    whatever their scores. ``attention``: the implementation the press needs."""
+    whatever their scores. ``attention``: the implementation the press needs. ``press_budget``: kvlab is given the
+    number of tokens the press kept (:func:`kvlab_budget`)."""
 
     policy: str
     params: dict[str, Any]
@@ -80,6 +81,14 @@ class Pair:
     rule_last: int = 0
     attention: str = "sdpa"
     note: str = ""
+    press_budget: bool = False
+
+
+def kvlab_budget(pair: Pair, budget: int, theirs: Kept) -> int:
+    """The budget kvlab's policy gets: the press's (``kvpress.utils.compute_n_kept``), or for a press that keeps
+    fewer tokens than that by design (``ChunkKVPress``'s whole chunks: ``press_budget``), the number it kept, so
+    that the kept sets compare the ranking and not the rounding."""
+    return int(theirs.positions[0].shape[-1]) if pair.press_budget else budget
 
 
 PAIRS: tuple[Pair, ...] = (
@@ -104,11 +113,12 @@ PAIRS: tuple[Pair, ...] = (
     Pair("keydiff", {}, "KeyDiffPress"),
     Pair(
         "chunkkv",
-        {"window": 64, "chunk_length": 20},
+        {"window": 64, "chunk_length": 20, "kernel": 5},
         "ChunkKVPress",
         {"chunk_length": 20},
         inner="SnapKVPress",
-        note="kvpress keeps whole chunks only and pools the votes; kvlab fills its budget exactly, unpooled",
+        note="kvlab given the number of tokens the press keeps (whole chunks, fewer than its budget)",
+        press_budget=True,
     ),
     Pair("kvzip", {}, "KVzipPress", rule_first=4, note="kvpress's scores ranked per KV head"),
 )
@@ -363,8 +373,9 @@ class Kept:
     scores: list[torch.Tensor]
 
 
-def kvlab_side(loaded: Any, prompt: Prompt, pairs: Sequence[Pair], budgets: dict[float, int]) -> dict[Any, Kept]:
-    """kvlab's kept positions and ranked scores for every pair and budget, each compressing a fork of one prefill."""
+def kvlab_side(loaded: Any, prompt: Prompt, pairs: Sequence[Pair], budgets: dict[Any, int]) -> dict[Any, Kept]:
+    """kvlab's kept positions and ranked scores for every pair and kept fraction (``budgets`` by policy and kept
+    fraction), each compressing a fork of one prefill."""
     from kvlab.budget import Budget
     from kvlab.engine.generation import Generation, prefill_once
     from kvlab.engine.spec import RunSpec
@@ -375,7 +386,9 @@ def kvlab_side(loaded: Any, prompt: Prompt, pairs: Sequence[Pair], budgets: dict
     tokens = int(prompt.ids.shape[1])
     results: dict[Any, Kept] = {}
     for pair in pairs:
-        for keep, budget in budgets.items():
+        for (name, keep), budget in budgets.items():
+            if name != pair.policy:
+                continue
             policy = policies[pair.policy]
             scores: list[torch.Tensor] = []
             spec = RunSpec(policy, Budget(tokens=budget), max_new_tokens=0)
@@ -601,8 +614,13 @@ def run_model(
         budgets = {keep: kvpress.utils.compute_n_kept(tokens, 1 - keep) for keep in keeps}
         prompt.facts["budgets"] = {str(keep): budget for keep, budget in budgets.items()}
         prompt.facts["kvlab_keep_budgets"] = {str(keep): kept_tokens(tokens, keep) for keep in keeps}
-        ours = kvlab_side(loaded, prompt, pairs, budgets)
         theirs, checks = kvpress_side(model, prompt, pairs, budgets, kvpress)
+        ours = kvlab_side(
+            loaded,
+            prompt,
+            pairs,
+            {(p.policy, k): kvlab_budget(p, b, theirs[p.policy, k]) for p in pairs for k, b in budgets.items()},
+        )
         for policy, agrees in checks.items():
             top_k[policy] = top_k.get(policy, True) and agrees
         for pair in pairs:

@@ -13,40 +13,51 @@ from kvlab.cache.ranking import KEEP, by_score_then_position
 from kvlab.params import param
 from kvlab.policies.base import LayerView
 from kvlab.policies.scoring import ScoringPolicy
-from kvlab.policies.snapkv import ObservationWindow
+from kvlab.policies.snapkv import ObservationWindow, check_kernel, pool_votes
 
 
 @dataclass
 class ChunkKV(ObservationWindow, ScoringPolicy):
     """ChunkKV (Liu et al., "ChunkKV: Semantic-Preserving KV Cache Compression for Efficient Long-Context LLM
     Inference", NeurIPS 2025, arXiv:2502.00299): a token alone is a poor unit of meaning, so the cache keeps whole
-    chunks of ``chunk_length`` consecutive tokens. The last ``window`` queries vote for the tokens they attend to (as
-    in SnapKV, summed over the window and the query heads), a chunk scores the sum of its tokens' votes, the best
-    chunks are kept together with the window itself, and every KV head of a layer keeps the same chunks (the votes
-    are summed over the KV heads too, as kvpress does). Layer-wise index reuse: the layers form groups of
-    ``reuse_layers``, and every layer after the first of its group keeps exactly the positions that first layer kept,
-    without scoring (the paper's way to save the selection's cost; ``reuse_layers=1``, the default, reuses nothing).
+    chunks of ``chunk_length`` consecutive tokens. The last ``window`` queries vote for the tokens before the window
+    that they attend to, as in SnapKV: summed over the window and the query heads, and average-pooled along the
+    sequence over ``kernel`` tokens (the window's own votes never spill into the tokens before it). A chunk scores
+    the sum of its tokens' votes, and the best chunks are kept together with the window and with every chunk the
+    window reaches into (kept whole, as kvpress's ``ChunkKVPress`` keeps them by giving the window the highest
+    score). Every KV head of a layer keeps the same chunks (the votes are summed over the KV heads too, as kvpress
+    does). Layer-wise index reuse: the layers form groups of ``reuse_layers``, and every layer after the first of its
+    group keeps exactly the positions that first layer kept, without scoring (the paper's way to save the
+    selection's cost; ``reuse_layers=1``, the default, reuses nothing).
 
-    Budgets are exact: the paper keeps ``floor((budget - window) / chunk_length)`` whole chunks, and kvpress's
-    ``ChunkKVPress`` ``int(chunks x (1 - compression))`` of them, so both may keep up to a chunk fewer tokens than
-    asked; kvlab keeps whole chunks while they fit, then the tokens of the next best chunk with the most votes.
+    Budgets are exact: the paper keeps ``floor((budget - window) / chunk_length)`` whole chunks, and kvpress
+    ``int(chunks x (1 - compression))`` of them, so both may keep up to a chunk fewer tokens than asked; kvlab keeps
+    whole chunks while they fit, then the tokens of the next best chunk with the most votes. Given the number of
+    tokens kvpress 0.5.5's ``ChunkKVPress(SnapKVPress())`` keeps, kvlab keeps the same positions (Jaccard 1.000 on
+    the shipped model and SmolLM2-135M, ``bench/kvpress_parity.py``); before the pooling and the window's chunks
+    were added, 0.90-0.94. Both came with the ``kernel`` parameter, so a stored run without it is a run of the
+    former rule (unpooled votes, the window's chunk ranked like any other) and never taken for a new one.
 
     Differs from the paper and kvpress: chunks are aligned to original positions (``position // chunk_length``), so
     that in ``streaming`` mode, which neither has (there the window is the last ``window`` queries before each
     eviction), a chunk stays the same span of text from one eviction to the next; a chunk is what the cache still
-    holds of it outside the window. The votes are not pooled along the sequence (kvpress ranks chunks by the mean
-    score of the press it wraps, SnapKV's pooled votes say, and keeps the window only where its chunks rank high;
-    the mean differs from the sum only for partial chunks). The scores are ranks: chunks by their sum (ties to the
-    later chunk), tokens within a chunk by their own votes, equal votes sharing a rank so that the eviction's
+    holds of it, and votes are pooled over the held tokens in position order. kvpress ranks chunks by their mean
+    score, which differs from the sum only for partial chunks. The scores are ranks: chunks by their sum (ties to
+    the later chunk), tokens within a chunk by their own votes, equal votes sharing a rank so that the eviction's
     tie-break by position decides and counts the tie. ``chunk_length`` defaults to the paper's 10 (kvpress: 20),
-    ``window`` to kvlab's SnapKV's 32. A reused layer whose first layer kept fewer tokens than its own budget (a
-    sliding-window layer in a model that alternates them) fills the rest with its most recent tokens.
+    ``window`` to kvlab's SnapKV's 32 (kvpress: 64). A reused layer whose first layer kept fewer tokens than its own
+    budget (a sliding-window layer in a model that alternates them) fills the rest with its most recent tokens.
     """
 
     name: ClassVar[str] = "chunkkv"
     window: int = param(32, minimum=1, help="recent queries that vote (the observation window), always kept")
     chunk_length: int = param(10, minimum=1, help="tokens per chunk, the unit kept or evicted")
     reuse_layers: int = param(1, minimum=1, help="layers per group that keep the positions its first layer kept")
+    kernel: int = param(5, minimum=1, maximum=255, help="width of the average pooling of the votes (odd; 1: none)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_kernel(self.name, self.kernel)
 
     def equal_layer_budgets(self) -> bool:
         return self.reuse_layers > 1
@@ -63,8 +74,10 @@ class ChunkKV(ObservationWindow, ScoringPolicy):
         candidates = (view.positions >= 0) & ~recent
         votes = view.window_attention().masked_fill(~candidates, 0.0)
         votes = votes.sum(dim=1, keepdim=True).expand_as(votes)
+        pooled = view.in_position_order(votes, partial(pool_votes, kernel=self.kernel, pooling="avg"))
+        votes = pooled.masked_fill(~candidates, 0.0)
         chunks = view.in_position_order(view.positions.long(), partial(chunk_ids, chunk_length=self.chunk_length))
-        return chunk_ranks(votes, chunks).masked_fill(recent, KEEP)
+        return chunk_ranks(votes, chunks, in_chunks_of(recent, chunks)).masked_fill(recent, KEEP)
 
 
 def chunk_ids(ordered_positions: torch.Tensor, chunk_length: int) -> torch.Tensor:
@@ -76,12 +89,14 @@ def chunk_ids(ordered_positions: torch.Tensor, chunk_length: int) -> torch.Tenso
     return torch.cat([torch.zeros_like(chunk[..., :1]), starts.cumsum(dim=-1)], dim=-1)
 
 
-def chunk_ranks(votes: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
+def chunk_ranks(votes: torch.Tensor, chunks: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     """Each slot's rank (0 lowest, as float) when slots are ordered by their chunk's summed ``votes`` (ties: the later
     chunk higher) and, within a chunk, by their own votes: the highest ranks are whole chunks, best first, each
-    chunk's tokens in one run. Tokens of one chunk with equal votes share a rank, so that the eviction's tie-break by
-    position decides between them and counts the tie. ``chunks`` are dense chunk indices per slot."""
-    totals = torch.zeros_like(votes).scatter_add_(2, chunks, votes).gather(2, chunks)
+    chunk's tokens in one run. The chunks of the ``first`` slots rank above every other (the window's, which kvpress
+    keeps by scoring the window highest), within what the budget holds. Tokens of one chunk with equal votes share
+    a rank, so that the eviction's tie-break by position decides between them and counts the tie. ``chunks`` are
+    dense chunk indices per slot."""
+    totals = torch.zeros_like(votes).scatter_add_(2, chunks, votes).gather(2, chunks).masked_fill(first, KEEP)
     chunk_keys = by_score_then_position(totals, chunks)
     by_vote = votes.argsort(dim=-1)
     order = by_vote.gather(2, chunk_keys.gather(2, by_vote).argsort(dim=-1, stable=True))
@@ -89,6 +104,12 @@ def chunk_ranks(votes: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
     steps = (ordered_keys[..., 1:] != ordered_keys[..., :-1]) | (ordered_votes[..., 1:] != ordered_votes[..., :-1])
     ranks = torch.cat([torch.zeros_like(steps[..., :1]), steps], dim=-1).cumsum(dim=-1).float()
     return torch.empty_like(votes).scatter_(2, order, ranks)
+
+
+def in_chunks_of(slots: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
+    """Whether each slot's chunk (``chunks``: dense chunk indices per slot) holds one of the marked ``slots``."""
+    marked = torch.zeros(chunks.shape, dtype=torch.float32, device=chunks.device).scatter_add_(2, chunks, slots.float())
+    return marked.gather(2, chunks) > 0
 
 
 def held_in(positions: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:

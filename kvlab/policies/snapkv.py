@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -58,22 +59,29 @@ class SnapKV(ObservationWindow, ScoringPolicy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.kernel % 2 == 0:
-            raise KvlabError(f"The pooling kernel of {self.name} must be a positive odd number, not {self.kernel}.")
+        check_kernel(self.name, self.kernel)
 
     def score(self, view: LayerView) -> torch.Tensor:
         window = view.most_recent(self.window)
         votes = view.window_attention().masked_fill(window, 0.0)  # only the votes for tokens before the window
-        pooled = view.in_position_order(votes, self._pool)
+        pooled = view.in_position_order(votes, partial(pool_votes, kernel=self.kernel, pooling=self.pooling))
         return pooled.masked_fill(window, KEEP)
 
-    def _pool(self, votes: torch.Tensor) -> torch.Tensor:
-        """Votes pooled along the sequence (``votes`` in position order, zero in the window and on free slots, as the
-        reference code's zero padding past the tokens before the window)."""
-        batch, kv_heads, slots = votes.shape
-        flat = votes.reshape(batch * kv_heads, 1, slots)
-        pool = F.max_pool1d if self.pooling == "max" else F.avg_pool1d
-        return pool(flat, kernel_size=self.kernel, stride=1, padding=self.kernel // 2).reshape(votes.shape)
+
+def check_kernel(policy: str, kernel: int) -> None:
+    """Refuse an even pooling kernel: centred pooling (``padding = kernel // 2``) needs an odd width to keep the
+    sequence's length."""
+    if kernel % 2 == 0:
+        raise KvlabError(f"The pooling kernel of {policy} must be a positive odd number, not {kernel}.")
+
+
+def pool_votes(votes: torch.Tensor, kernel: int, pooling: str) -> torch.Tensor:
+    """Votes pooled along the sequence (``votes`` ``(batch, kv_heads, slots)`` in position order, zero in the window
+    and on free slots, as the reference code's zero padding past the tokens before the window)."""
+    batch, kv_heads, slots = votes.shape
+    flat = votes.reshape(batch * kv_heads, 1, slots)
+    pool = F.max_pool1d if pooling == "max" else F.avg_pool1d
+    return pool(flat, kernel_size=kernel, stride=1, padding=kernel // 2).reshape(votes.shape)
 
 
 @dataclass

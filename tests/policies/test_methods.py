@@ -19,7 +19,7 @@ from kvlab.models.loading import wrap_model
 from kvlab.models.rope import Rope
 from kvlab.policies import configure, make_policy
 from kvlab.policies.base import LayerView
-from kvlab.policies.chunkkv import chunk_ids
+from kvlab.policies.chunkkv import chunk_ids, chunk_ranks, in_chunks_of
 
 METHODS = ("keydiff", "expected_attention", "chunkkv")
 
@@ -142,23 +142,58 @@ def test_chunks_are_aligned_to_original_positions():
     assert chunk_ids(positions, 4).tolist() == [[[0, 0, 0, 1, 2, 2, 2, 3]]]
 
 
-def paper_selection(votes: list[float], positions: list[int], budget: int, window: int, length: int) -> set[int]:
-    """ChunkKV's choice written out: the window, then whole chunks by their summed votes (ties: the later chunk)
-    while they fit, then the next chunk's tokens with the most votes (ties: the later token)."""
+def paper_selection(
+    votes: list[float], positions: list[int], budget: int, window: int, length: int, kernel: int = 5
+) -> set[int]:
+    """ChunkKV's choice written out: the votes for tokens before the window, in position order, averaged over
+    ``kernel`` neighbours (zero beyond them and in the window); the window, then the rest of the chunks it reaches
+    into, then whole chunks by their summed pooled votes (ties: the later chunk) while they fit, then the next
+    chunk's tokens with the most pooled votes (ties: the later token)."""
     first_window = max(positions) + 1 - window
-    kept = {p for p in positions if p >= first_window}
+    ordered = sorted(zip(positions, votes))
+    raw = [vote if position < first_window else 0.0 for position, vote in ordered]
+    half = kernel // 2
+    pooled = [sum(raw[max(i - half, 0) : i + half + 1]) / kernel for i in range(len(raw))]
+    window_chunks = {position // length for position, _ in ordered if position >= first_window}
+    kept = {position for position, _ in ordered if position >= first_window}
     chunks: dict[int, list[tuple[float, int]]] = {}
-    for vote, position in zip(votes, positions):
-        if 0 <= position < first_window:
+    for (position, _), vote in zip(ordered, pooled):
+        if position < first_window:
             chunks.setdefault(position // length, []).append((vote, position))
     room = budget - len(kept)
-    for chunk in sorted(chunks, key=lambda c: (sum(v for v, _ in chunks[c]), c), reverse=True):
+    by_rank = sorted(chunks, key=lambda c: (c in window_chunks, sum(v for v, _ in chunks[c]), c), reverse=True)
+    for chunk in by_rank:
         members = sorted(chunks[chunk], reverse=True)
         kept |= {position for _, position in members[:room]}
         if len(members) > room:
             break
         room -= len(members)
     return kept
+
+
+def kvpress_chunk_selection(votes: list[float], window: int, length: int, kept_chunks: int) -> set[int]:
+    """kvpress 0.5.5's ``ChunkKVPress`` rule written out: the window scored above every vote, chunks of ``length``
+    from position 0 ranked by their mean score (the last one over its own tokens), the best ``kept_chunks`` kept
+    whole."""
+    scores = votes[:-window] + [max(votes) + 1.0] * window
+    chunks = [list(range(start, min(start + length, len(scores)))) for start in range(0, len(scores), length)]
+    ranked = sorted(chunks, key=lambda chunk: sum(scores[p] for p in chunk) / len(chunk), reverse=True)
+    return {position for chunk in ranked[:kept_chunks] for position in chunk}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_chunk_ranks_keep_the_chunks_kvpress_keeps_at_its_budget(seed):
+    """Given the number of tokens kvpress keeps, the top of kvlab's chunk ranks (the window kept by rule) are its
+    chunks: the chunk the window reaches into whole, then whole chunks by their votes."""
+    tokens, window, length, kept_chunks = 23, 6, 4, 4
+    votes = torch.rand(tokens, generator=torch.Generator().manual_seed(seed))
+    votes[-window:] = 0.0
+    positions = torch.arange(tokens).view(1, 1, tokens)
+    recent = positions >= tokens - window
+    chunks = chunk_ids(positions, length)
+    ranks = chunk_ranks(votes.view(1, 1, tokens), chunks, in_chunks_of(recent, chunks)).masked_fill(recent, KEEP)
+    expected = kvpress_chunk_selection(votes.tolist(), window, length, kept_chunks)
+    assert set(ranks[0, 0].topk(len(expected)).indices.tolist()) == expected
 
 
 @pytest.mark.parametrize("mode", ["prefill", "streaming"])
@@ -191,6 +226,11 @@ def test_chunkkv_keeps_the_window_and_whole_chunks_then_the_best_of_the_next(lla
     monkeypatch.setattr(generation, "compress", lambda step: checked_cut(lambda: compress(step)))
     list(generation.events())
     assert checked and max(checked) == 14
+
+
+def test_chunkkv_refuses_an_even_pooling_kernel():
+    with pytest.raises(KvlabError, match="odd"):
+        make_policy("chunkkv", kernel=4)
 
 
 def test_chunkkv_reuses_the_kept_positions_of_its_groups_first_layer(llama):
