@@ -12,6 +12,7 @@ from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.session import open_page_store, page_setup, shipped_needle_evidence, stored_replay
 from kvlab.dashboard.store_figures import FRONTIER_GUIDE, frontier_figure
 from kvlab.dashboard.text import plain
+from kvlab.models.catalog import shipped_models
 from kvlab.runs.replay import EXAMPLES_DB, EXAMPLES_LABEL, replay_choices, showcase
 from kvlab.runs.tables import FRONTIER_AXES, METRICS, short_model_name
 
@@ -33,7 +34,7 @@ if not EVIDENCE_DB.is_file() or not EXAMPLES_DB.is_file():
 with open_page_store(EXAMPLES_DB) as examples:
     listed = examples.replays()
     shipped_replays = replay_choices(listed)
-first_replay = showcase(listed)
+first_replay = showcase(listed, without_sinks={entry.label for entry in shipped_models()})
 evidence = shipped_needle_evidence(EVIDENCE_DB)
 st.caption(
     "Below: runs shipped with kvlab (`kvlab/data/runs/claims.duckdb` and `kvlab/data/runs/examples.duckdb`), "

@@ -17,6 +17,7 @@ import dataclasses
 import io
 import json
 import zipfile
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,13 +184,20 @@ def replay_choices(replays: pd.DataFrame) -> dict[tuple[int, str], str]:
     return choices
 
 
-def showcase(replays: pd.DataFrame) -> int:
-    """Which of ``replays`` (``Store.replays``, in its order) to show first: the first whose policy evicts and whose
-    answer was still found (eviction at work, and working), else the first."""
-    for index, row in enumerate(replays.itertuples(index=False)):
+def showcase(replays: pd.DataFrame, without_sinks: Collection[str] = ()) -> int:
+    """Which of ``replays`` (``Store.replays``, in its order) to show first: a run of a model with attention sinks
+    (not in ``without_sinks``, the shipped model's labels: a demo is about sinks) before the others, and among them
+    the first whose policy evicts and still found the answer (eviction at work, and working), else the first that
+    evicts, else the first."""
+    rows = list(enumerate(replays.itertuples(index=False)))
+    with_sinks = [(index, row) for index, row in rows if row.model not in without_sinks] or rows
+    for index, row in with_sinks:
         if row.policy in evicting() and not pd.isna(row.correct) and bool(row.correct):
             return index
-    return 0
+    for index, row in with_sinks:
+        if row.policy in evicting():
+            return index
+    return with_sinks[0][0] if with_sinks else 0
 
 
 def replay_stores(server_db: Path, examples_db: Path) -> dict[str, Path]:

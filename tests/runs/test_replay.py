@@ -117,10 +117,19 @@ def test_a_stored_live_run_keeps_its_replay(shipped, h2o_run, tmp_path):
     store.close()
 
 
-def test_the_overview_first_shows_a_replay_where_eviction_still_finds_the_answer():
-    replays = pd.DataFrame({"policy": ["streaming", "full", "h2o", "snapkv"], "correct": [False, True, None, True]})
-    assert showcase(replays) == 3  # the full cache evicts nothing; h2o was not scored
-    assert showcase(replays.iloc[:2]) == 0  # none qualifies: the newest
+def test_the_overview_first_shows_a_model_with_sinks_where_eviction_still_finds_the_answer():
+    replays = pd.DataFrame(
+        {
+            "policy": ["streaming", "full", "h2o", "snapkv", "full"],
+            "correct": [False, True, None, True, True],
+            "model": ["tiny"] * 4 + ["published"],
+        }
+    )
+    assert showcase(replays.iloc[:4]) == 3  # the full cache evicts nothing; h2o was not scored
+    assert showcase(replays.iloc[1:3]) == 1  # none found it after evicting: the first that evicts
+    assert showcase(replays.iloc[1:2]) == 0  # none evicts: the newest
+    assert showcase(replays, without_sinks={"tiny"}) == 4  # a model with sinks first, though it evicts nothing
+    assert showcase(replays.iloc[:4], without_sinks={"tiny"}) == 3  # no other model: the same rule
 
 
 @pytest.mark.model
