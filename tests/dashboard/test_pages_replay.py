@@ -39,7 +39,13 @@ def test_the_overview_shows_the_shipped_results_without_a_model(db):
     app.run()
     assert not app.exception and app.sidebar.error  # no model, and the overview still has all its content
     assert "H100" in shown(app.caption[0].value)
-    assert widget(app.radio, "Model").value == "kvlab-tiny-llama"  # the model of the replay shown below
+    run_id, _ = app.selectbox(key="overview-replay").value
+    with open_store(EXAMPLES_DB, read_only=True) as store:
+        replays = store.replays()
+    replayed = replays.loc[replays["run_id"] == run_id, "model"].iloc[0]
+    assert replayed != "kvlab-tiny-llama"  # a published model's run first: it has attention sinks
+    model = widget(app.radio, "Model")
+    assert model.value == (replayed if replayed in model.options else model.options[0])  # the replay's, if measured
     figures = figure_data(app)
     frontier = figures[0]
     assert {trace["name"] for trace in frontier["data"]} >= {"h2o · prefill", "streaming · prefill"}
@@ -112,10 +118,14 @@ def test_settings_survive_a_page_switch_and_a_changed_setting_clears_the_result(
     assert not any("stored as run" in caption.value for caption in app.main.caption)
 
 
-def test_the_shipped_examples_hold_gpu_replays():
+def test_the_shipped_examples_hold_gpu_replays_and_both_published_models():
     with open_store(EXAMPLES_DB, read_only=True) as store:
         replays = store.replays()
-    assert {"h2o", "snapkv"} <= set(replays["policy"]) and replays["device"].str.contains("H100").all()
+    shipped = replays[replays["model"] == "kvlab-tiny-llama"]
+    assert {"h2o", "snapkv"} <= set(shipped["policy"]) and shipped["device"].str.contains("H100").all()
+    published = replays[replays["model"] != "kvlab-tiny-llama"]
+    assert set(published["model"]) == {"SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}
+    assert {"full", "streaming", "h2o"} <= set(published["policy"]) and published["device"].str.len().gt(0).all()
 
 
 @pytest.mark.model
