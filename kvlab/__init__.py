@@ -1,3 +1,3 @@
 """kvlab: a lab bench for KV-cache eviction on real causal language models."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
