@@ -383,20 +383,20 @@ def part_decode(
     return table
 
 
+def long_spec() -> RunSpec:
+    """StreamingLLM in streaming mode with a fixed budget of 4,096 tokens, chunks of 4,096: a stream of any length."""
+    return RunSpec(
+        make_policy("streaming"), Budget(tokens=4096), mode="streaming", chunk=4096, max_new_tokens=8, stop_token_ids=()
+    )
+
+
 def part_long(device: str, contexts: list[int], layers: int | None) -> dict[str, Any]:
     """StreamingLLM, streaming mode, a fixed budget of 4,096 tokens, chunks of 4,096: prefill rate and peak memory."""
     model, loaded = build(LLAMA3_8B, max(contexts) + 1024, torch.bfloat16, device, layers)
     rows = []
     for context in contexts:
         ids = torch.randint(10, 1000, (1, context), device=device)
-        spec = RunSpec(
-            make_policy("streaming"),
-            Budget(tokens=4096),
-            mode="streaming",
-            chunk=4096,
-            max_new_tokens=8,
-            stop_token_ids=(),
-        )
+        spec = long_spec()
         gc.collect()
         result = generate(loaded, ids, spec)
         row = {
@@ -411,6 +411,77 @@ def part_long(device: str, contexts: list[int], layers: int | None) -> dict[str,
         rows.append(row)
         del ids, result
     return {"rows": rows}
+
+
+def prefill_configs() -> list[tuple[str, RunSpec]]:
+    """The configurations of the prefill part: StreamingLLM and H2O in streaming mode with keep 10% and chunks of
+    1,024 (H2O observes every chunk's attention), and the fixed-budget stream of ``long``."""
+    configs = [
+        (
+            f"{name} keep 10%",
+            RunSpec(
+                make_policy(name),
+                Budget(keep=KEEP),
+                mode="streaming",
+                chunk=1024,
+                max_new_tokens=2,
+                stop_token_ids=(),
+            ),
+        )
+        for name in ("streaming", "h2o")
+    ]
+    configs.append(("streaming 4096 tokens", long_spec()))
+    return configs
+
+
+def kernel_table(prof: Any) -> list[dict[str, Any]]:
+    """The profiler's kernels by total device time, largest first."""
+    rows = [
+        {"name": item.key, "count": item.count, "cuda_us": round(item.device_time_total, 1)}
+        for item in prof.key_averages()
+        if item.device_time_total > 0
+    ]
+    return sorted(rows, key=lambda r: -r["cuda_us"])
+
+
+def part_prefill(
+    device: str, contexts: list[int], layers: int | None, only: list[str] | None, profiled: bool
+) -> dict[str, Any]:
+    """Prefill time per configuration (:func:`prefill_configs`), each run :data:`REPEATS` times at the same shapes
+    and the last reported; with ``profiled``, one more run of each at the first context under the profiler (its
+    kernels by device time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, loaded = build(LLAMA3_8B, max(contexts) + 1024, torch.bfloat16, device, layers)
+    configs = [(label, spec) for label, spec in prefill_configs() if only is None or label in only]
+    table: dict[str, Any] = {"contexts": {}, "profiles": {}}
+    for context in contexts:
+        ids = torch.randint(10, 1000, (1, context), device=device)
+        rows = []
+        for label, spec in configs:
+            for _ in range(REPEATS):
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                result = generate(loaded, ids, spec)
+            row = {
+                "config": label,
+                "prefill_s": round(result.prefill_seconds, 3),
+                "tokens_per_s": round(context / result.prefill_seconds),
+                "peak_gpu_gib": _gib(result.peak_gpu_bytes),
+            }
+            print(json.dumps({"context": context, **row}), flush=True)
+            rows.append(row)
+            if profiled and context == contexts[0]:
+                activity = ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU
+                with profile(activities=[activity]) as prof:
+                    generate(loaded, ids, spec)
+                    synchronize()
+                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20), flush=True)
+                table["profiles"][label] = {"context": context, "kernels": kernel_table(prof)[:40]}
+        table["contexts"][str(context)] = rows
+        del ids
+    return table
 
 
 def part_profile(device: str, context: int, layers: int | None, policy_name: str) -> dict[str, Any]:
@@ -457,14 +528,8 @@ def part_profile(device: str, context: int, layers: int | None, policy_name: str
         for _ in range(8):
             next(events)
         synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-    print(table, flush=True)
-    rows = [
-        {"name": item.key, "count": item.count, "cuda_us": round(item.device_time_total, 1)}
-        for item in prof.key_averages()
-        if item.device_time_total > 0
-    ]
-    return {"policy": policy_name, "context": context, "steps": 8, "kernels": sorted(rows, key=lambda r: -r["cuda_us"])}
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30), flush=True)
+    return {"policy": policy_name, "context": context, "steps": 8, "kernels": kernel_table(prof)}
 
 
 def transposed_product(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -571,7 +636,7 @@ def part_backends(device: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parts = ("check", "decode", "long", "profile", "attention", "backends")
+    parts = ("check", "decode", "prefill", "long", "profile", "attention", "backends")
     parser.add_argument("--part", choices=parts, required=True)
     parser.add_argument("--policy", default="streaming", help="the policy --part profile profiles")
     parser.add_argument("--contexts", default="8192,32768")
@@ -591,6 +656,7 @@ def main() -> None:
         "sdpa; auto is what users get)",
     )
     parser.add_argument("--repeats", type=int, default=2, help="runs per configuration at the same shapes")
+    parser.add_argument("--profiled", action="store_true", help="--part prefill: also profile each configuration")
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -625,6 +691,9 @@ def main() -> None:
         body = part_attention(device)
     elif args.part == "backends":
         body = part_backends(device)
+    elif args.part == "prefill":
+        only = args.only.split("|") if args.only is not None else None
+        body = part_prefill(device, [int(c) for c in args.contexts.split(",")], args.layers, only, args.profiled)
     elif args.part == "profile":
         body = part_profile(device, int(args.contexts.split(",")[0]), args.layers, args.policy)
     else:

@@ -6,8 +6,9 @@ a heap with free slots then runs q.K^T, a softmax and a one-row P.V per layer, e
 static step's attention as PyTorch's ``flex_attention`` (a fused split-K decode kernel on CUDA) over a block mask built
 from the heap's occupied slot blocks; what a policy observes of the step (H2O's accumulated attention) comes from the
 kernel's log-sum-exp; on CUDA the model's decoder layers are compiled around it (:mod:`kvlab.models.compiled`), so
-the whole step is fused kernels. ``auto`` picks ``flex`` where it is compiled (CUDA with Triton) and ``sdpa``
-elsewhere.
+the whole step is fused kernels. A prefill chunk in streaming mode, which SDPA would need a mask for, is a
+``flex_attention`` call too (:mod:`kvlab.attention.flex_chunks`). ``auto`` picks ``flex`` where it is compiled
+(CUDA with Triton) and ``sdpa`` elsewhere.
 
 The command line's ``--attention``, :class:`kvlab.engine.spec.RunSpec`'s ``attention`` and a stored run's
 ``attention`` column spell the backends from here.
@@ -22,7 +23,7 @@ from kvlab.errors import KvlabError
 AttentionBackend = Literal["auto", "flex", "sdpa"]
 #: The backend chosen for the device: ``flex`` where it is compiled, ``sdpa`` elsewhere.
 AUTO: Final = "auto"
-#: ``flex_attention`` over the heap's occupied slot blocks in static decode steps.
+#: ``flex_attention`` over the heap's occupied slot blocks in static decode steps and streaming-mode prefill chunks.
 FLEX: Final = "flex"
 #: kvlab's own kernels everywhere (every run stored before the choice existed decoded with them).
 SDPA: Final = "sdpa"
@@ -30,7 +31,8 @@ ATTENTION_BACKENDS: tuple[AttentionBackend, ...] = (AUTO, FLEX, SDPA)
 DEFAULT_ATTENTION: AttentionBackend = AUTO
 #: The backends in one sentence, for the command line's and the dashboard's help.
 ATTENTION_HELP = (
-    "How a static decode step attends over the heap. flex: PyTorch's flex_attention (compiled on CUDA) over a block "
+    "How static decode steps and streaming-mode prefill chunks attend over the heap. flex: PyTorch's flex_attention "
+    "(compiled on CUDA) over a block "
     "mask of the occupied slot blocks, observing through its log-sum-exp, the model's layers compiled around it. "
     "sdpa: kvlab's own kernels (SDPA, or the query's attention as matrix products where slots are free), the layers "
     "eager. auto: flex on CUDA with Triton, else sdpa."

@@ -38,16 +38,17 @@ def flex_compiles() -> bool:
 
 
 def ordered_blocks(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``(…, 1)`` count and the ``(…, 1, blocks)`` indices of the ``chosen`` blocks (``(…, blocks)`` booleans),
-    chosen ones first in block order, then the others, as ``BlockMask`` takes them (``int32``; indices past the count
-    are ignored). A scatter to each block's rank among its kind: no sort, a few fused operations once compiled."""
-    count = chosen.sum(dim=-1, dtype=torch.int32).unsqueeze(-1)
+    """The count ``(…, query_blocks)`` and the indices ``(…, query_blocks, blocks)`` of the ``chosen`` key blocks of
+    each query block (``(…, query_blocks, blocks)`` booleans), chosen ones first in block order, then the others, as
+    ``BlockMask`` takes them (``int32``; indices past the count are ignored). A scatter to each block's rank among its
+    kind: no sort, a few fused operations once compiled."""
+    count = chosen.sum(dim=-1, dtype=torch.int32)
     before = torch.cumsum(chosen.to(torch.int32), dim=-1) - 1
-    after = count + torch.cumsum((~chosen).to(torch.int32), dim=-1) - 1
+    after = count.unsqueeze(-1) + torch.cumsum((~chosen).to(torch.int32), dim=-1) - 1
     rank = torch.where(chosen, before, after).long()
     blocks = torch.arange(chosen.shape[-1], dtype=torch.int32, device=chosen.device).expand_as(rank)
     indices = torch.empty_like(blocks).scatter_(-1, rank, blocks)
-    return count, indices.unsqueeze(-2)
+    return count, indices
 
 
 def block_tables(
@@ -63,8 +64,8 @@ def block_tables(
     padded = visible.new_zeros(batch, kv_heads, -(-slots // BLOCK) * BLOCK)
     padded[..., :slots] = visible
     blocks = padded.view(batch, kv_heads, -1, BLOCK)
-    full = blocks.all(dim=-1).all(dim=1, keepdim=True)
-    partial = blocks.any(dim=-1).any(dim=1, keepdim=True) & ~full
+    full = blocks.all(dim=-1).all(dim=1, keepdim=True).unsqueeze(-2)  # one query block
+    partial = blocks.any(dim=-1).any(dim=1, keepdim=True).unsqueeze(-2) & ~full
     return (padded, *ordered_blocks(partial), *ordered_blocks(full))
 
 
@@ -137,7 +138,7 @@ def accumulated_attention(
     return received
 
 
-def _softcap_mod(cap: float) -> Callable[..., torch.Tensor]:
+def softcap_mod(cap: float) -> Callable[..., torch.Tensor]:
     """Logit soft-capping (Gemma-2) as a score modification."""
 
     def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
@@ -164,7 +165,7 @@ def flex_decode_attention(
     shape = layer.attention
     if tables is None:
         tables = fused(device, block_tables)(positions, query_position, shape.sliding_window)
-    score_mod = None if shape.softcap is None else _softcap_mod(shape.softcap)
+    score_mod = None if shape.softcap is None else softcap_mod(shape.softcap)
     one_query_window = layer.recent_queries is not None and layer.recent_queries.shape[2] == 1
     observed = layer.scores is not None or one_query_window
     with warnings.catch_warnings():  # the CPU's reference path warns that it is not compiled: it is meant not to be

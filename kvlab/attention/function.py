@@ -30,6 +30,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from kvlab.attention.backends import FLEX
 from kvlab.attention.context import ForwardContext, current
 from kvlab.attention.flex import flex_decode_attention, layer_tables, stacked_block_tables
+from kvlab.attention.flex_chunks import flex_chunk_attention
 from kvlab.attention.kernels import blocked_attention, decode_attention, sdpa
 from kvlab.attention.masks import allowed_keys, ordered_mask
 from kvlab.cache.layer import AttentionShape, HeapLayer, Slots
@@ -97,8 +98,13 @@ def _attend(
         if sparse:
             live = _sparse_selection(context, query, attended, live, in_order)
         return decode_attention(query, layer, attended, live, context, layer_idx)
+    chunk_by_flex = _flex_chunks(context, layer, keys)
     if in_order:
         mask = ordered_mask(layer, query_positions, context.cache.positions.last)
+        if mask is not None and chunk_by_flex:
+            return flex_chunk_attention(query, layer, query_positions)
+    elif chunk_by_flex:
+        return flex_chunk_attention(query, layer, query_positions)
     else:
         mask = allowed_keys(positions, query_positions, layer.sliding_window)
     # the output must come from the observed pass itself for statistics and soft-capping (which SDPA lacks), and
@@ -123,6 +129,20 @@ def _flex_decodes(context: ForwardContext, layer: HeapLayer, keys: torch.Tensor)
         and context.stats is None
         and context.observe is None
         and keys.shape[2] == layer.capacity
+    )
+
+
+def _flex_chunks(context: ForwardContext, layer: HeapLayer, keys: torch.Tensor) -> bool:
+    """Whether the ``flex`` backend takes a chunk of queries that SDPA would need a mask for: in streaming mode (a
+    planned capacity: one compiled kernel for every chunk of a stream), over the layer's dense slots alone, with
+    nothing observed beyond the accumulated scores."""
+    return (
+        context.attention == FLEX
+        and context.cache.keep_planned
+        and not context.cache.static
+        and context.stats is None
+        and context.observe is None
+        and keys.shape[2] == layer.used
     )
 
 
