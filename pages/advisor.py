@@ -7,22 +7,22 @@ from functools import partial
 import streamlit as st
 
 from kvlab.costs import GPU_PRESETS, MODEL_PRESETS, MOST_GPUS
-from kvlab.costs.measured import load_measured_decode
+from kvlab.dashboard.advice_figures import ADVICE_GUIDE, advice_figure
+from kvlab.dashboard.advice_view import stored_advice
+from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.downloads import MIME_TYPES, report_file
 from kvlab.dashboard.report import advice_report
-from kvlab.dashboard.session import page_setup, page_store
+from kvlab.dashboard.session import page_setup
 from kvlab.dashboard.text import plain
 from kvlab.errors import KvlabError
 from kvlab.runs.advisor import (
     AdviceRequest,
     advice_title,
-    advise,
-    evidence_runs,
     evidence_sentence,
     shown_advice,
 )
 from kvlab.runs.benchmarks import BENCHMARKS, SHIPPED_EVIDENCE
-from kvlab.store import open_store
+from kvlab.store import default_db_path, has_database
 
 page_setup()
 st.title("Advisor")
@@ -46,26 +46,24 @@ with floor_column:
     floor = st.slider("Accuracy floor (share of the full cache's)", 0.5, 1.0, 0.95, 0.01)
     source = st.radio("Evidence", ["shipped runs", "this dashboard's store"], horizontal=True)
 
+path = SHIPPED_EVIDENCE[benchmark] if source == "shipped runs" else default_db_path()
+if not has_database(path):
+    st.info("This dashboard's store holds no runs yet; choose the shipped runs.")
+    st.stop()
 try:
-    if source == "shipped runs":
-        with open_store(SHIPPED_EVIDENCE[benchmark], read_only=True) as store:
-            trials = store.trials_frame()
-    else:
-        own = page_store()
-        if own is None:
-            st.info("This dashboard's store holds no runs yet; choose the shipped runs.")
-            st.stop()
-        trials = own.trials_frame()
     request = AdviceRequest(model, gpu, context, floor, benchmark, gpus, output_tokens, batch)  # type: ignore[arg-type]
-    advice = advise(request, trials, load_measured_decode())
+    advice, runs = stored_advice(path, request)
 except KvlabError as error:
     st.error(plain(str(error)))
     st.stop()
 
 st.subheader(plain(advice_title(request)))
-st.caption(plain(evidence_sentence(advice)))
 for sentence in advice.missing:
     st.warning(plain(sentence))
+chart = st.container()
+how_to_read(chart, ADVICE_GUIDE, key="advice-guide")
+show_chart(chart, advice_figure(advice), key="advice-chart", filename="advice")
+st.caption(plain(evidence_sentence(advice)))
 if advice.ranked.empty:
     st.info("No stored configuration meets the floor.")
 else:
@@ -74,7 +72,7 @@ with st.expander(f"Below the floor ({len(advice.below)})"):
     st.dataframe(shown_advice(advice.below), hide_index=True)
 st.download_button(
     "Report (HTML)",
-    data=partial(report_file, advice_report(advice, evidence_runs(advice, trials))),
+    data=partial(report_file, advice_report(advice, runs)),
     file_name="kvlab-advice.html",
     mime=MIME_TYPES[".html"],
     on_click="ignore",

@@ -199,9 +199,7 @@ def cost_metrics(full: CostEstimate, evicted: CostEstimate, source: str = COMPUT
             _count(evicted.max_sequences),
             _change(evicted.max_sequences, full.max_sequences, _count),
         ),
-        _timed_metric(
-            f"Decode per token, {source}", full.decode_step_seconds, evicted.decode_step_seconds, _milliseconds
-        ),
+        _timed_metric(f"Decode, {source}", full.decode_step_seconds, evicted.decode_step_seconds, _milliseconds),
         _timed_metric(f"Cost per query, {source}", full.cost_per_query, evicted.cost_per_query, _price),
     ]
 

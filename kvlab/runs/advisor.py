@@ -50,6 +50,27 @@ SWEEP_DEPTHS = 5
 SWEEP_TRIALS = {"needle": 20, "ruler": 10}
 #: RULER's tasks, which a suggested RULER sweep runs (its default).
 RULER_TASK_COUNT = 11
+#: The trial and run columns the advice reads (a stored frame has some sixty; copying the others slows it down).
+TRIAL_COLUMNS = [
+    "run_id",
+    "model",
+    "task",
+    "context_length",
+    "device",
+    "policy",
+    "policy_params",
+    "mode",
+    "keep",
+    "budget_tokens",
+    "layout",
+    "item_hash",
+    "correct",
+    "recall",
+    "kv_bytes",
+    "context_tokens",
+    "prefill_s",
+    "decode_s",
+]
 #: The columns that tell one stored configuration from another.
 CONFIG_KEYS = ["policy", "policy_params", "mode", "keep", "budget_tokens", "layout"]
 COMPUTED = "computed"
@@ -298,6 +319,7 @@ def advise(request: AdviceRequest, trials: pd.DataFrame, measured: MeasuredDecod
         return Advice(request, None, empty, empty, (sentence,))
     model, context = chosen
     here = trials[(trials["task"] == task) & (trials["model"] == model) & (trials["context_length"] == context)]
+    here = here[[column for column in TRIAL_COLUMNS if column in here]]
     full_trials = here[_full_cache(here)]
     full_values = trial_values(full_trials, SHARE_COLUMNS[metric])
     devices = here["device"].dropna()
@@ -382,20 +404,21 @@ def shown_advice(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SHOWN_COLUMNS)
 
 
-#: The columns of :func:`shown_advice`.
+#: The columns of :func:`shown_advice`: what decides first (accuracy against the floor, price, time and where it
+#: came from), then the bytes, the paired test and what the configuration holds.
 SHOWN_COLUMNS = [
     "rank",
     "configuration",
-    "layout",
-    "precision",
     "relative accuracy (95% CI)",
-    "trials",
-    "vs full cache",
-    "KV measured (evidence)",
-    "KV per sequence (computed)",
+    "cost per query",
     "decode ms/token",
     "decode source",
-    "cost per query",
+    "KV per sequence (computed)",
+    "KV measured (evidence)",
+    "vs full cache",
+    "trials",
+    "precision",
+    "layout",
 ]
 
 

@@ -144,7 +144,7 @@ def test_sizes_are_written_in_binary_units() -> None:
     metrics = {metric.label: metric for metric in cost_view.cost_metrics(*compare(LLAMA3_70B, H100, SHORT))}
     assert metrics["KV per token"].value == "320 KiB"
     assert metrics["KV per sequence"].delta == "-960 MiB vs full"
-    for label in ("Cost per query, computed", "Decode per token, computed"):
+    for label in ("Cost per query, computed", "Decode, computed"):
         assert metrics[label].value == cost_view.NO_VALUE and metrics[label].delta == DOES_NOT_FIT
 
 
@@ -158,9 +158,7 @@ def test_metrics_of_a_configuration_that_fits() -> None:
     assert metrics["Cost per query, computed"].delta is not None and metrics[
         "Cost per query, computed"
     ].delta.startswith("-$")
-    assert metrics["Decode per token, computed"].delta is not None and metrics[
-        "Decode per token, computed"
-    ].delta.startswith("-")
+    assert metrics["Decode, computed"].delta is not None and metrics["Decode, computed"].delta.startswith("-")
 
 
 def test_the_bars_draw_no_price_for_what_does_not_fit() -> None:
@@ -348,7 +346,7 @@ def test_the_page_says_70b_does_not_fit_one_gpu_and_fits_the_count_it_names(db) 
     widget(app.selectbox, "Preset").set_value("Llama-3-70B")  # the first "Preset" is the model's
     app.run()
     assert not app.exception, app.exception
-    for label in ("Cost per query, computed", "Decode per token, computed"):
+    for label in ("Cost per query, computed", "Decode, computed"):
         assert widget(app.metric, label).value == cost_view.NO_VALUE
         assert widget(app.metric, label).delta == DOES_NOT_FIT
     error = shown(app.error[0].value)

@@ -14,6 +14,7 @@ from kvlab.cli import main
 from kvlab.costs.gpus import GPU_PRESETS
 from kvlab.costs.measured import MeasuredDecode, MeasuredRow
 from kvlab.costs.presets import preset_name
+from kvlab.dashboard.advice_figures import advice_figure
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
 from kvlab.runs.advisor import AdviceRequest, advise, shown_advice
@@ -189,3 +190,13 @@ def test_the_command_in_each_format(stored, capsys, fmt):
 def test_the_command_refuses_an_unknown_preset(stored, capsys):
     assert main(["advise", "--db", str(stored), "--model", "Llama-9"]) == 2
     assert "Unknown model preset 'Llama-9'" in capsys.readouterr().err
+
+
+def test_the_chart_draws_every_configuration_against_the_floor(trials):
+    figure = advice_figure(advise(request(), trials))
+    below, meets = figure.data
+    assert list(meets.y) == pytest.approx([95.0, 100.0, 100.0]) and list(below.y) == pytest.approx([50.0])
+    assert list(meets.x) == sorted(meets.x) and below.marker.color != meets.marker.color
+    assert meets.error_y.arrayminus[0] > 0 and figure.layout.shapes[0].y0 == pytest.approx(90.0)
+    assert "computed" in figure.layout.xaxis.title.text
+    assert "measured on m at 4,096 tokens" in figure.layout.title.text
