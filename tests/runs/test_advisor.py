@@ -4,7 +4,9 @@ sweep that would add what the store lacks."""
 
 from __future__ import annotations
 
+import html
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -15,9 +17,10 @@ from kvlab.costs.gpus import GPU_PRESETS
 from kvlab.costs.measured import MeasuredDecode, MeasuredRow
 from kvlab.costs.presets import preset_name
 from kvlab.dashboard.advice_figures import advice_figure
+from kvlab.dashboard.report import advice_report, report_html
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
-from kvlab.runs.advisor import AdviceRequest, advise, shown_advice
+from kvlab.runs.advisor import AdviceRequest, advise, evidence_runs, shown_advice
 from kvlab.store import RunConfig, Store, Trial, open_store
 
 FULL_BYTES = 8 << 20
@@ -200,3 +203,17 @@ def test_the_chart_draws_every_configuration_against_the_floor(trials):
     assert meets.error_y.arrayminus[0] > 0 and figure.layout.shapes[0].y0 == pytest.approx(90.0)
     assert "computed" in figure.layout.xaxis.title.text
     assert "measured on m at 4,096 tokens" in figure.layout.title.text
+
+
+def test_the_report_holds_the_ranking_the_evidence_and_what_is_missing(trials):
+    advice = advise(request(context=32768), trials)
+    report = advice_report(advice, evidence_runs(advice, trials))
+    document = report_html(report, datetime(2026, 1, 2, 3, 4))
+    assert report.title.startswith("Cheapest configurations keeping 90%") and "has no runs of its own" in report.summary
+    assert [table.title for table in report.tables] == [
+        "Configurations that meet the floor, cheapest first",
+        "Below the floor, closest first",
+        "Missing evidence",
+    ]
+    assert len(evidence_runs(advice, trials)) == 4 and "kvlab sweep --model m" in html.unescape(document)
+    assert "streaming · streaming · keep 30%" in html.unescape(document)
