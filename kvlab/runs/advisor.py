@@ -310,6 +310,12 @@ def advise(request: AdviceRequest, trials: pd.DataFrame, measured: MeasuredDecod
     """The advice for ``request`` from stored ``trials`` (``Store.trials_frame``: trials with their runs' columns)
     and the GPU benchmark's ``measured`` decode figures (None: every time is computed)."""
     task, metric = BENCHMARKS[request.benchmark]
+    stored_models = sorted(trials.loc[trials["task"] == task, "model"].unique().tolist())
+    if request.evidence_model is not None and stored_models and request.evidence_model not in stored_models:
+        raise KvlabError(
+            f"The store holds no {task} runs of {request.evidence_model!r}; it holds runs of "
+            f"{', '.join(stored_models)}."
+        )
     chosen = choose_evidence(trials, request.benchmark, request.context, request.evidence_model)
     empty = pd.DataFrame(columns=COLUMNS)
     if chosen is None:

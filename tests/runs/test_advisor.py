@@ -158,11 +158,13 @@ def test_no_configuration_meeting_the_floor_is_said(trials):
     assert tight.ranked.empty and "No stored configuration" in tight.missing[-1]
 
 
-def test_bad_requests_are_one_sentence():
+def test_bad_requests_are_one_sentence(trials):
     with pytest.raises(KvlabError, match="floor"):
         request(floor=1.5)
     with pytest.raises(KvlabError, match="Unknown GPU preset"):
         request(gpu="H999")
+    with pytest.raises(KvlabError, match="no needle runs of 'other'; it holds runs of m"):
+        advise(request(evidence_model="other"), trials)
     assert preset_name(GPU_PRESETS, "H100", "GPU") == "H100 SXM 80GB"
     assert preset_name(GPU_PRESETS, "h200", "GPU") == "H200 141GB"
     with pytest.raises(KvlabError, match="Unknown GPU preset 'B300'"):
