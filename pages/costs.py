@@ -15,6 +15,8 @@ from kvlab.costs import (
     formatted_costs,
 )
 from kvlab.costs.measured import (
+    COMPUTED,
+    MEASURED,
     MEASURED_METHOD,
     MEASURED_SHAPE,
     SHOWN,
@@ -26,9 +28,7 @@ from kvlab.costs.measured import (
 from kvlab.costs.report import estimates_table
 from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.cost_view import (
-    COMPUTED,
     COST_BARS_GUIDE,
-    MEASURED,
     cost_bars,
     cost_metrics,
     fit_notices,

@@ -28,6 +28,10 @@ from kvlab.paths import bench_results
 
 #: The newest side-by-side decode measurement, relative to the benchmark results folder.
 MEASURED_DECODE = "heap_gpu/stacked_decode_h200.json"
+#: How a time is labelled where the formulas made it (no GPU benchmark measured that scenario).
+COMPUTED = "computed"
+#: How a time is labelled where a GPU benchmark measured it (the device is named beside it).
+MEASURED = "measured"
 #: The cost preset whose shape the benchmark decodes.
 MEASURED_MODEL = "Llama-3-8B"
 #: The attention backend users get on CUDA (what ``--attention auto`` picks), whose figures stand for a configuration.

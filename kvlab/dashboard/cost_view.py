@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 from kvlab.costs import DOES_NOT_FIT, CostEstimate, Scenario
 from kvlab.costs.formulas import KEY_BYTES
 from kvlab.costs.measured import (
+    COMPUTED,
     MEASURED_SHAPE,
     MeasuredDecode,
     MeasuredTimes,
@@ -69,12 +70,6 @@ def _panels(full: CostEstimate, evicted: CostEstimate) -> tuple[_Panel, ...]:
     )
 
 
-#: How a time is labelled where the formulas made it.
-COMPUTED = "computed"
-#: How a time is labelled where a GPU measured it (the device is named beside the chart).
-MEASURED = "measured"
-
-
 COST_BARS_GUIDE = ChartGuide(
     axes=(
         "Four panels, each comparing the full cache (grey) with the evicted one (blue, at the kept fraction) on the "
@@ -99,8 +94,8 @@ COST_BARS_GUIDE = ChartGuide(
 def cost_bars(full: CostEstimate, evicted: CostEstimate, sources: tuple[str, str] = (COMPUTED, COMPUTED)) -> go.Figure:
     """Full cache against the evicted one on four outputs that decide a deployment; a time or price that a
     configuration does not have (it does not fit) is drawn as no bar, marked "does not fit". Under the bars of the
-    throughput and the price, each configuration's ``sources`` (:data:`COMPUTED` or :data:`MEASURED`) say where its
-    decode time came from; sizes and counts are always computed."""
+    throughput and the price, each configuration's ``sources`` (``computed`` or ``measured``, from
+    :mod:`kvlab.costs.measured`) say where its decode time came from; sizes and counts are always computed."""
     panels = _panels(full, evicted)
     figure = make_subplots(rows=1, cols=len(panels), subplot_titles=[panel.title for panel in panels])
     for column, panel in enumerate(panels, start=1):
@@ -185,7 +180,7 @@ def _timed_metric(label: str, full: float | None, evicted: float | None, shown: 
 def cost_metrics(full: CostEstimate, evicted: CostEstimate, source: str = COMPUTED) -> list[Metric]:
     """The five headline numbers of the evicted cache, each against the full cache; sizes in binary units, and
     "does not fit" for a time or price of a configuration that does not fit. The time and the price say their
-    ``source`` (:data:`COMPUTED` or :data:`MEASURED`)."""
+    ``source`` (``computed`` or ``measured``)."""
     return [
         Metric("KV per token", format_bytes(evicted.kv_bytes_per_token)),
         Metric(

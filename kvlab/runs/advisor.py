@@ -29,10 +29,10 @@ import pandas as pd
 
 from kvlab.claims.options import params_of, precision_tier
 from kvlab.costs import GPU_PRESETS, MODEL_PRESETS, Scenario, estimate
-from kvlab.costs.measured import BENCHMARK_LABELS, MeasuredDecode, measured_times, with_measured_times
+from kvlab.costs.measured import BENCHMARK_LABELS, COMPUTED, MeasuredDecode, measured_times, with_measured_times
 from kvlab.errors import KvlabError
 from kvlab.policies import POLICIES, is_full_cache
-from kvlab.runs.benchmarks import BENCHMARKS, Benchmark
+from kvlab.runs.benchmarks import BENCHMARKS, NEEDLE_DEPTHS, Benchmark
 from kvlab.runs.estimate import Speed, SweepWork, estimate_sentence, speed_from_trials
 from kvlab.runs.tables import (
     SHARE_COLUMNS,
@@ -43,13 +43,11 @@ from kvlab.runs.tables import (
     share_interval,
     trial_values,
 )
+from kvlab.tasks.ruler import RULER_TASKS
 from kvlab.units import format_bytes
 
-#: Needle depths and items per depth a suggested sweep asks for (RULER: items per task).
-SWEEP_DEPTHS = 5
+#: Items per needle depth (per RULER task) a suggested sweep asks for.
 SWEEP_TRIALS = {"needle": 20, "ruler": 10}
-#: RULER's tasks, which a suggested RULER sweep runs (its default).
-RULER_TASK_COUNT = 11
 #: The trial and run columns the advice reads (a stored frame has some sixty; copying the others slows it down).
 TRIAL_COLUMNS = [
     "run_id",
@@ -73,7 +71,6 @@ TRIAL_COLUMNS = [
 ]
 #: The columns that tell one stored configuration from another.
 CONFIG_KEYS = ["policy", "policy_params", "mode", "keep", "budget_tokens", "layout"]
-COMPUTED = "computed"
 
 
 @dataclass(frozen=True)
@@ -292,7 +289,8 @@ def sweep_command(request: AdviceRequest, evidence_model: str, policies: list[st
 def sweep_work(request: AdviceRequest, policies: list[str], keeps: list[float]) -> SweepWork:
     """The size of :func:`sweep_command`'s sweep in a fresh store: every policy at every kept fraction plus the
     full cache once, over the trial slots of one context; prefill-mode policies share each context's reading."""
-    per_cell = SWEEP_TRIALS[request.benchmark] * (SWEEP_DEPTHS if request.benchmark == "needle" else RULER_TASK_COUNT)
+    slots = len(NEEDLE_DEPTHS.split(",")) if request.benchmark == "needle" else len(RULER_TASKS)
+    per_cell = SWEEP_TRIALS[request.benchmark] * slots
     cells = len(policies) * len(keeps) + 1
     return SweepWork(trials=cells * per_cell, stored=0, read_tokens=request.context * per_cell)
 

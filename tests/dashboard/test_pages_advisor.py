@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_pages import open_page, shown, widget
 
-from kvlab.dashboard.cost_view import MEASURED
+from kvlab.costs.measured import MEASURED
 
 pytestmark = pytest.mark.model
 
