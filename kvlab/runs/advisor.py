@@ -22,6 +22,7 @@ command that would produce it and that sweep's estimated time.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 
@@ -31,6 +32,8 @@ from kvlab.claims.options import params_of, precision_tier
 from kvlab.costs import GPU_PRESETS, MODEL_PRESETS, Scenario, estimate
 from kvlab.costs.measured import BENCHMARK_LABELS, COMPUTED, MeasuredDecode, measured_times, with_measured_times
 from kvlab.errors import KvlabError
+from kvlab.models.arch import arch_from_config
+from kvlab.models.catalog import SHIPPED_MODELS_DIR
 from kvlab.policies import POLICIES, is_full_cache
 from kvlab.runs.benchmarks import BENCHMARKS, NEEDLE_DEPTHS, Benchmark
 from kvlab.runs.estimate import Speed, SweepWork, estimate_sentence, speed_from_trials
@@ -295,6 +298,15 @@ def sweep_work(request: AdviceRequest, policies: list[str], keeps: list[float]) 
     return SweepWork(trials=cells * per_cell, stored=0, read_tokens=request.context * per_cell)
 
 
+def shipped_positions(model: str) -> int | None:
+    """The positions a model kvlab ships was made for (its ``config.json``'s ``max_position_embeddings``); None for
+    any other model, whose reach the store does not record (a sweep checks it when it starts)."""
+    config = SHIPPED_MODELS_DIR / model / "config.json"
+    if not config.is_file():
+        return None
+    return arch_from_config(json.loads(config.read_text(encoding="utf-8")), derive=False).max_positions
+
+
 def missing_sentence(request: AdviceRequest, command: str, work: SweepWork, speed: Speed | None, device: str) -> str:
     """What the store lacks to judge the floor at the asked context, the sweep that would add it and its time."""
     task, _ = BENCHMARKS[request.benchmark]
@@ -347,9 +359,19 @@ def advise(request: AdviceRequest, trials: pd.DataFrame, measured: MeasuredDecod
         evicting = here[~_full_cache(here) & here["keep"].notna()]
         policies = sorted(evicting["policy"].unique().tolist()) or ["streaming"]
         keeps = sorted(float(keep) for keep in evicting["keep"].unique() if float(keep) < 1.0) or [0.1]
+        work = sweep_work(request, policies, keeps)
         speed = speed_from_trials(here, f"{task} trials of {model} on {device}")
-        command = sweep_command(request, model, policies, keeps)
-        missing.append(missing_sentence(request, command, sweep_work(request, policies, keeps), speed, device))
+        reach = shipped_positions(model)
+        if reach is not None and reach < request.context:  # the sweep would be refused on this model
+            command = sweep_command(request, f"<a model reaching {request.context:,} tokens>", policies, keeps)
+            missing.append(
+                f"{missing_sentence(request, command, work, speed, device)} {model} reaches only {reach:,} "
+                f"positions, so another model must run it, and a model that reaches that far is larger and slower "
+                f"than this estimate."
+            )
+        else:
+            command = sweep_command(request, model, policies, keeps)
+            missing.append(missing_sentence(request, command, work, speed, device))
     if ranked.empty:
         missing.append(
             f"No stored configuration of {model} at {context:,} tokens keeps {request.floor:.0%} of the full cache's "

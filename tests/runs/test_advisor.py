@@ -147,6 +147,11 @@ def test_missing_evidence_names_the_sweep_and_its_time(trials):
     assert "`kvlab sweep --model m --task needle --policies full,h2o,snapkv,streaming --keep 0.1,0.3,0.5 " in sentence
     assert "--contexts 32768 --trials 20`" in sentence
     assert "1,000 trials (0 stored)" in sentence and "on cuda:0" in sentence and "(an estimate)" in sentence
+    shipped = trials.assign(model="kvlab-tiny-llama")  # the shipped model: 4,608 positions, short of 32,768
+    (short,) = advise(request(context=32768), shipped).missing
+    assert "--model <a model reaching 32,768 tokens>" in short and "reaches only 4,608 positions" in short
+    assert "(an estimate)" in short and "larger and slower than this estimate" in short
+    assert "--model kvlab-tiny-llama" in advise(request(context=4500), shipped).missing[0]
     empty = advise(request(), trials.iloc[0:0])
     assert empty.evidence is None and empty.ranked.empty and "--model <model>" in empty.missing[0]
 
