@@ -25,6 +25,7 @@ page = st.navigation(
         st.Page("pages/needle_grid.py", title="Needle grid", icon=":material/grid_on:"),
         st.Page("pages/frontier.py", title="Frontier", icon=":material/show_chart:"),
         st.Page("pages/costs.py", title="Cost calculator", icon=":material/payments:"),
+        st.Page("pages/advisor.py", title="Advisor", icon=":material/recommend:"),
         st.Page("pages/claims.py", title="Claims", icon=":material/fact_check:"),
         st.Page("pages/side_channel.py", title="Side channels", icon=":material/visibility_off:"),
         st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:"),

@@ -12,10 +12,20 @@ from kvlab.costs import (
     MOST_GPUS,
     Scenario,
     compare,
-    cost_table,
     formatted_costs,
 )
-from kvlab.costs.measured import MEASURED_METHOD, MEASURED_SHAPE, load_measured_decode, measured_summary, measured_table
+from kvlab.costs.measured import (
+    COMPUTED,
+    MEASURED,
+    MEASURED_METHOD,
+    MEASURED_SHAPE,
+    SHOWN,
+    load_measured_decode,
+    measured_against_formula,
+    measured_summary,
+    measured_table,
+)
+from kvlab.costs.report import estimates_table
 from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.cost_view import (
     COST_BARS_GUIDE,
@@ -26,6 +36,8 @@ from kvlab.dashboard.cost_view import (
     scope_note,
     split_summary,
     stored_keep_fractions,
+    timing_sentence,
+    with_measured,
 )
 from kvlab.dashboard.inputs import (
     KV_PRECISIONS,
@@ -47,7 +59,9 @@ st.caption(
     "The estimates on this page are computed from the model's architecture and the GPU's datasheet figures with "
     "the formulas listed below (kvlab.costs). Memory and decode time are taken at the full context N + M, an "
     "upper bound. Several GPUs split the layers as a pipeline. GPU prices are editable examples, not quotes. "
-    "Decode times measured on a GPU, with the device named, are at the bottom of the page."
+    "Where a GPU benchmark measured exactly the chosen model, GPU, prompt length and kept share, its decode and "
+    "prefill times replace the formulas', labelled measured with the device named; every measured figure is at the "
+    "bottom of the page beside the formulas' figure for it."
 )
 
 model_column, scenario_column, gpu_column = st.columns(3)
@@ -159,12 +173,27 @@ try:
     )
     gpu = gpu_spec(gpu_name, memory, bandwidth, tflops, price)
     full, evicted = compare(spec, gpu, scenario)
-    table = cost_table(spec, gpu, scenario)
 except KvlabError as error:
     st.error(plain(str(error)))
     st.stop()
+try:
+    measured = load_measured_decode()
+except KvlabError as error:
+    st.error(plain(str(error)))
+    measured = None
+configuration = None
+if measured is not None and measured.measures(spec.name, gpu_name):
+    evicting = {name: key for key, name in SHOWN.items() if key != "full"}
+    configuration = evicting[st.selectbox(f"Eviction measured on {measured.device}", list(evicting))]
+full, full_times = with_measured(full, measured, spec.name, gpu_name, scenario, "full", gpu.price_per_hour)
+evicted, evicted_times = with_measured(
+    evicted, measured, spec.name, gpu_name, scenario, configuration, gpu.price_per_hour
+)
+sources = (MEASURED if full_times else COMPUTED, MEASURED if evicted_times else COMPUTED)
+st.caption(plain(timing_sentence(full_times, evicted_times, measured)))
+table = estimates_table(full, evicted, scenario)
 
-for column, metric in zip(st.columns(5), cost_metrics(full, evicted)):
+for column, metric in zip(st.columns(5), cost_metrics(full, evicted, sources[1])):
     column.metric(
         metric.label, metric.value, delta=metric.delta, delta_color=metric.delta_color, delta_arrow=metric.delta_arrow
     )
@@ -172,7 +201,7 @@ for notice in fit_notices(full, evicted, scenario, gpu_name):
     NOTICE_CALLS[notice.level](plain(notice.text))
 chart = st.container()
 how_to_read(chart, COST_BARS_GUIDE, key="cost-bars-guide")
-show_chart(chart, cost_bars(full, evicted), key="cost-bars", filename="cost-full-vs-evicted")
+show_chart(chart, cost_bars(full, evicted, sources), key="cost-bars", filename="cost-full-vs-evicted")
 st.table(plain_frame(formatted_costs(table).set_index("Quantity")))
 if scenario.gpu_count > 1:
     st.subheader(f"Across {scenario.gpu_count} GPUs")
@@ -180,11 +209,6 @@ if scenario.gpu_count > 1:
     st.dataframe(gpu_split_table(full, evicted), hide_index=True)
 st.info(plain(scope_note(spec.arch, evicted, scenario)))
 st.subheader("Decode measured on a GPU")
-try:
-    measured = load_measured_decode()
-except KvlabError as error:
-    st.error(plain(str(error)))
-    measured = None
 if measured is None:
     st.info(
         "No measured decode figures here: they come from the benchmark results of a kvlab checkout "
@@ -199,6 +223,16 @@ else:
         )
     )
     st.dataframe(measured_table(measured), hide_index=True)
+    st.markdown(f"**Measured against the formulas** ({plain(measured.device)}, {MEASURED_SHAPE})")
+    st.caption(
+        plain(
+            f"Each measured configuration beside what the formulas compute for it on the {measured.device}'s "
+            "datasheet at the same prompt length and kept share: the formulas assume decode is bound by reading the "
+            "weights and the cache at datasheet bandwidth, and prefill by compute at the utilisation set above "
+            "(0.5 in this table)."
+        )
+    )
+    st.dataframe(measured_against_formula(measured), hide_index=True)
 with st.expander("Formulas (N prompt tokens, M generated tokens)", expanded=True):
     st.table(pd.DataFrame(FORMULAS.items(), columns=["Quantity", "Formula"]).set_index("Quantity"))
     st.caption(

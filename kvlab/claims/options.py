@@ -42,3 +42,14 @@ def demotes_to_disk(stored: dict[str, Any]) -> bool:
     """Whether a configuration with these options (as a benchmark stores them) demotes evicted tokens to an offload
     file."""
     return CacheOptions.from_stored(stored).disk_tier_mib > 0.0
+
+
+def precision_tier(policy_params: object) -> str:
+    """A run's cache precision as readers name it: ``bf16``, or ``K int4 · V int2`` for a quantised tier, with the
+    share of kept tokens its ``hot`` tier holds at full precision when that is neither none nor all."""
+    options = cache_options(policy_params)
+    key, value, hot = options["key_bits"], options["value_bits"], options["hot"]
+    if key == 16 and value == 16 or hot >= 1.0:
+        return "bf16"
+    text = f"K int{key} · V int{value}".replace("int16", "bf16")
+    return f"{text} (hot {hot:.0%} bf16)" if hot > 0 else text

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Callable, NoReturn, Sequence
 
-from kvlab.cli import claims, costs, evaluation, generate, live, profile, quality, sidechannel, store
+from kvlab.cli import advise, claims, costs, evaluation, generate, live, profile, quality, sidechannel, store
 from kvlab.cli.terminal import one_line, safe_output
 from kvlab.errors import INTERRUPTED, INTERRUPTED_STATUS, KvlabError
 from kvlab.guard import log_to_file
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.register(commands)
     claims.register(commands)
     costs.register(commands)
+    advise.register(commands)
     live.register(commands)
     return parser
 

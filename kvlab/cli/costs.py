@@ -16,7 +16,7 @@ import pandas as pd
 
 from kvlab.costs import GPU_PRESETS, MODEL_PRESETS, MOST_GPUS, Scenario, cost_table, formatted_costs
 from kvlab.costs.measured import MEASURED_METHOD, MEASURED_SHAPE, load_measured_decode, measured_summary, measured_table
-from kvlab.errors import KvlabError
+from kvlab.costs.presets import preset_name
 
 FORMATS = ("table", "json")
 
@@ -41,16 +41,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     costs.set_defaults(func=costs_command)
 
 
-def _preset(presets: dict, name: str, kind: str):
-    if name not in presets:
-        raise KvlabError(f"Unknown {kind} preset {name!r}; use one of {', '.join(presets)}.")
-    return presets[name]
-
-
 def costs_command(args: argparse.Namespace) -> int:
     """``kvlab costs``: the estimate, then the measured decode times."""
-    model = _preset(MODEL_PRESETS, args.model, "model")
-    gpu = _preset(GPU_PRESETS, args.gpu, "GPU")
+    model = MODEL_PRESETS[preset_name(MODEL_PRESETS, args.model, "model")]
+    gpu = GPU_PRESETS[preset_name(GPU_PRESETS, args.gpu, "GPU")]
     scenario = Scenario(
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,

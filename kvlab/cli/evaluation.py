@@ -30,6 +30,7 @@ from kvlab.cli.options import (
 from kvlab.errors import INTERRUPTED_STATUS, KvlabError
 from kvlab.files import check_file
 from kvlab.modes import MODES, PREFILL, modes_help
+from kvlab.runs.benchmarks import NEEDLE_DEPTHS
 from kvlab.store import RunFilter, Store, default_db_path, has_database, open_store
 from kvlab.tasks.ruler_score import ruler_scores
 
@@ -43,7 +44,6 @@ GRID_KINDS: dict[str, GridKind] = {
     "needle-multivalue": "multi-value",
     "ruler": "ruler",
 }
-NEEDLE_DEPTHS = "0,0.25,0.5,0.75,1"
 NEEDLE_NEW_TOKENS = 24
 
 

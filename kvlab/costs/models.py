@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from kvlab.errors import KvlabError
@@ -35,9 +36,10 @@ class ModelSpec:
         if self.params <= 0 or (self.active_params is not None and not 0 < self.active_params <= self.params):
             raise KvlabError("The parameter count must be positive, and the active count at most the total.")
 
-    @property
+    @cached_property
     def arch(self) -> ArchFacts:
-        """The architecture facts the cost formulas need."""
+        """The architecture facts the cost formulas need, read once per spec (reading a config through transformers
+        takes milliseconds, and a page prices a spec many times)."""
         return arch_from_config(self.config)
 
     @property

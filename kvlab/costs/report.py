@@ -298,7 +298,12 @@ def cost_table(model: ModelSpec, gpu: GpuSpec, scenario: Scenario) -> pd.DataFra
     """The outputs of :func:`compare` as rows ``Quantity | Unit | Full cache | Evicted (keep …)``; byte rows hold
     bytes, and a column whose configuration does not fit says so instead of a time or price. With several GPUs the
     fullest GPU's layers, weights and cache and the slowest GPU's part of a step are added."""
-    full, evicted = compare(model, gpu, scenario)
+    return estimates_table(*compare(model, gpu, scenario), scenario)
+
+
+def estimates_table(full: CostEstimate, evicted: CostEstimate, scenario: Scenario) -> pd.DataFrame:
+    """:func:`cost_table` of two estimates already made (times measured on a GPU put in place of the formulas',
+    :func:`kvlab.costs.measured.with_measured_times`, among them)."""
     evicted_label = f"Evicted (keep {scenario.keep_fraction:.0%})"
     return pd.DataFrame(
         [

@@ -8,7 +8,7 @@ configuration that does not fit has no time or price there, and everything here 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
 import pandas as pd
@@ -17,6 +17,14 @@ from plotly.subplots import make_subplots
 
 from kvlab.costs import DOES_NOT_FIT, CostEstimate, Scenario
 from kvlab.costs.formulas import KEY_BYTES
+from kvlab.costs.measured import (
+    COMPUTED,
+    MEASURED_SHAPE,
+    MeasuredDecode,
+    MeasuredTimes,
+    measured_times,
+    with_measured_times,
+)
 from kvlab.dashboard.guides import ChartGuide
 from kvlab.models.arch import ArchFacts
 from kvlab.runs.tables import present, run_label, short_model_name
@@ -48,14 +56,17 @@ class _Panel(NamedTuple):
     full: float | None
     evicted: float | None
     label: Callable[[float], str]
+    timed: bool = False
 
 
 def _panels(full: CostEstimate, evicted: CostEstimate) -> tuple[_Panel, ...]:
     return (
         _Panel("KV per sequence", full.kv_bytes_per_sequence, evicted.kv_bytes_per_sequence, format_bytes),
         _Panel("sequences that fit", full.max_sequences, evicted.max_sequences, _count),
-        _Panel("tokens/s (batch)", full.tokens_per_second, evicted.tokens_per_second, _short),
-        _Panel("$ per million tokens", full.cost_per_million_tokens, evicted.cost_per_million_tokens, _dollars),
+        _Panel("tokens/s (batch)", full.tokens_per_second, evicted.tokens_per_second, _short, timed=True),
+        _Panel(
+            "$ per million tokens", full.cost_per_million_tokens, evicted.cost_per_million_tokens, _dollars, timed=True
+        ),
     )
 
 
@@ -64,7 +75,8 @@ COST_BARS_GUIDE = ChartGuide(
         "Four panels, each comparing the full cache (grey) with the evicted one (blue, at the kept fraction) on the "
         "same workload and GPUs: the cache of one sequence at N + M tokens, how many such sequences fit beside the "
         "weights, the batch's decode throughput and the price of a million generated tokens. All four are computed "
-        "from the formulas below, not measured."
+        "from the formulas below, except a throughput and price marked 'measured' under its bar: those follow from "
+        "a decode time a GPU benchmark measured for exactly this model, GPU, prompt length and kept share."
     ),
     good=(
         "The blue bar is lower on the cache and the price and higher on sequences and tokens/s: the memory that "
@@ -79,13 +91,17 @@ COST_BARS_GUIDE = ChartGuide(
 )
 
 
-def cost_bars(full: CostEstimate, evicted: CostEstimate) -> go.Figure:
+def cost_bars(full: CostEstimate, evicted: CostEstimate, sources: tuple[str, str] = (COMPUTED, COMPUTED)) -> go.Figure:
     """Full cache against the evicted one on four outputs that decide a deployment; a time or price that a
-    configuration does not have (it does not fit) is drawn as no bar, marked "does not fit"."""
+    configuration does not have (it does not fit) is drawn as no bar, marked "does not fit". Under the bars of the
+    throughput and the price, each configuration's ``sources`` (``computed`` or ``measured``, from
+    :mod:`kvlab.costs.measured`) say where its decode time came from; sizes and counts are always computed."""
     panels = _panels(full, evicted)
-    names = ["full", f"keep {evicted.keep_fraction:.0%}"]
     figure = make_subplots(rows=1, cols=len(panels), subplot_titles=[panel.title for panel in panels])
     for column, panel in enumerate(panels, start=1):
+        names = ["full", f"keep {evicted.keep_fraction:.0%}"]
+        if panel.timed:
+            names = [f"{name}<br>{source}" for name, source in zip(names, sources)]
         values = [panel.full, panel.evicted]
         labels = [DOES_NOT_FIT if value is None else panel.label(value) for value in values]
         figure.add_trace(
@@ -161,9 +177,10 @@ def _timed_metric(label: str, full: float | None, evicted: float | None, shown: 
     return Metric(label, shown(evicted), _change(evicted, full, shown), "inverse")
 
 
-def cost_metrics(full: CostEstimate, evicted: CostEstimate) -> list[Metric]:
+def cost_metrics(full: CostEstimate, evicted: CostEstimate, source: str = COMPUTED) -> list[Metric]:
     """The five headline numbers of the evicted cache, each against the full cache; sizes in binary units, and
-    "does not fit" for a time or price of a configuration that does not fit."""
+    "does not fit" for a time or price of a configuration that does not fit. The time and the price say their
+    ``source`` (``computed`` or ``measured``)."""
     return [
         Metric("KV per token", format_bytes(evicted.kv_bytes_per_token)),
         Metric(
@@ -177,8 +194,8 @@ def cost_metrics(full: CostEstimate, evicted: CostEstimate) -> list[Metric]:
             _count(evicted.max_sequences),
             _change(evicted.max_sequences, full.max_sequences, _count),
         ),
-        _timed_metric("Decode time per token", full.decode_step_seconds, evicted.decode_step_seconds, _milliseconds),
-        _timed_metric("Cost per query", full.cost_per_query, evicted.cost_per_query, _price),
+        _timed_metric(f"Decode, {source}", full.decode_step_seconds, evicted.decode_step_seconds, _milliseconds),
+        _timed_metric(f"Cost per query, {source}", full.cost_per_query, evicted.cost_per_query, _price),
     ]
 
 
@@ -431,3 +448,44 @@ def stored_keep_fractions(runs: pd.DataFrame) -> dict[str, float]:
         label = f"run {run.run_id}: {run_label(run.policy, run.mode, run.keep, run.budget_tokens, run.policy_params)}"
         options[f"{label}, {short_model_name(run.model)}, {run.task} ({fraction:.1%})"] = fraction
     return options
+
+
+def with_measured(
+    priced: CostEstimate,
+    measured: MeasuredDecode | None,
+    model_name: str,
+    gpu_name: str,
+    scenario: Scenario,
+    configuration: str | None,
+    price_per_hour: float,
+) -> tuple[CostEstimate, MeasuredTimes | None]:
+    """``priced`` with the times a GPU benchmark measured for ``configuration`` (a key of
+    :data:`kvlab.costs.measured.SHOWN`; None: none chosen) in place of the formulas', and those times; ``priced``
+    itself and None when the benchmark did not measure this scenario (:func:`kvlab.costs.measured.measured_times`).
+    The full cache is matched at kept share 1."""
+    if configuration is None:
+        return priced, None
+    as_measured = replace(scenario, keep_fraction=1.0) if configuration == "full" else scenario
+    times = measured_times(measured, model_name, gpu_name, as_measured, configuration)
+    if times is None:
+        return priced, None
+    return with_measured_times(priced, times, scenario, price_per_hour), times
+
+
+def timing_sentence(full: MeasuredTimes | None, evicted: MeasuredTimes | None, measured: MeasuredDecode | None) -> str:
+    """Where the decode and prefill times above come from: measured (the device, configuration, prompt length and
+    batch named) or computed, for each column; when neither was measured, what the benchmark did measure."""
+    if full is None and evicted is None:
+        if measured is None:
+            return "Decode and prefill times: computed from the formulas (no GPU benchmark results here)."
+        contexts = ", ".join(f"{context:,}" for context in measured.contexts())
+        return (
+            f"Decode and prefill times: computed from the formulas. No GPU benchmark measured this model, GPU and "
+            f"workload; the benchmark measured {MEASURED_SHAPE} on {measured.device} (one GPU, bf16) at prompts of "
+            f"{contexts} tokens, keep {measured.keep_fraction:.0%} for the evicting configurations."
+        )
+    parts = [
+        f"{name}: {times.label}" if times is not None else f"{name}: computed from the formulas"
+        for name, times in (("full cache", full), ("evicted", evicted))
+    ]
+    return f"Decode and prefill times ({'; '.join(parts)}). Sizes, counts and memory are computed."

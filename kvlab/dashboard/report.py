@@ -27,6 +27,7 @@ from kvlab.dashboard.store_figures import (
     run_memory_figure,
     run_quality_figure,
 )
+from kvlab.runs.advisor import Advice, advice_title, evidence_sentence, shown_advice
 from kvlab.runs.tables import (
     FRONTIER_AXES,
     METRICS,
@@ -260,3 +261,16 @@ def _selection_parts(selection: Selection, axis: str, metric: str) -> tuple[Repo
         ReportFigure(selection.title, figure, FRONTIER_GUIDE, f"kvlab-frontier-{selection.name}"),
         ReportTable(f"Points of selection {selection.name}", frontier_table(selection.points, axis, metric)),
     )
+
+
+def advice_report(advice: Advice, runs: pd.DataFrame) -> Report:
+    """The advisor's answer as a report: what was asked, where the accuracy comes from and what was transferred,
+    the ranked configurations, the closest below the floor and what the store lacks (with the sweep that adds it);
+    ``runs`` are the runs it rests on (:func:`kvlab.runs.advisor.evidence_runs`)."""
+    parts = [
+        ReportTable("Configurations that meet the floor, cheapest first", shown_advice(advice.ranked)),
+        ReportTable("Below the floor, closest first", shown_advice(advice.below)),
+    ]
+    if advice.missing:
+        parts.append(ReportTable("Missing evidence", pd.DataFrame({"what the store lacks": list(advice.missing)})))
+    return Report(advice_title(advice.request), evidence_sentence(advice), runs, tuple(parts))

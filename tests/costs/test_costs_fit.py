@@ -144,7 +144,7 @@ def test_sizes_are_written_in_binary_units() -> None:
     metrics = {metric.label: metric for metric in cost_view.cost_metrics(*compare(LLAMA3_70B, H100, SHORT))}
     assert metrics["KV per token"].value == "320 KiB"
     assert metrics["KV per sequence"].delta == "-960 MiB vs full"
-    for label in ("Cost per query", "Decode time per token"):
+    for label in ("Cost per query, computed", "Decode, computed"):
         assert metrics[label].value == cost_view.NO_VALUE and metrics[label].delta == DOES_NOT_FIT
 
 
@@ -154,9 +154,11 @@ def test_metrics_of_a_configuration_that_fits() -> None:
     )
     metrics = {metric.label: metric for metric in cost_view.cost_metrics(full, evicted)}
     assert metrics["Sequences that fit"].value == "228" and metrics["Sequences that fit"].delta == "+171 vs full"
-    assert metrics["Cost per query"].value.startswith("$0.000")
-    assert metrics["Cost per query"].delta is not None and metrics["Cost per query"].delta.startswith("-$")
-    assert metrics["Decode time per token"].delta is not None and metrics["Decode time per token"].delta.startswith("-")
+    assert metrics["Cost per query, computed"].value.startswith("$0.000")
+    assert metrics["Cost per query, computed"].delta is not None and metrics[
+        "Cost per query, computed"
+    ].delta.startswith("-$")
+    assert metrics["Decode, computed"].delta is not None and metrics["Decode, computed"].delta.startswith("-")
 
 
 def test_the_bars_draw_no_price_for_what_does_not_fit() -> None:
@@ -181,7 +183,7 @@ def test_only_eviction_fits_is_said_and_drawn() -> None:
     assert "eviction is what lets the model run" in notices[0].text
     figure = cost_view.cost_bars(full, evicted)
     assert figure.data[3].y[0] is None and figure.data[3].y[1] > 0
-    price = {metric.label: metric for metric in cost_view.cost_metrics(full, evicted)}["Cost per query"]
+    price = {metric.label: metric for metric in cost_view.cost_metrics(full, evicted)}["Cost per query, computed"]
     assert price.value.startswith("$") and price.delta == f"full cache: {DOES_NOT_FIT}"
 
 
@@ -344,7 +346,7 @@ def test_the_page_says_70b_does_not_fit_one_gpu_and_fits_the_count_it_names(db) 
     widget(app.selectbox, "Preset").set_value("Llama-3-70B")  # the first "Preset" is the model's
     app.run()
     assert not app.exception, app.exception
-    for label in ("Cost per query", "Decode time per token"):
+    for label in ("Cost per query, computed", "Decode, computed"):
         assert widget(app.metric, label).value == cost_view.NO_VALUE
         assert widget(app.metric, label).delta == DOES_NOT_FIT
     error = shown(app.error[0].value)
@@ -361,7 +363,7 @@ def test_the_page_says_70b_does_not_fit_one_gpu_and_fits_the_count_it_names(db) 
     widget(app.number_input, "GPUs (layers split over them)").set_value(2)
     app.run()
     assert not app.error
-    assert widget(app.metric, "Cost per query").value.startswith("$")
+    assert widget(app.metric, "Cost per query, computed").value.startswith("$")
     assert widget(app.metric, "Sequences that fit").value != "0"
     assert any(header.value == "Across 2 GPUs" for header in app.subheader)
     per_gpu = app.dataframe[0].value

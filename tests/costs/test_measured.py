@@ -4,11 +4,25 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from kvlab.cli import main
-from kvlab.costs.measured import MEASURED_DECODE, load_measured_decode, measured_summary, measured_table
+from kvlab.costs import GPU_PRESETS, MODEL_PRESETS, Scenario, estimate
+from kvlab.costs.measured import (
+    MEASURED_DECODE,
+    MeasuredDecode,
+    MeasuredRow,
+    gpu_preset_of,
+    load_measured_decode,
+    measured_against_formula,
+    measured_summary,
+    measured_table,
+    measured_times,
+    with_measured_times,
+)
+from kvlab.dashboard.cost_view import timing_sentence, with_measured
 from kvlab.errors import KvlabError
 from kvlab.paths import bench_results
 
@@ -80,3 +94,62 @@ def test_kvlab_costs_prints_the_estimate_then_the_measured_figures(capsys):
 def test_bad_costs_arguments_are_one_sentence(arguments, sentence, capsys):
     assert main(["costs", *arguments]) == 2
     assert sentence in capsys.readouterr().err
+
+
+#: A benchmark of the Llama-3-8B shape on an H200 at 8,192 tokens, keeping 10 %.
+H200_RUN = MeasuredDecode(
+    "NVIDIA H200",
+    "bench/results/test.json",
+    0.1,
+    (MeasuredRow(8192, "full", "flex", 6.0, 4.0, 0.25), MeasuredRow(8192, "streaming streaming", "flex", 5.0, 3.0)),
+)
+MEASURED_SCENARIO = Scenario(prompt_tokens=8192, output_tokens=100, keep_fraction=0.1)
+
+
+def test_measured_times_replace_the_formulas_only_for_what_was_measured():
+    full = measured_times(H200_RUN, "Llama-3-8B", "H200 141GB", replace(MEASURED_SCENARIO, keep_fraction=1.0), "full")
+    assert full is not None and full.decode_s == pytest.approx(0.006) and full.prefill_s == 0.25
+    assert full.label == "measured on NVIDIA H200 (full cache, 8,192 tokens, batch 1)"
+    assert measured_times(H200_RUN, "Llama-3-8B", "H200 141GB", MEASURED_SCENARIO, "streaming streaming") is not None
+    unmeasured = [
+        ("Mistral-7B", "H200 141GB", MEASURED_SCENARIO, "full"),  # another shape
+        ("Llama-3-8B", "H100 SXM 80GB", MEASURED_SCENARIO, "full"),  # another GPU
+        ("Llama-3-8B", "H200 141GB", replace(MEASURED_SCENARIO, batch=4), "full"),
+        ("Llama-3-8B", "H200 141GB", replace(MEASURED_SCENARIO, prompt_tokens=8000), "full"),
+        ("Llama-3-8B", "H200 141GB", replace(MEASURED_SCENARIO, kv_precision="int8"), "full"),
+        ("Llama-3-8B", "H200 141GB", replace(MEASURED_SCENARIO, keep_fraction=0.25), "streaming streaming"),
+        ("Llama-3-8B", "H200 141GB", MEASURED_SCENARIO, "h2o streaming"),  # not in the file
+    ]
+    for model, gpu, scenario, configuration in unmeasured:
+        assert measured_times(H200_RUN, model, gpu, scenario, configuration) is None, (model, gpu, scenario)
+
+
+def test_measured_times_set_the_throughput_and_price():
+    model, gpu = MODEL_PRESETS["Llama-3-8B"], GPU_PRESETS["H200 141GB"]
+    priced = estimate(model, gpu, MEASURED_SCENARIO)
+    times = measured_times(H200_RUN, model.name, gpu.name, MEASURED_SCENARIO, "streaming streaming")
+    assert times is not None and times.prefill_s is None
+    timed = with_measured_times(priced, times, MEASURED_SCENARIO, gpu.price_per_hour)
+    assert timed.decode_step_seconds == pytest.approx(0.005) and timed.tokens_per_second == pytest.approx(200.0)
+    assert timed.prefill_seconds == priced.prefill_seconds  # not timed by the benchmark: the formula's
+    seconds = priced.prefill_seconds + 100 * 0.005
+    assert timed.cost_per_query == pytest.approx(seconds * gpu.price_per_hour / 3600)
+    assert timed.kv_bytes_per_sequence == priced.kv_bytes_per_sequence  # sizes stay computed
+    full, evicted = with_measured(priced, H200_RUN, model.name, gpu.name, MEASURED_SCENARIO, None, 1.0)
+    assert full is priced and evicted is None
+    assert "computed from the formulas" in timing_sentence(None, None, H200_RUN)
+    assert "8,192 tokens, keep 10%" in timing_sentence(None, None, H200_RUN)
+    both = timing_sentence(times, None, H200_RUN)
+    assert "full cache: measured on NVIDIA H200 (StreamingLLM" in both and "evicted: computed" in both
+
+
+def test_the_committed_measurement_beside_the_formulas():
+    measured = load_measured_decode(bench_results())
+    assert measured is not None
+    table = measured_against_formula(measured)
+    assert len(table) == len(measured.rows) and gpu_preset_of(measured.device) == "H200 141GB"
+    full = table[(table["Configuration"] == "full cache") & (table["Context"] == 32768)].iloc[0]
+    assert full["decode ms measured"] == measured.decode_ms(32768, "full", "flex")
+    assert full["measured / formula"] == pytest.approx(full["decode ms measured"] / full["decode ms formula"], abs=0.01)
+    assert full["decode ms formula"] > 0 and full["prefill s formula"] > 0
+    assert measured_against_formula(replace(measured, device="Unknown accelerator")).empty

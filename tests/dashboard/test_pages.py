@@ -29,6 +29,7 @@ PAGES = {
     "pages/needle_grid.py": "Needle grid",
     "pages/frontier.py": "Frontier",
     "pages/costs.py": "Cost calculator",
+    "pages/advisor.py": "Advisor",
     "pages/runs.py": "Runs",
     "pages/side_channel.py": "Side channels",
 }
