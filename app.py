@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.dashboard.chart_view import image_format_sidebar
+from kvlab.dashboard.navigation import PAGES
 from kvlab.dashboard.session import (
     access_sidebar,
     guarded,
@@ -20,15 +21,8 @@ own_name = right_host()
 admitted = own_name and logged_in()
 page = st.navigation(
     [
-        st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
-        st.Page("pages/live.py", title="Live run", icon=":material/play_circle:"),
-        st.Page("pages/needle_grid.py", title="Needle grid", icon=":material/grid_on:"),
-        st.Page("pages/frontier.py", title="Frontier", icon=":material/show_chart:"),
-        st.Page("pages/costs.py", title="Cost calculator", icon=":material/payments:"),
-        st.Page("pages/advisor.py", title="Advisor", icon=":material/recommend:"),
-        st.Page("pages/claims.py", title="Claims", icon=":material/fact_check:"),
-        st.Page("pages/side_channel.py", title="Side channels", icon=":material/visibility_off:"),
-        st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:"),
+        st.Page(entry.script, title=entry.title, icon=entry.icon, default=index == 0)
+        for index, entry in enumerate(PAGES)
     ],
     position="sidebar" if admitted else "hidden",
 )

@@ -9,6 +9,7 @@ import streamlit as st
 from kvlab.claims import CLAIM_CONTEXT, EVIDENCE_DB
 from kvlab.dashboard import live_figures as figures
 from kvlab.dashboard.chart_view import how_to_read, show_chart
+from kvlab.dashboard.navigation import overview_opening
 from kvlab.dashboard.session import open_page_store, page_setup, shipped_needle_evidence, stored_replay
 from kvlab.dashboard.store_figures import FRONTIER_GUIDE, frontier_figure
 from kvlab.dashboard.text import plain
@@ -18,15 +19,7 @@ from kvlab.runs.tables import FRONTIER_AXES, METRICS, short_model_name
 
 page_setup()
 st.title("Overview")
-st.markdown(
-    "kvlab runs a causal language model with a **budgeted KV cache** and an eviction policy (H2O, SnapKV, "
-    "PyramidKV, StreamingLLM, TOVA, Knorm, random, or the full cache) and shows what survives, what it costs and "
-    "whether the model still answers. **Live run** runs a model on a needle prompt or your text and draws every "
-    "pass (or replays a stored run, two side by side); **Needle grid** measures the needle heatmap for several "
-    "policies; **Frontier** puts accuracy against memory for every stored run; **Cost calculator** prices a "
-    "deployment from a model's architecture; **Claims** checks the articles' numbers; **Runs** lists, compares and "
-    "exports every stored run. Each chart has a *How to read this* button; the camera in its tool bar saves it."
-)
+st.markdown(overview_opening())
 if not EVIDENCE_DB.is_file() or not EXAMPLES_DB.is_file():
     st.info("This installation has no shipped example runs (kvlab/data/runs/); open Live run to make some.")
     st.stop()

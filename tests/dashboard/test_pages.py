@@ -13,7 +13,7 @@ from streamlit import config
 from streamlit.testing.v1 import AppTest
 from test_ui_tables import add_run
 
-from kvlab.dashboard import session
+from kvlab.dashboard import navigation, session
 from kvlab.dashboard.sweep_jobs import SWEEP_JOBS
 from kvlab.engine.generation import Generation
 from kvlab.models.loading import default_model
@@ -23,16 +23,8 @@ from kvlab.store import open_store
 pytestmark = pytest.mark.model
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = {
-    "pages/overview.py": "Overview",
-    "pages/live.py": "Live run",
-    "pages/needle_grid.py": "Needle grid",
-    "pages/frontier.py": "Frontier",
-    "pages/costs.py": "Cost calculator",
-    "pages/advisor.py": "Advisor",
-    "pages/runs.py": "Runs",
-    "pages/side_channel.py": "Side channels",
-}
+#: Every page but Claims, whose evaluation has its own tests (test_pages_claims.py).
+PAGES = {entry.script: entry.title for entry in navigation.PAGES if entry.script != "pages/claims.py"}
 
 
 @pytest.fixture
