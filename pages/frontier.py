@@ -14,7 +14,7 @@ from kvlab.claims.needle import article_rows_left_out
 from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.downloads import MIME_TYPES, report_file
 from kvlab.dashboard.report import PAIRED_TITLE, Selection, frontier_report, paired_note
-from kvlab.dashboard.session import page_setup, page_store
+from kvlab.dashboard.session import browsed_store, page_setup
 from kvlab.dashboard.store_figures import FRONTIER_GUIDE, axis_frontier_figure
 from kvlab.dashboard.text import plain, plain_frame
 from kvlab.runs.tables import (
@@ -45,7 +45,7 @@ st.caption(
     'they held (marked "held"). Whiskers are 95 % intervals: Wilson\'s for right-or-wrong answers, a seeded '
     "bootstrap for RULER's recall."
 )
-store = page_store()
+store = browsed_store()
 runs = store.list_runs() if store is not None else None
 if runs is None or runs.empty or not runs["trials"].any():
     st.info(

@@ -20,6 +20,7 @@ from streamlit.delta_generator import DeltaGenerator
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
+from kvlab.claims import EVIDENCE_DB
 from kvlab.dashboard.access import (
     allowed_hosts,
     allowed_models,
@@ -336,6 +337,31 @@ def page_store(path: Path | None = None, *, write: bool = False, slot: DeltaGene
     except KvlabError as error:
         (slot or st).error(plain(without_paths(str(error), target)))
         return None
+
+
+def browsed_store() -> Store | None:
+    """The store a page that browses runs reads: a switch between
+    this dashboard's own store and the shipped evidence (:data:`~kvlab.claims.EVIDENCE_DB`, GPU needle sweeps on two
+    models, opened read-only), on the shipped runs at first when the own store holds none, so that the page shows
+    measured content cold, before any run. Where no evidence is shipped, the own store alone."""
+    own = page_store()
+    own_has_runs = own is not None and not own.list_runs().empty
+    if not EVIDENCE_DB.is_file():
+        return own
+    shipped = st.toggle(
+        "Shipped runs",
+        value=not own_has_runs,
+        help=f"On: the runs shipped with kvlab ({shown_store(EVIDENCE_DB)}), measured with bench/claims_evidence.sh. "
+        f"Off: this dashboard's own store ({shown_store(default_db_path())}).",
+    )
+    if not shipped:
+        return own
+    st.caption(
+        f"Showing **shipped runs** ({plain(shown_store(EVIDENCE_DB))}), not this dashboard's own store"
+        + ("" if own_has_runs else ", which holds no runs yet")
+        + ". Switch *Shipped runs* off to see your own."
+    )
+    return open_page_store(EVIDENCE_DB)
 
 
 def waiting_notice(notice: DeltaGenerator) -> Callable[[Waiting], None]:

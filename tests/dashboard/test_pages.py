@@ -84,10 +84,14 @@ def test_every_page_renders_on_an_empty_database(db):
         assert not app.exception, (page, app.exception)
         assert app.title[0].value == title
         assert "Running on **cpu**" in app.sidebar.caption[0].value  # drawn by app.py, whichever page ran first
-    app.switch_page("pages/frontier.py")
-    assert "no runs with trials yet" in app.run().info[0].value
-    app.switch_page("pages/runs.py")
-    assert "No runs are stored" in app.run().info[0].value
+    for page, empty in (("pages/frontier.py", "no runs with trials yet"), ("pages/runs.py", "No runs are stored")):
+        app.switch_page(page)
+        app.run()  # cold, the page shows the shipped runs, labelled so, with a switch to the empty own store
+        assert app.toggle[0].label == "Shipped runs" and app.toggle[0].value, page
+        assert any("**shipped runs**" in caption.value for caption in app.caption), page
+        assert app.get("plotly_chart") or app.dataframe, page
+        app.toggle[0].set_value(False)
+        assert empty in app.run().info[0].value
     app.switch_page("pages/needle_grid.py")
     assert "No stored needle trials" in app.run().info[0].value
 
