@@ -21,6 +21,7 @@ from kvlab.dashboard.inputs import (
     read_upload,
 )
 from kvlab.dashboard.live_view import draw_charts, param_widget, stacked_slots, wide_slots
+from kvlab.dashboard.playback import PLAY_STEP_S, play_button, scrubber
 from kvlab.dashboard.session import (
     current_model,
     current_user,
@@ -102,35 +103,47 @@ def replay_page() -> None:
         return
     replays = [stored_replay(stores[where], run_id, trial_key) for run_id, trial_key in picked]
     positions = sorted(set().union(*(replay.positions for replay in replays)))
-    scrub, view = st.columns([4, 1])
-    position = scrub.select_slider(
-        "Tokens read and generated",
-        positions,
-        value=positions[-1],
-        key=f"live_replay_position-{where}-{picked}",
-        help="Each step is an event of one of the runs: a prefill chunk, a compression or a generated token.",
-    )
-    layers = max(replay.trace.num_layers for replay in replays)
-    layer = view.selectbox(
-        "3D view", [None, *range(layers)], format_func=figures.layer_name, key="live_replay_3d", persist_state="session"
-    )
-    if len(replays) == 2 and replays[0].about.get("task") != replays[1].about.get("task"):
-        st.warning("These two runs read different prompts; they are shown side by side at the same position.")
-    columns = st.columns(len(replays))
-    for index, (column, replay) in enumerate(zip(columns, replays)):
-        trace, text = replay.at(position)
-        column.markdown(f"**{plain(replay.headline)}**")
-        column.caption(plain(replay.where_from))
-        column.caption(trace.status())
-        column.code(text or "…", language=None)
-        demoted = replay.trace.demotes
-        slots = (
-            wide_slots(f"replay{index}", demoted)
-            if len(replays) == 1
-            else stacked_slots(column, f"replay{index}", demoted)
+    replay_key = f"live_replay-{where}-{picked}"
+    playing = play_button(st, positions, replay_key)
+
+    @st.fragment(run_every=PLAY_STEP_S if playing else None)
+    def replayed() -> None:
+        """The runs at the scrubber's step, side by side; while playing, redrawn one step further at each tick."""
+        scrub, view = st.columns([4, 1])
+        position = scrubber(
+            scrub,
+            positions,
+            replay_key,
+            "Tokens read and generated",
+            "Each step is an event of one of the runs: a prefill chunk, a compression or a generated token.",
         )
-        shown = layer if layer is None or layer < trace.num_layers else None
-        draw_charts(slots, trace, shown, "replay", replay.demotion)
+        layers = max(replay.trace.num_layers for replay in replays)
+        layer = view.selectbox(
+            "3D view",
+            [None, *range(layers)],
+            format_func=figures.layer_name,
+            key="live_replay_3d",
+            persist_state="session",
+        )
+        if len(replays) == 2 and replays[0].about.get("task") != replays[1].about.get("task"):
+            st.warning("These two runs read different prompts; they are shown side by side at the same position.")
+        columns = st.columns(len(replays))
+        for index, (column, replay) in enumerate(zip(columns, replays)):
+            trace, text = replay.at(position)
+            column.markdown(f"**{plain(replay.headline)}**")
+            column.caption(plain(replay.where_from))
+            column.caption(trace.status())
+            column.code(text or "…", language=None)
+            demoted = replay.trace.demotes
+            slots = (
+                wide_slots(f"replay{index}", demoted)
+                if len(replays) == 1
+                else stacked_slots(column, f"replay{index}", demoted)
+            )
+            shown = layer if layer is None or layer < trace.num_layers else None
+            draw_charts(slots, trace, shown, "replay", replay.demotion)
+
+    replayed()
 
 
 def layer_budgets(

@@ -10,6 +10,7 @@ from kvlab.claims import CLAIM_CONTEXT, EVIDENCE_DB
 from kvlab.dashboard import live_figures as figures
 from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.navigation import overview_opening
+from kvlab.dashboard.playback import PLAY_STEP_S, play_button, scrubber
 from kvlab.dashboard.session import open_page_store, page_setup, shipped_needle_evidence, stored_replay
 from kvlab.dashboard.store_figures import FRONTIER_GUIDE, frontier_figure
 from kvlab.dashboard.text import plain
@@ -83,28 +84,38 @@ picked = st.selectbox(
     label_visibility="collapsed",
 )
 replay = stored_replay(EXAMPLES_DB, *picked)
-position = st.select_slider(
-    "Tokens read and generated",
-    replay.positions,
-    value=replay.positions[-1],
-    key=f"overview-position-{picked}",
-    help="Move it to see the run as it stood after that many tokens: every prefill chunk, compression and "
-    "generated token is a step.",
-)
-trace, text = replay.at(position)
-st.caption(plain(f"{replay.headline}: {replay.where_from}. Output so far:"))
-st.code(text or "…", language=None)
-charts = st.columns(3)
-for column, (name, build, filename) in zip(
-    charts,
-    (
-        ("memory", figures.memory_figure, "kvlab-kv-bytes"),
-        ("cache", figures.cache_map, "kvlab-cache-map"),
-        ("sinks", figures.sink_figure, "kvlab-sinks"),
-    ),
-):
-    how_to_read(column, figures.GUIDES[name], key=f"overview-guide-{name}")
-    show_chart(column, build(trace), f"overview-{name}", filename)
+replay_key = f"overview-replay-{picked}"
+playing = play_button(st, replay.positions, replay_key)
+
+
+@st.fragment(run_every=PLAY_STEP_S if playing else None)
+def replayed() -> None:
+    """The replay at the scrubber's step: what the run wrote so far and its memory, cache map and sinks."""
+    position = scrubber(
+        st,
+        replay.positions,
+        replay_key,
+        "Tokens read and generated",
+        "Move it to see the run as it stood after that many tokens: every prefill chunk, compression and "
+        "generated token is a step.",
+    )
+    trace, text = replay.at(position)
+    st.caption(plain(f"{replay.headline}: {replay.where_from}. Output so far:"))
+    st.code(text or "…", language=None)
+    charts = st.columns(3)
+    for column, (name, build, filename) in zip(
+        charts,
+        (
+            ("memory", figures.memory_figure, "kvlab-kv-bytes"),
+            ("cache", figures.cache_map, "kvlab-cache-map"),
+            ("sinks", figures.sink_figure, "kvlab-sinks"),
+        ),
+    ):
+        how_to_read(column, figures.GUIDES[name], key=f"overview-guide-{name}")
+        show_chart(column, build(trace), f"overview-{name}", filename)
+
+
+replayed()
 if st.button("Replay it with every chart, or two runs side by side", icon=":material/replay:"):
     st.session_state["live_source"] = "Replay stored runs"
     st.session_state["live_replay_store"] = EXAMPLES_LABEL

@@ -59,6 +59,37 @@ def test_the_overview_shows_the_shipped_results_without_a_model(db):
     assert not app.exception and memory_points(app)[0] < last[0]  # scrubbed back: fewer events drawn
 
 
+def scrubbed(app: AppTest) -> int:
+    return int(widget(app.select_slider, "Tokens read and generated").value)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_play_steps_a_replay_pass_by_pass_pauses_and_stops_at_the_end(db):
+    app = AppTest.from_file("../../app.py", default_timeout=120)
+    app.run()
+    steps = sorted({int(option) for option in widget(app.select_slider, "Tokens read and generated").options})
+    assert scrubbed(app) == steps[-1] and len(steps) > 4
+    click(app, "Play")  # at the last step: from the first, drawn before the first move
+    assert scrubbed(app) == steps[0]
+    drawn = [memory_points(app)[0]]
+    for step in steps[1:3]:  # each tick of the replay's timer (a rerun here) is one step further
+        app.run()
+        assert not app.exception and scrubbed(app) == step
+        drawn.append(memory_points(app)[0])
+    assert drawn == sorted(drawn) and drawn[0] < drawn[-1]  # the charts follow the scrubber
+    click(app, "Pause")
+    app.run()
+    assert scrubbed(app) == steps[2] and widget(app.button, "Play")
+    widget(app.select_slider, "Tokens read and generated").set_value(steps[-2])
+    app.run()
+    click(app, "Play")
+    assert scrubbed(app) == steps[-2]
+    app.run()
+    app.run()
+    assert scrubbed(app) == steps[-1] and widget(app.button, "Play")  # stopped at the end
+
+
 @pytest.mark.model
 @pytest.mark.slow
 def test_a_stored_run_replays_and_two_replay_side_by_side_on_one_scrubber(db):
@@ -93,6 +124,10 @@ def test_a_stored_run_replays_and_two_replay_side_by_side_on_one_scrubber(db):
     at_128 = memory_points(app)
     assert sorted(at_128) == [1, 2]  # one pass of 128 tokens, two of 64: both runs at the same point of reading
     assert any("Reading the prompt: 128 of 256 tokens" in c.value for c in app.caption)
+    click(app, "Play")  # from the end: both runs from the first step, in step
+    first = memory_points(app)
+    app.run()
+    assert len(memory_points(app)) == 2 and memory_points(app) != first
 
 
 @pytest.mark.model
