@@ -237,7 +237,7 @@ def test_every_page_in_a_browser(page, screenshots, record_property):
         kept.press("ArrowLeft")
     idle(page)
     page.get_by_text("full cache: measured on NVIDIA H200").wait_for()
-    assert page.get_by_text("Decode, measured").is_visible()
+    page.get_by_text("Decode, measured").first.wait_for()
     at_both_sizes(page, screenshots, "cost-calculator-measured")
 
     go_to(page, "Advisor")
