@@ -104,7 +104,7 @@ def replay_page() -> None:
     replays = [stored_replay(stores[where], run_id, trial_key) for run_id, trial_key in picked]
     positions = sorted(set().union(*(replay.positions for replay in replays)))
     replay_key = f"live_replay-{where}-{picked}"
-    playing = play_button(st, positions, replay_key)
+    playing = play_button(st.container(), positions, replay_key)
 
     @st.fragment(run_every=PLAY_STEP_S if playing else None)
     def replayed() -> None:

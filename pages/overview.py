@@ -85,14 +85,14 @@ picked = st.selectbox(
 )
 replay = stored_replay(EXAMPLES_DB, *picked)
 replay_key = f"overview-replay-{picked}"
-playing = play_button(st, replay.positions, replay_key)
+playing = play_button(st.container(), replay.positions, replay_key)
 
 
 @st.fragment(run_every=PLAY_STEP_S if playing else None)
-def replayed() -> None:
+def replay_view() -> None:
     """The replay at the scrubber's step: what the run wrote so far and its memory, cache map and sinks."""
     position = scrubber(
-        st,
+        st.container(),
         replay.positions,
         replay_key,
         "Tokens read and generated",
@@ -115,7 +115,7 @@ def replayed() -> None:
         show_chart(column, build(trace), f"overview-{name}", filename)
 
 
-replayed()
+replay_view()
 if st.button("Replay it with every chart, or two runs side by side", icon=":material/replay:"):
     st.session_state["live_source"] = "Replay stored runs"
     st.session_state["live_replay_store"] = EXAMPLES_LABEL
