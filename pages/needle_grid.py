@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from kvlab.claims import CLAIM_CONTEXT, EVIDENCE_DB
 from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.grid import NeedleGridRequest, depth_label, evenly_spaced_depths, grid_policies
 from kvlab.dashboard.grid_estimate import grid_estimate
@@ -25,13 +26,16 @@ from kvlab.dashboard.session import (
     open_page_store,
     page_setup,
     page_store,
+    shipped_needle_evidence,
 )
+from kvlab.dashboard.store_figures import FRONTIER_GUIDE, frontier_figure
 from kvlab.dashboard.sweep_jobs import SWEEP_JOBS, SweepJob, SweepView, filling_job, filling_sentence, sweep_views
 from kvlab.dashboard.text import plain
 from kvlab.errors import KvlabError
 from kvlab.models.loading import LoadedModel
 from kvlab.modes import MODES, modes_help
 from kvlab.policies import POLICIES
+from kvlab.runs.tables import FRONTIER_AXES, METRICS, short_model_name
 from kvlab.store import RunFilter, Store, SweepRecord
 from kvlab.tasks.ruler import RULER_TASKS
 from kvlab.tasks.ruler_score import ruler_scores
@@ -278,12 +282,36 @@ def stored_runs(
     return (runs_store, chosen) if held and runs_store is not None and chosen is not None else None
 
 
+def shipped_needle_accuracy(model: LoadedModel) -> None:
+    """Until the store holds trials of the settings above: the needle accuracy the shipped GPU sweep measured for
+    the loaded model (or the first shipped one), labelled as shipped runs."""
+    if not EVIDENCE_DB.is_file():
+        return
+    evidence = shipped_needle_evidence(EVIDENCE_DB)
+    if not evidence.models:
+        return
+    name = model.source.label if model.source.label in evidence.models else evidence.models[0]
+    st.subheader(f"Shipped runs: {short_model_name(name)} at {CLAIM_CONTEXT:,} tokens")
+    st.caption(
+        f"Measured on {plain(', '.join(evidence.devices) or 'an unrecorded device')} by `bench/claims_evidence.sh` "
+        "(every policy, both modes, random depths; `kvlab/data/runs/claims.duckdb`), shown until this dashboard's "
+        "store holds trials of the settings above."
+    )
+    how_to_read(st.container(), FRONTIER_GUIDE, key="needle-shipped-guide")
+    figure = frontier_figure(
+        evidence.frontiers[name], FRONTIER_AXES["keep"], bytes_axis=False, metric=METRICS["accuracy"]
+    )
+    show_chart(st.container(), figure, key="needle-shipped", filename="kvlab-shipped-needle-accuracy")
+
+
 def draw_heatmap(
     heatmap_store: Store | None, model: LoadedModel, grid_request: NeedleGridRequest, filling: SweepJob | None
 ) -> None:
-    """The heatmaps of what the store holds now for these settings, or why there are none yet."""
+    """The heatmaps of what the store holds now for these settings, or why there are none yet (and the shipped
+    runs' needle accuracy meanwhile)."""
     found = stored_runs(heatmap_store, model, grid_request, filling)
     if found is None:
+        shipped_needle_accuracy(model)
         return
     heatmap_store, chosen = found
     depths = evenly_spaced_depths(grid_request.depths)

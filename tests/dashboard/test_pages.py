@@ -94,6 +94,9 @@ def test_every_page_renders_on_an_empty_database(db):
         assert empty in app.run().info[0].value
     app.switch_page("pages/needle_grid.py")
     assert "No stored needle trials" in app.run().info[0].value
+    shipped = [header.value for header in app.subheader if header.value.startswith("Shipped runs: ")]
+    assert shipped == ["Shipped runs: kvlab-tiny-llama at 4,096 tokens"]  # the loaded model's shipped sweep meanwhile
+    assert any(chart.proto.id for chart in app.get("plotly_chart"))
 
 
 @pytest.mark.slow
