@@ -78,11 +78,13 @@ def chunk_tables(
 
 def _visible(key: torch.Tensor, query: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
     """Whether a slot holding position ``key`` is visible to a query at ``query`` (as
-    :func:`kvlab.attention.masks.allowed_keys`, one pair at a time)."""
+    :func:`kvlab.attention.masks.allowed_keys`, one pair at a time). Written without in-place operations: inside a
+    ``mask_mod`` compiled into flex_attention's kernel, one fails to lower ("Buffers cannot be created while
+    lowering a pointwise subgraph"), as it did for every sliding-window model on CUDA."""
     seen = (key >= 0) & (key <= query) & (query >= 0)
-    if sliding_window is not None:
-        seen &= (query - key) < sliding_window
-    return seen
+    if sliding_window is None:
+        return seen
+    return seen & ((query - key) < sliding_window)
 
 
 def chunk_mask(

@@ -4,16 +4,18 @@ and the sums are checked here, the fused kernels' speed on a GPU by ``bench/heap
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import pytest
 import torch
 from tiny_models import prompt, tiny_model
+from torch.nn.attention.flex_attention import flex_attention
 
 from kvlab.attention import function
 from kvlab.attention.context import ForwardContext
 from kvlab.attention.flex import BLOCK
-from kvlab.attention.flex_chunks import chunk_tables, flex_chunk_attention
+from kvlab.attention.flex_chunks import chunk_mask, chunk_tables, flex_chunk_attention, swapped_mask
 from kvlab.attention.kernels import blocked_attention
 from kvlab.attention.masks import allowed_keys
 from kvlab.budget import Budget
@@ -96,3 +98,27 @@ def test_streaming_chunks_under_flex_keep_sdpas_tokens_and_kept_sets(monkeypatch
             assert flex.tokens == sdpa.tokens, (name, mode)
             assert flex.kept_per_layer == sdpa.kept_per_layer, (name, mode)
     assert set(chunks) == {"streaming"}  # prefill mode's growing heap stays with SDPA
+
+
+def test_sliding_window_masks_compile_into_flex_attentions_kernel():
+    """The chunk's mask and the swapped pass's, lowered by Inductor into flex_attention's kernel (here for the CPU,
+    as on CUDA for a GPU), give the reference implementation's output: a ``mask_mod`` that fails to lower (an
+    in-place operation did, for every sliding-window model) fails here too. The CPU's kernel returns no log-sum-exp,
+    so each mask is compiled into a plain attention over its own shape."""
+    heads, groups, slots, head_dim, queries, window = 1, 4, 2 * BLOCK + 8, 16, 40, 100
+    positions, chunk = refilled(1, heads, slots, queries, seed=8)
+    tables = chunk_tables(positions, chunk, window)
+    masks = {
+        "chunk": (chunk_mask(tables, (queries, slots), groups, window), heads * groups, queries, slots),
+        "swapped": (swapped_mask(tables, slots, groups, window), heads, slots, groups * tables[1].shape[0]),
+    }
+    generator = torch.Generator().manual_seed(7)
+    compiled = torch.compile(flex_attention, dynamic=False, fullgraph=True)
+    for name, (mask, query_heads, rows, columns) in masks.items():
+        query = torch.randn(1, query_heads, rows, head_dim, generator=generator)
+        keys, values = (torch.randn(1, heads, columns, head_dim, generator=generator) for _ in range(2))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention.*without torch.compile.*")
+            reference = flex_attention(query, keys, values, block_mask=mask, enable_gqa=query_heads > heads)
+        output = compiled(query, keys, values, block_mask=mask, enable_gqa=query_heads > heads)
+        torch.testing.assert_close(output, reference, rtol=1e-4, atol=1e-4, msg=name)
