@@ -13,9 +13,8 @@ scores each side ranked by are captured too, so that a differing kept set can be
 sinks or window), different numbers of tokens kept (ChunkKV's whole chunks), a float rounding difference (relative
 gap below ``ROUNDING``), or another difference, which is listed with its layer, head, positions and both scores.
 Checked on the way: the positions a ``ScorerPress`` keeps are the top-k of its scores, and the press run through
-its own context manager (``with press(model)``) keeps the positions the direct call finds. KVzip's press ranks a
-layer's heads together (its ``layerwise`` budget, or one ranking over all layers); its scores are ranked per KV head
-here, as kvlab's uniform budget does.
+its own context manager (``with press(model)``) keeps the positions the direct call finds. KVzip's press ranks all
+layers' and KV heads' scores together (``layerwise=False``, its default), as kvlab's KVzip does by default.
 
 kvpress 0.5.5 declares transformers < 5.3; from 5.3 on, an attention layer receives its cache as ``cache`` rather
 than ``past_key_values`` and no ``cache_position``, so the press's hook is handed both under kvpress's names (the one
@@ -86,9 +85,12 @@ class Pair:
 
 def kvlab_budget(pair: Pair, budget: int, theirs: Kept) -> int:
     """The budget kvlab's policy gets: the press's (``kvpress.utils.compute_n_kept``), or for a press that keeps
-    fewer tokens than that by design (``ChunkKVPress``'s whole chunks: ``press_budget``), the number it kept, so
-    that the kept sets compare the ranking and not the rounding."""
-    return int(theirs.positions[0].shape[-1]) if pair.press_budget else budget
+    fewer tokens than that by design (``ChunkKVPress``'s whole chunks: ``press_budget``), the mean number it kept per
+    layer and KV head, so that the kept sets compare the ranking and not the rounding."""
+    if not pair.press_budget:
+        return budget
+    counts = [len(head) for layer in theirs.positions for head in layer]
+    return round(sum(counts) / len(counts))
 
 
 PAIRS: tuple[Pair, ...] = (
@@ -120,7 +122,14 @@ PAIRS: tuple[Pair, ...] = (
         note="kvlab given the number of tokens the press keeps (whole chunks, fewer than its budget)",
         press_budget=True,
     ),
-    Pair("kvzip", {}, "KVzipPress", rule_first=4, note="kvpress's scores ranked per KV head"),
+    Pair(
+        "kvzip",
+        {},
+        "KVzipPress",
+        rule_first=4,
+        note="both rank all layers' and KV heads' scores together; kvpress's ranking taken at kvlab's total "
+        "(layers x KV heads x budget, where kvpress rounds its compression ratio)",
+    ),
 )
 
 
@@ -366,10 +375,11 @@ def captured(owner: Any, name: str, into: list[Any], keep: Callable[[Any, Any], 
 
 @dataclass
 class Kept:
-    """One side's choice for one prompt at one budget, per layer: positions ``(kv_heads, kept)`` and the scores it
-    ranked by, indexed by position ``(kv_heads, tokens)``."""
+    """One side's choice for one prompt at one budget, per layer: the kept positions of each KV head (a ``(kv_heads,
+    kept)`` tensor, free entries negative, or one tensor per head where heads keep different numbers) and the scores
+    it ranked by, indexed by position ``(kv_heads, tokens)``."""
 
-    positions: list[torch.Tensor]
+    positions: list[Any]
     scores: list[torch.Tensor]
 
 
@@ -382,7 +392,7 @@ def kvlab_side(loaded: Any, prompt: Prompt, pairs: Sequence[Pair], budgets: dict
     from kvlab.policies import Variant, make_policy
 
     policies = {pair.policy: make_policy(pair.policy, **pair.params) for pair in pairs}
-    prefilled = prefill_once(loaded, prompt.ids, [Variant(policy) for policy in policies.values()])
+    prefilled = prefill_once(loaded, prompt.ids, [Variant.published(policy) for policy in policies.values()])
     tokens = int(prompt.ids.shape[1])
     results: dict[Any, Kept] = {}
     for pair in pairs:
@@ -535,6 +545,17 @@ def kvzip_scores(model: Any, ids: torch.Tensor, kvpress: Any, pair: Pair, ratio:
     return scores[0][:, 0].float()
 
 
+def kvzip_kept(scores: torch.Tensor, budget: int) -> list[list[torch.Tensor]]:
+    """The positions ``KVzipPress.compress_post`` keeps at its default (``layerwise=False``), per layer and KV head,
+    when it keeps ``budget`` tokens per layer and KV head in all: the lowest of ``scores`` ``(layers, kv_heads,
+    tokens)`` over all layers and heads pruned, so that each head keeps its own number."""
+    layers, heads, tokens = scores.shape
+    pruned = (-scores.reshape(-1)).topk(layers * heads * (tokens - budget)).indices
+    kept = torch.ones(scores.numel(), dtype=torch.bool)
+    kept[pruned] = False
+    return [[head.nonzero().flatten() for head in layer] for layer in kept.view(scores.shape)]
+
+
 def kvpress_side(
     model: Any, prompt: Prompt, pairs: Sequence[Pair], budgets: dict[float, int], kvpress: Any
 ) -> tuple[dict[Any, Kept], dict[str, bool]]:
@@ -559,8 +580,7 @@ def kvpress_side(
         if pair.press == "KVzipPress":
             scores = kvzip_scores(model, prompt.ids, kvpress, pair, 1 - min(budgets))
             for keep, budget in budgets.items():
-                top = scores.topk(budget, dim=-1).indices.sort(dim=-1).values
-                results[pair.policy, keep] = Kept(list(top), list(scores))
+                results[pair.policy, keep] = Kept(kvzip_kept(scores, budget), list(scores))
     return results, checks
 
 
@@ -574,14 +594,14 @@ def compare(index: int, pair: Pair, tokens: int, ours: Kept, theirs: Kept) -> li
     return [
         compare_head(
             (index, layer, head),
-            ours.positions[layer][head].tolist(),
+            [position for position in ours.positions[layer][head].tolist() if position >= 0],
             theirs.positions[layer][head].tolist(),
             ours.scores[layer][head].tolist(),
             theirs.scores[layer][head].tolist(),
             rule,
         )
         for layer in range(len(ours.positions))
-        for head in range(ours.positions[layer].shape[0])
+        for head in range(len(ours.positions[layer]))
     ]
 
 
@@ -628,7 +648,7 @@ def run_model(
                 comparisons[pair.policy, keep] += compare(
                     index, pair, tokens, ours[pair.policy, keep], theirs[pair.policy, keep]
                 )
-                kept_counts[pair.policy, keep] |= {int(p.shape[-1]) for p in theirs[pair.policy, keep].positions}
+                kept_counts[pair.policy, keep] |= {len(h) for p in theirs[pair.policy, keep].positions for h in p}
             if check_hooks and index == 0 and pair.press != "KVzipPress":
                 press = make_press(kvpress, pair, 1 - keeps[0])
                 by_hook = hook_path_positions(model, prompt.ids, press, pair.attention)

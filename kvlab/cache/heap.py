@@ -298,11 +298,14 @@ class KVHeap:
         chosen: Victims = select(scores, positions, count)
         return chosen
 
-    def compress(self, layer_idx: int, count: int, rank: Ranker, candidates: tuple[int, int] | None) -> None:
+    def compress(
+        self, layer_idx: int, count: int, rank: Ranker, candidates: tuple[int, int] | None, entries: int | None = None
+    ) -> None:
         """Prefill mode's one compression of a layer down to its budget (``count`` tokens fewer): the lowest-ranked
         tokens evicted in place, or, where the cache freezes what it keeps (precision tiers, Ada-KV), every layer's
         kept tokens moved into its frozen part at their precision and the rest evicted. ``rank`` gives the layer's
-        eviction scores; ``candidates`` the slots the victims are chosen from (``None``: all)."""
+        eviction scores; ``candidates`` the slots the victims are chosen from (``None``: all); ``entries`` the
+        tokens over its KV heads that Ada-KV keeps (``None``: the budget per head)."""
         layer = self.layers[layer_idx]
         freezing = self._freezing
         if freezing is None:
@@ -312,14 +315,18 @@ class KVHeap:
                 self.cut(layer_idx, count, rank()[..., start:stop], start, clock)
             return
         assert isinstance(layer, TieredLayer)
-        clock = DeviceClock.start(layer.device)
         span = layer.span(self.static)
         positions = layer.slots(span)[2]
-        kept_slots, ranking, tied = kept(rank(), positions, layer.live - count, layer.live, freezing.safeguard)
-        self.account_ranking(layer, span, clock.stop())
-        if tied is not None:
-            self.account_cut(layer, tied)
-        hot, cold = hot_and_cold(ranking, kept_slots, freezing.hot)
+        if count == 0 and entries is None and freezing.hot == 1.0:  # nothing cut or cold: all frozen, unranked
+            hot, cold = positions >= 0, torch.zeros_like(positions, dtype=torch.bool)
+        else:
+            clock = DeviceClock.start(layer.device)
+            keep = layer.live - count
+            kept_slots, ranking, tied = kept(rank(), positions, keep, layer.live, freezing.safeguard, entries)
+            self.account_ranking(layer, span, clock.stop())
+            if tied is not None:
+                self.account_cut(layer, tied)
+            hot, cold = hot_and_cold(ranking, kept_slots, freezing.hot)
         frozen_slots = layer.freeze(hot, cold, freezing.tier)
         if layer.live:
             self.evict(layer_idx, frozen_slots)

@@ -75,36 +75,43 @@ def victims(scores: torch.Tensor, positions: torch.Tensor, count: int) -> Victim
 
 
 def kept(
-    scores: torch.Tensor, positions: torch.Tensor, keep: int, live: int, safeguard: float | None
+    scores: torch.Tensor,
+    positions: torch.Tensor,
+    keep: int,
+    live: int,
+    safeguard: float | None,
+    entries: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Which held slots a compression keeps, ``(batch, kv_heads, span)``, and the ranking key they were chosen by
     (higher kept): the same key and tie-break as :func:`victims`, each KV head keeping ``keep`` of its ``live``, or with
-    ``safeguard`` set the layer's heads sharing theirs (Ada-KV, :func:`adakv_kept`); and per KV head whether the cut
-    fell on tied scores (``None`` when nothing is cut, or for Ada-KV's one cut over the layer's heads, whose ties
-    are not counted)."""
+    ``safeguard`` set the layer's heads sharing theirs (Ada-KV, :func:`adakv_kept`; ``entries`` of them in all where
+    given, else ``keep`` per head); and per KV head whether the cut fell on tied scores (``None`` when nothing is cut,
+    or for Ada-KV's one cut over the layer's heads, whose ties are not counted)."""
     held = positions >= 0
     ranking = by_score_then_position(scores, positions)
     span = positions.shape[-1]
     if safeguard is not None:
-        return adakv_kept(ranking, held, keep, safeguard), ranking, None
+        return adakv_kept(ranking, held, keep, safeguard, entries), ranking, None
     highest = ranking.masked_fill(~held, UNHELD).topk(min(keep + 1, span), dim=-1)
     top = highest.indices[..., :keep]
     tied = tied_cut(highest.values[..., keep], highest.values[..., keep - 1]) if keep < live else None
     return torch.zeros_like(held).scatter_(-1, top, True) & held, ranking, tied
 
 
-def adakv_kept(ranking: torch.Tensor, held: torch.Tensor, budget: int, safeguard: float) -> torch.Tensor:
-    """Ada-KV's head-adaptive selection over one layer: ``budget x kv_heads`` slots per sequence chosen by one top-k
-    over all of its KV heads, each head first guaranteed its ``int(safeguard x budget)`` best slots (as kvpress's
-    ``AdaKVPress`` does with ``alpha_safeguard``). ``ranking`` is an int64 ranking key per slot (higher kept
-    first), ``held`` the held slots."""
+def adakv_kept(
+    ranking: torch.Tensor, held: torch.Tensor, budget: int, safeguard: float, entries: int | None = None
+) -> torch.Tensor:
+    """Ada-KV's head-adaptive selection over one layer: ``budget x kv_heads`` slots per sequence (or ``entries``)
+    chosen by one top-k over all of its KV heads, each head first guaranteed its ``int(safeguard x budget)`` best
+    slots (as kvpress's ``AdaKVPress`` does with ``alpha_safeguard``). ``ranking`` is an int64 ranking key per slot
+    (higher kept first), ``held`` the held slots."""
     batch, kv_heads, slots = ranking.shape
     floor = min(int(safeguard * budget), budget)
     ranked = ranking.masked_fill(~held, UNHELD)
     per_head_rank = ranked.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
     guaranteed = held & (per_head_rank < floor)
     boosted = torch.where(guaranteed, torch.iinfo(torch.int64).max, ranked).flatten(1)
-    total = min(budget * kv_heads, int(held.sum(dim=(1, 2)).min()))
+    total = min(budget * kv_heads if entries is None else entries, int(held.sum(dim=(1, 2)).min()))
     chosen = boosted.topk(total, dim=-1).indices
     chosen_mask = torch.zeros_like(boosted, dtype=torch.bool).scatter_(1, chosen, True)
     return chosen_mask.view(batch, kv_heads, slots) & held

@@ -15,7 +15,11 @@ x budget`` tokens per sequence and KV head, is spread over the layers:
   layers. A layer's count is the number of its tokens at or above the threshold, the mean over sequences and KV heads;
   the counts become whole budgets by the splitting rule every layer allocation uses
   (:func:`kvlab.cache.allocation.allocate`): each layer at least the policy's minimum and at most the context, the total
-  exactly ``layers x budget``. All KV heads of a layer keep the layer's count.
+  exactly ``layers x budget``. All KV heads of a layer keep the layer's count. Where a layer's KV heads share its
+  budget (``head_allocation='adakv'``), the threshold is one per sequence over every layer *and* KV head, keeping the
+  top ``layers x kv_heads x budget``, and each layer keeps exactly the entries (tokens over its KV heads) at or
+  above it: what the budgets pool, the threshold pools. With ``head_floor=0`` this is KVzip's own ranking (the
+  paper's default, kvpress's ``KVzipPress(layerwise=False)``).
 
 Pooling raw scores across layers assumes that a score means the same in every layer. That holds for scores that are
 attention mass, whose scale the softmax sets (H2O's accumulated attention, SnapKV's and TOVA's window attention,
@@ -67,16 +71,20 @@ def local_budgets(spread: Spread, layer_groups: Sequence[str], measured: Sequenc
     return budgets
 
 
-def threshold_counts(rankings: Sequence[torch.Tensor], keep: int, device: torch.device) -> list[float]:
+def threshold_counts(
+    rankings: Sequence[torch.Tensor], keep: int, device: torch.device, pool_heads: bool = False
+) -> list[float]:
     """How many tokens of each layer one threshold keeps: the layers' keys (``(batch, kv_heads, slots)`` each, free
     slots at :data:`~kvlab.cache.ranking.UNHELD`) are gathered on ``device``, the ``keep``-th highest key of each
-    sequence and KV head over all layers is the threshold, and each layer counts its held slots at or above it, the
-    mean over sequences and KV heads."""
+    sequence and KV head over all layers is the threshold (with ``pool_heads``, the ``keep x kv_heads``-th of each
+    sequence over all layers and KV heads), and each layer counts its held slots at or above it, the mean over
+    sequences and KV heads."""
     gathered = torch.cat([ranking.to(device) for ranking in rankings], dim=-1)
-    held = gathered != UNHELD
-    top = min(keep, gathered.shape[-1])
-    threshold = gathered.topk(top, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
-    kept = (gathered >= threshold) & held
+    batch, kv_heads, _ = gathered.shape
+    pooled = gathered.reshape(batch, 1, -1) if pool_heads else gathered
+    top = min(keep * kv_heads if pool_heads else keep, pooled.shape[-1])
+    threshold = pooled.topk(top, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
+    kept = (gathered >= threshold) & (gathered != UNHELD)
     per_layer = torch.stack([part.sum(dim=-1) for part in kept.split([r.shape[-1] for r in rankings], dim=-1)])
     return per_layer.float().mean(dim=(1, 2)).tolist()
 
@@ -90,10 +98,24 @@ def split_counts(kept: Sequence[float], budget: int, minimum: int, capacity: int
 
 
 def global_budgets(
-    rankings: Sequence[torch.Tensor], budget: int, minimum: int, capacity: int | None, device: torch.device
-) -> list[int]:
+    rankings: Sequence[torch.Tensor],
+    budget: int,
+    minimum: int,
+    capacity: int | None,
+    device: torch.device,
+    pool_heads: bool = False,
+) -> tuple[list[int], list[int] | None]:
     """The global scope's layer budgets at prefill mode's compression: every layer's ranking keys gathered on
     ``device`` under one threshold (:func:`threshold_counts`), the counts split into whole budgets
-    (:func:`split_counts`)."""
-    kept = threshold_counts(rankings, budget * len(rankings), device)
-    return split_counts(kept, budget, minimum, capacity)
+    (:func:`split_counts`). With ``pool_heads`` the threshold is one over the KV heads too, and the split is in
+    entries (tokens summed over a layer's KV heads), so that each layer keeps exactly the entries the threshold
+    gives it, at least one per KV head (not the policy's ``minimum`` per head: what a policy keeps by rule, its
+    sinks, ranks first anyway, and a larger floor would move entries between layers that the ranking did not); the
+    budgets are then those entries per KV head, rounded up, and the entries come second (else ``None``)."""
+    kept = threshold_counts(rankings, budget * len(rankings), device, pool_heads)
+    if not pool_heads:
+        return split_counts(kept, budget, minimum, capacity), None
+    heads = int(rankings[0].shape[1])
+    most = None if capacity is None else capacity * heads
+    entries = split_counts([count * heads for count in kept], budget * heads, heads, most)
+    return [-(-layer_entries // heads) for layer_entries in entries], entries

@@ -13,7 +13,7 @@ built into the heap's layers (:mod:`kvlab.cache.build`):
   instead of deleted (:mod:`kvlab.cache.demotion`);
 * the **noise floor** added to the scores before ranking (:mod:`kvlab.cache.noise`).
 
-The sixteen options other than the layout are set on the command line as parameters of any scoring policy
+The seventeen options other than the layout are set on the command line as parameters of any scoring policy
 (``--param hot=0.25``, ``h2o[hot=0.25]`` in a sweep) and stored with the policy's parameters where they differ from
 their defaults (:meth:`CacheOptions.stored`), so a run that uses none of them is the run it was before they existed.
 Everything here is plain data and checks; the dashboard draws its widgets from the same declarations.
@@ -43,8 +43,8 @@ WIDTHS: tuple[int, ...] = tuple(reversed(BITS))
 NOISE_KINDS: tuple[str, ...] = ("none", "gaussian", "laplace")
 #: How a demoted page is summarised on the GPU for the recall's choice (:mod:`kvlab.cache.demotion`).
 SUMMARIES: tuple[str, ...] = ("minmax", "mean")
-#: Ada-KV's safeguard: each head first keeps this share of the per-head budget, its best tokens, before the heads
-#: compete (kvpress's ``AdaKVPress.alpha_safeguard`` default), so no head is left with nothing.
+#: Ada-KV's safeguard, the default ``head_floor``: each head first keeps this share of the per-head budget, its best
+#: tokens, before the heads compete (kvpress's ``AdaKVPress.alpha_safeguard`` default), so no head is left with nothing.
 ADAKV_SAFEGUARD = 0.2
 
 
@@ -90,6 +90,12 @@ class CacheOptions:
     )
     head_allocation: str = param(
         "uniform", choices=HEAD_ALLOCATIONS, help="adakv: one top-k over the KV heads of a layer (prefill mode)"
+    )
+    head_floor: float = param(
+        ADAKV_SAFEGUARD,
+        minimum=0.0,
+        maximum=1.0,
+        help="adakv: share of the per-head budget each KV head keeps before the heads compete (else unused)",
     )
     hot: float = param(
         1.0, minimum=0.0, maximum=1.0, help="share of the kept tokens held at 16 bits; the rest at key/value bits"
@@ -149,7 +155,7 @@ class CacheOptions:
     def freezes(self) -> bool:
         """Whether prefill mode's compression moves the kept tokens into frozen layers (precision tiers or
         head-adaptive budgets) instead of evicting in place."""
-        return self.tiered or self.head_allocation == "adakv"
+        return self.tiered or self.pools_heads
 
     @property
     def demotes(self) -> bool:
@@ -185,7 +191,13 @@ class CacheOptions:
 
     def head_safeguard(self) -> float | None:
         """Ada-KV's per-head floor as a share of the budget, or ``None`` for uniform heads."""
-        return ADAKV_SAFEGUARD if self.head_allocation == "adakv" else None
+        return self.head_floor if self.pools_heads else None
+
+    @property
+    def pools_heads(self) -> bool:
+        """Whether a layer's KV heads share its budget (Ada-KV), so that a global threshold is one over the heads
+        too."""
+        return self.head_allocation == "adakv"
 
     def demotion(self) -> DemotionSpec | None:
         """Where evicted tokens are demoted and how they are recalled, or ``None`` where they are deleted."""
@@ -262,7 +274,7 @@ class CacheOptions:
             what
             for what, used in (
                 ("precision tiers (hot below 1)", self.tiered),
-                ("head-adaptive budgets (adakv)", self.head_allocation == "adakv"),
+                ("head-adaptive budgets (adakv)", self.pools_heads),
                 ("CAKE's layer allocation", self.layer_allocation == "cake"),
                 ("the global eviction scope", self.global_scope),
             )

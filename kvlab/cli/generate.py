@@ -142,7 +142,8 @@ def run_policies(args: argparse.Namespace) -> int:
     for name, cls in POLICIES.items():
         params = ", ".join(f"{key}={value!r}" for key, value in cls().params().items()) or "no parameters"
         summary = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
-        print(f"{name:{width}s} {params}")
+        published = ", ".join(f"{key}={value!r}" for key, value in cls.cache_defaults.items())
+        print(f"{name:{width}s} {params}" + (f"; published cache options: {published}" if published else ""))
         print(textwrap.fill(summary, width=110, initial_indent=" " * (width + 1), subsequent_indent=" " * (width + 1)))
     scoring = ", ".join(name for name, cls in POLICIES.items() if cls.ranks)
     print(f"\nCache options of every scoring policy ({scoring}), set with --cache (or --param like its own):")

@@ -71,9 +71,18 @@ CACHE_OPTIONS_TITLE = "Cache options: layer and head budgets, eviction scope, pr
 
 
 def cache_option_fields(policy: str | None = None) -> list[ParamField]:
-    """The cache options (:class:`~kvlab.cache.spec.CacheOptions`) as the page draws them: those ``policy`` takes
-    (none for a policy that ranks no tokens), or with no policy named, those every scoring policy takes."""
-    return _fields(CacheOptions) if policy is None or POLICIES[policy].ranks else []
+    """The cache options (:class:`~kvlab.cache.spec.CacheOptions`) as the page draws them: those ``policy`` takes,
+    at its published values (none for a policy that ranks no tokens), or with no policy named, those every scoring
+    policy takes, at the cache's defaults."""
+    if policy is None:
+        return _fields(CacheOptions)
+    cls = POLICIES[policy]
+    if not cls.ranks:
+        return []
+    return [
+        dataclasses.replace(field, default=cls.cache_defaults.get(field.name, field.default))
+        for field in _fields(CacheOptions)
+    ]
 
 
 def policy_summary(policy: str) -> str:

@@ -92,7 +92,7 @@ def compress_layer(heap: KVHeap, policy: Policy, view: LayerView) -> None:
     what it keeps frozen at its precision, as the cache says."""
     count = eviction_count(view.cache, view.budget, view.uniform_budget)
     candidates = policy.candidates(view, count) if count else None
-    heap.compress(view.layer_idx, count, lambda: eviction_scores(policy, view, heap), candidates)
+    heap.compress(view.layer_idx, count, lambda: eviction_scores(policy, view, heap), candidates, view.entries)
 
 
 def eviction_keys(policy: Policy, views: Sequence[LayerView], heap: KVHeap) -> list[torch.Tensor]:

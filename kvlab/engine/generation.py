@@ -95,6 +95,9 @@ class Generation:
         self.plan = plan_run(spec, loaded, self.context_tokens, suffix_tokens, observe_for)
         #: Each layer's budget (the plan's, until CAKE's or the global scope's are decided at the compression).
         self.layer_budgets = list(self.plan.layer_budgets)
+        #: Each layer's entries (tokens over its KV heads) where the global scope pools the heads, decided at the
+        #: compression with the budgets (:func:`kvlab.cache.scopes.global_budgets`); else ``None``.
+        self.layer_entries: list[int] | None = None
         #: The model's rotary embedding (for policies that model future queries), found once per generation.
         self.rope = Rope.of_model(loaded.model)
         #: The backend static decode steps attend with on this device (:mod:`kvlab.attention.backends`).
@@ -177,7 +180,8 @@ class Generation:
         policy = self.spec.policy
         if self.plan.rebudget == "prompt":
             self.allocate_by_prompt()
-        if policy.reconstructs() and (self.cache.freezes or any(self.eviction_counts(to_budget=True))):
+        tiered = self.spec.cache.options.tiered  # the scores split the kept tokens into tiers, evicting or not
+        if policy.reconstructs() and (tiered or any(self.eviction_counts(to_budget=True))):
             self.reconstruct()
         if self.plan.rebudget == "global" and any(self.eviction_counts(to_budget=True)):
             self.allocate_globally()
@@ -341,6 +345,7 @@ class Generation:
                 layer.span(self.cache.static),
                 self.rope,
                 self.cache,
+                None if self.layer_entries is None or not to_budget else self.layer_entries[layer_idx],
             )
             for layer_idx, (layer, (budget, uniform)) in enumerate(zip(self.cache.layers, self.budgets(to_budget)))
         ]
@@ -398,7 +403,10 @@ class Generation:
         with self._timed() as clock:
             keys = eviction_keys(self.spec.policy, self.layer_views(), self.cache)
             minimum = self.spec.policy.min_budget()
-            self.layer_budgets = global_budgets(keys, held, minimum, self.context_tokens, self.loaded.device)
+            pool_heads = self.spec.cache.options.pools_heads
+            self.layer_budgets, self.layer_entries = global_budgets(
+                keys, held, minimum, self.context_tokens, self.loaded.device, pool_heads
+            )
         self.scope_seconds += clock.seconds
 
     def allocate_by_prompt(self) -> None:

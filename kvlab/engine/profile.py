@@ -36,7 +36,7 @@ def measure_profile(
     passage = text_pass(loaded.tokenizer, text, text_name, prefix=tokens, scored=0)
     ids = torch.tensor([passage.ids], dtype=torch.long)
     spec = RunSpec(Full(), chunk=chunk, max_new_tokens=0, stats=StatsRequest(n_sink=1, n_bins=1))
-    generation = Generation(loaded, spec, ids, observe_for=[Variant(SnapKV(window=CAKE_WINDOW))])
+    generation = Generation(loaded, spec, ids, observe_for=[Variant.published(SnapKV(window=CAKE_WINDOW))])
     weighted, counted, seen = None, 0, 0
     for event in generation.events():
         queries, seen = event.seen_tokens - seen, event.seen_tokens

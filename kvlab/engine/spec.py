@@ -16,18 +16,21 @@ from kvlab.cache.spec import CacheSpec
 from kvlab.errors import KvlabError
 from kvlab.modes import PREFILL, STREAMING, Mode, check_mode
 from kvlab.policies.base import Policy
-from kvlab.policies.variants import Variant, as_variant, check_options
+from kvlab.policies.variants import Variant, as_variant, check_options, published_options
 from kvlab.tasks.bos import DEFAULT_BOS, BosRule, check_bos
 
 #: Context tokens per forward pass in streaming mode unless a chunk is given.
 DEFAULT_STREAMING_CHUNK = 256
+#: A spec's cache when none is given: the heap's default layout and the policy's published cache options
+#: (:func:`kvlab.policies.variants.published_options`), put in place when the spec is made.
+PUBLISHED_CACHE = CacheSpec()
 
 
 @dataclass
 class RunSpec:
     """One generation's settings: the ``policy`` (what to keep), its ``budget``, the ``mode``, and the ``cache`` spec
     (how the cache stores what it keeps: layout, precision and demotion tiers, allocation, scope, noise;
-    :mod:`kvlab.cache.spec`).
+    :mod:`kvlab.cache.spec`; none given: the default layout with the policy's published options).
 
     ``chunk`` is the number of context tokens read per forward pass; ``None`` reads the whole context at once in
     ``prefill`` mode and :data:`DEFAULT_STREAMING_CHUNK` tokens in ``streaming`` mode. ``compression_interval``
@@ -49,12 +52,14 @@ class RunSpec:
     seed: int = 0
     stats: StatsRequest | None = None
     compression_interval: int = 1
-    cache: CacheSpec = field(default_factory=CacheSpec)
+    cache: CacheSpec = field(default=PUBLISHED_CACHE)
     static: bool | None = None
     attention: AttentionBackend = DEFAULT_ATTENTION
     bos: BosRule = DEFAULT_BOS
 
     def __post_init__(self) -> None:
+        if self.cache is PUBLISHED_CACHE:
+            self.cache = CacheSpec(options=published_options(self.policy))
         check_mode(self.mode)
         check_attention(self.attention)
         check_bos(self.bos)

@@ -10,8 +10,9 @@ precision tiers, demotion, layer and head allocation, scope, noise) is the cache
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from types import MappingProxyType
 from typing import ClassVar
 
 import torch
@@ -44,6 +45,9 @@ class LayerView:
     span: int
     rope: Rope | None = None
     heap: KVHeap | None = None
+    #: The layer's entries (tokens over its KV heads) where its heads share a global ranking's share
+    #: (:func:`kvlab.cache.scopes.global_budgets`), else ``None``.
+    entries: int | None = None
 
     @property
     def positions(self) -> torch.Tensor:
@@ -122,6 +126,10 @@ class Policy:
     #: from the last query, by the same rule in every layer (no layer index, keys, draws or other layers'
     #: decisions), so that a static step may score all layers as one (:mod:`kvlab.cache.stack`).
     scores_layers_alike: ClassVar[bool] = False
+    #: The cache options the policy's paper ranks with where they differ from the cache's defaults (KVzip: one
+    #: ranking over all layers and KV heads), which a variant that names none of them runs with
+    #: (:func:`kvlab.policies.variants.published_options`); a policy that ranks no tokens has none.
+    cache_defaults: ClassVar[Mapping[str, object]] = MappingProxyType({})
 
     def __post_init__(self) -> None:
         check_values(self, f"policy {self.name!r}")

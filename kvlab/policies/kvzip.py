@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import ClassVar
 
 import torch
@@ -25,10 +27,15 @@ class KVzip(ScoringPolicy):
     tokens are always kept. The score does not depend on any question, so one compressed cache serves every
     question asked after it.
 
+    The budget is ranked as the paper's default and kvpress's ``KVzipPress(layerwise=False)`` rank it: one ranking
+    over every layer's and KV head's scores, so that layers and heads keep different numbers of tokens (the
+    published cache options, :attr:`cache_defaults`: the global scope over KV heads that share their layer's budget,
+    with no per-head floor; :mod:`kvlab.cache.scopes`). ``scope='local'`` ranks each layer alone with its heads
+    pooled (kvpress's ``layerwise=True``); ``head_allocation='uniform'`` gives every layer and KV head the same budget
+    (the reference code's ``pair-uniform`` level).
+
     Differs from the paper and kvpress 0.5.5 (``KVzipPress``, whose request, chunking and normalisation kvlab
-    follows): kvlab's budget holds the same number of tokens in every layer and KV head (the reference code's
-    ``pair-uniform`` level); the paper's default and kvpress's ``layerwise=False`` rank all layers and heads
-    together (``head_allocation='adakv'`` is kvlab's nearest: one ranking over a layer's KV heads). The head-level
+    follows): a layer's share of the global ranking is rounded to whole tokens per KV head. The head-level
     variant (one score per head, from a calibration set) and kvpress's KVzip+ normalisation are not implemented.
     Scores are float32 (the references keep them in the model's dtype, bf16 on a GPU, where many tie); the model's
     own attention scaling, soft-capping and sliding windows are applied (the references use ``1/sqrt(head_dim)``
@@ -38,6 +45,9 @@ class KVzip(ScoringPolicy):
     """
 
     name: ClassVar[str] = "kvzip"
+    cache_defaults: ClassVar[Mapping[str, object]] = MappingProxyType(
+        {"scope": "global", "head_allocation": "adakv", "head_floor": 0.0}
+    )
     sinks: int = param(4, minimum=0, help="first tokens always kept (attention sinks)")
     chunk_size: int = param(2048, minimum=1, help="context tokens reconstructed per forward pass")
 

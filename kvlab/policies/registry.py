@@ -25,7 +25,7 @@ from kvlab.policies.rocketkv import RocketKV
 from kvlab.policies.snapkv import PyramidKV, SnapKV
 from kvlab.policies.streaming import Streaming
 from kvlab.policies.tova import TOVA
-from kvlab.policies.variants import Variant
+from kvlab.policies.variants import Variant, published_options
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
@@ -113,7 +113,7 @@ def configure(name: str, **params: object) -> Variant:
     _check_known(cls, params, options)
     own = {key: value for key, value in params.items() if key not in options}
     cache = {key: value for key, value in params.items() if key in options}
-    return Variant(cls(**own), CacheOptions(**cache))  # type: ignore[arg-type]
+    return Variant(cls(**own), published_options(cls, **cache))
 
 
 def parse_params(policy: str, pairs: list[str]) -> dict[str, object]:

@@ -9,22 +9,33 @@ checked together, and gives the parameters a run of it stores (:meth:`Variant.pa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT
 from kvlab.cache.spec import CacheOptions, CacheSpec
 from kvlab.policies.base import Policy, check_fields
 
 
+def published_options(policy: Policy | type[Policy], **given: object) -> CacheOptions:
+    """The cache options of ``policy`` as its paper ranks: the cache's defaults, then the policy's own
+    (:attr:`~kvlab.policies.base.Policy.cache_defaults`), then ``given``, the options a user names."""
+    return CacheOptions(**{**policy.cache_defaults, **given})  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class Variant:
-    """A policy with the cache options it runs with (the defaults: the policy as published)."""
+    """A policy with the cache options it runs with (:meth:`published`: the policy as its paper ranks)."""
 
     policy: Policy
-    options: CacheOptions = field(default_factory=CacheOptions)
+    options: CacheOptions
 
     def __post_init__(self) -> None:
         check_options(self.policy, self.options)
+
+    @classmethod
+    def published(cls, policy: Policy) -> Variant:
+        """The policy with the cache options its paper ranks with (:func:`published_options`)."""
+        return cls(policy, published_options(policy))
 
     @property
     def name(self) -> str:
@@ -46,8 +57,8 @@ class Variant:
 
 
 def as_variant(chosen: Policy | Variant) -> Variant:
-    """A variant as given, or a policy alone as its published variant (every cache option at its default)."""
-    return chosen if isinstance(chosen, Variant) else Variant(chosen)
+    """A variant as given, or a policy alone as its published variant (:meth:`Variant.published`)."""
+    return chosen if isinstance(chosen, Variant) else Variant.published(chosen)
 
 
 def check_options(policy: Policy, options: CacheOptions) -> None:

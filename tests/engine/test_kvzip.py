@@ -15,7 +15,7 @@ from kvlab.engine.reconstruction import QUOTED_TOKENS, RepeatRequest, chunks
 from kvlab.engine.spec import RunSpec
 from kvlab.errors import KvlabError
 from kvlab.models.loading import wrap_model
-from kvlab.policies import make_policy
+from kvlab.policies import configure, make_policy
 
 CONTEXT, CHUNK, SINKS = 20, 8, 4
 
@@ -108,8 +108,37 @@ def test_scores_are_the_most_attention_each_token_gets_from_the_reconstruction(l
     assert (scored[..., :SINKS] == KEEP).all() and torch.isfinite(scored[..., SINKS:]).all()
 
 
-def test_every_layer_and_kv_head_keeps_the_budget_sinks_included(llama):
-    spec = RunSpec(make_policy("kvzip", chunk_size=16), Budget(tokens=10), max_new_tokens=3, stop_token_ids=())
+def test_by_default_one_ranking_over_every_layer_and_kv_head_keeps_what_kvpress_keeps(llama):
+    """The published options rank all layers' and KV heads' scores together, as ``KVzipPress(layerwise=False)``:
+    the kept set is the top ``layers x kv_heads x budget`` of every score (sinks first), layers and heads keeping
+    different numbers."""
+    ids, budget = prompt(length=40, seed=3), 10
+    generation = read(llama, make_policy("kvzip", chunk_size=16), ids, budget)
+    with torch.inference_mode():
+        generation.reconstruct()
+    scores = torch.stack([generation.spec.policy.score(view)[0, :, :40] for view in generation.layer_views()])
+    arch = llama.arch
+    top = scores.reshape(-1).topk(arch.num_layers * arch.num_kv_heads * budget).indices
+    theirs = torch.zeros(scores.numel(), dtype=torch.bool)
+    theirs[top] = True
+    spec = RunSpec(make_policy("kvzip", chunk_size=16), Budget(tokens=budget), max_new_tokens=1, stop_token_ids=())
+    assert spec.cache.options.stored() == {"scope": "global", "head_allocation": "adakv", "head_floor": 0.0}
+    kept, _ = run(llama, spec, ids)
+    ours = torch.zeros(arch.num_layers, arch.num_kv_heads, 40, dtype=torch.bool)
+    for layer, positions in enumerate(kept[0]):
+        for head, held in enumerate(positions[0]):
+            ours[layer, head, [p for p in held if p >= 0]] = True
+    assert ours[..., :SINKS].all()
+    assert ours.sum() == arch.num_layers * arch.num_kv_heads * budget
+    per_layer = ours.sum(dim=(1, 2))
+    per_head = ours.sum(dim=2)
+    assert len(set(per_layer.tolist())) > 1 and len(set(per_head.flatten().tolist())) > 1  # shares differ
+    assert torch.equal(ours.reshape(-1), theirs)
+
+
+def test_local_uniform_options_keep_the_budget_in_every_layer_and_kv_head_sinks_included(llama):
+    variant = configure("kvzip", chunk_size=16, scope="local", head_allocation="uniform")
+    spec = RunSpec.of(variant, Budget(tokens=10), max_new_tokens=3, stop_token_ids=())
     events = Generation(llama, spec, prompt(batch=2, length=40, seed=3)).events()
     compress = next(event for event in events if event.kind == "compress")
     assert compress.kept_per_layer == [10] * llama.arch.num_layers

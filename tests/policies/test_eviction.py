@@ -75,15 +75,21 @@ def test_evicting_equals_masking(llama):
     ],
 )
 def test_every_layer_holds_its_budget(llama, policy, mode):
-    """Policies with one budget for every layer (PyramidKV spreads it: tested below)."""
+    """Policies with one budget for every layer (PyramidKV spreads it: tested below), or the same total where the
+    published options rank all layers together (KVzip)."""
     _, loaded = llama
+    layers = loaded.arch.num_layers
+    ranked_together = POLICIES[policy].cache_defaults.get("scope") == "global"
     spec = RunSpec(small_policy(policy), Budget(tokens=12), mode=mode, chunk=5, max_new_tokens=6, stop_token_ids=())
     events = list(Generation(loaded, spec, prompt(length=40)).events())
     evicted = [e for e in events if e.kind == "compress"] if mode == "prefill" else events
     assert evicted
     for event in evicted:
         expected = 12 if event.kind == "compress" or event.seen_tokens >= 12 else event.seen_tokens
-        assert event.kept_per_layer == [expected] * loaded.arch.num_layers
+        if ranked_together:
+            assert sum(event.kept_per_layer) == expected * layers
+        else:
+            assert event.kept_per_layer == [expected] * layers
         assert event.kv_bytes == expected * per_token_bytes(loaded)
 
 
