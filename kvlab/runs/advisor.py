@@ -35,22 +35,15 @@ from kvlab.errors import KvlabError
 from kvlab.models.arch import arch_from_config
 from kvlab.models.catalog import SHIPPED_MODELS_DIR
 from kvlab.policies import POLICIES, is_full_cache
-from kvlab.runs.benchmarks import BENCHMARKS, NEEDLE_DEPTHS, Benchmark
+from kvlab.runs.benchmarks import BENCHMARKS, NEEDLE_DEPTHS, PERPLEXITY, Benchmark
 from kvlab.runs.estimate import Speed, SweepWork, estimate_sentence, speed_from_trials
-from kvlab.runs.tables import (
-    SHARE_COLUMNS,
-    budget_label,
-    paired_test,
-    present,
-    run_label,
-    share_interval,
-    trial_values,
-)
+from kvlab.runs.relative_scores import full_score, relative_score, scored_count
+from kvlab.runs.tables import budget_label, present, run_label
 from kvlab.tasks.ruler import RULER_TASKS
 from kvlab.units import format_bytes
 
-#: Items per needle depth (per RULER task) a suggested sweep asks for.
-SWEEP_TRIALS = {"needle": 20, "ruler": 10}
+#: Items per needle depth (per RULER task; texts for perplexity) a suggested sweep asks for.
+SWEEP_TRIALS = {"needle": 20, "ruler": 10, "perplexity": 1}
 #: The trial and run columns the advice reads (a stored frame has some sixty; copying the others slows it down).
 TRIAL_COLUMNS = [
     "run_id",
@@ -71,6 +64,8 @@ TRIAL_COLUMNS = [
     "context_tokens",
     "prefill_s",
     "decode_s",
+    "nll",
+    "scored_tokens",
 ]
 #: The columns that tell one stored configuration from another.
 CONFIG_KEYS = ["policy", "policy_params", "mode", "keep", "budget_tokens", "layout"]
@@ -108,13 +103,14 @@ class AdviceRequest:
 
 @dataclass(frozen=True)
 class Evidence:
-    """The stored runs the accuracy comes from: one model, one task, one context, on the device they ran on."""
+    """The stored runs the accuracy comes from: one model, one task, one context, on the device they ran on, and the
+    full cache's score there (its share of right answers, or its perplexity) over ``full_trials`` trials."""
 
     model: str
     task: str
     context: int
     device: str
-    full_accuracy: float
+    full_score: float
     full_trials: int
 
 
@@ -156,6 +152,12 @@ COLUMNS = [
 ]
 
 
+def of_task(trials: pd.DataFrame, task: str) -> pd.Series:
+    """Which trials are of ``task``: its own name, or its family before a ``:`` (``quality:<text>``), as a boolean
+    mask."""
+    return trials["task"].astype(str).str.split(":").str[0] == task
+
+
 def _full_cache(frame: pd.DataFrame) -> pd.Series:
     """Which rows are of the full cache, as a boolean mask (also of an empty frame)."""
     return frame["policy"].map(is_full_cache).astype(bool)
@@ -181,7 +183,7 @@ def choose_evidence(
     run (of ``model`` only, when given), the context nearest ``context`` (the longer on a tie), then the model with
     the most trials. None when the store holds no such runs."""
     task, _ = BENCHMARKS[benchmark]
-    runs = trials[trials["task"] == task]
+    runs = trials[of_task(trials, task)]
     if model is not None:
         runs = runs[runs["model"] == model]
     with_full = runs[_full_cache(runs)][["model", "context_length"]].drop_duplicates()
@@ -214,10 +216,7 @@ def _config_row(
     metric: str,
     measured: MeasuredDecode | None,
 ) -> dict:
-    column = SHARE_COLUMNS[metric]
-    values = trial_values(config_trials, column)
-    accuracy = float(values.mean())
-    low, high = share_interval(values)
+    score = relative_score(config_trials, full_trials, metric)
     full_bytes = float(full_trials["kv_bytes"].mean())
     kv_bytes = float(config_trials["kv_bytes"].mean())
     share = kv_bytes / full_bytes if full_bytes > 0 else 1.0
@@ -242,11 +241,7 @@ def _config_row(
         priced = with_measured_times(priced, times, scenario, gpu.price_per_hour)
         source = times.label + ("" if times.prefill_s is not None else "; prefill computed")
     decode_s, prefill_s, query_cost = priced.decode_step_seconds, priced.prefill_seconds, priced.cost_per_query
-    paired = paired_test(full_trials, config_trials, "full cache", "configuration", metric)
-    reading = str(paired["reading"]).replace("A right", "the full cache right").replace("B right", "this one right")
-    if is_full_cache(config["policy"]):
-        paired, reading = {"McNemar p": "—"}, "the reference"
-    full_accuracy = evidence.full_accuracy
+    p_value, reading = (score.p_value, score.reading) if not is_full_cache(config["policy"]) else ("—", "the reference")
     return {
         "policy": config["policy"],
         "parameters": run_label(config["policy"], config["mode"], params=config["policy_params"] or None).replace(
@@ -255,12 +250,12 @@ def _config_row(
         "budget": _budget(config),
         "layout": config["layout"] if pd.notna(config["layout"]) else "compact",
         "precision": precision_tier(config["policy_params"]),
-        "relative accuracy": accuracy / full_accuracy if full_accuracy > 0 else math.nan,
-        "relative 95% CI low": low / full_accuracy if full_accuracy > 0 else math.nan,
-        "relative 95% CI high": high / full_accuracy if full_accuracy > 0 else math.nan,
-        "accuracy": accuracy,
-        "trials": len(values.dropna()),
-        "vs full cache (McNemar p)": paired["McNemar p"],
+        "relative accuracy": score.relative,
+        "relative 95% CI low": score.low,
+        "relative 95% CI high": score.high,
+        "accuracy": score.score,
+        "trials": score.count,
+        "vs full cache (McNemar p)": p_value,
         "paired reading": reading,
         "KV bytes measured (evidence)": kv_bytes,
         "KV bytes per sequence (model, computed)": priced.kv_bytes_per_sequence,
@@ -275,8 +270,13 @@ def _config_row(
 
 def sweep_command(request: AdviceRequest, evidence_model: str, policies: list[str], keeps: list[float]) -> str:
     """The ``kvlab sweep`` that would measure the benchmark at the asked context on the evidence model: the full
-    cache (which a sweep runs once) and ``policies`` (evicting ones) at every kept fraction of ``keeps``."""
-    task, _ = BENCHMARKS[request.benchmark]
+    cache (which a sweep runs once) and ``policies`` (evicting ones) at every kept fraction of ``keeps``; for
+    perplexity, which ``kvlab quality`` measures one configuration at a time, the full cache's command and the
+    first configuration's."""
+    task, metric = BENCHMARKS[request.benchmark]
+    if metric == PERPLEXITY:
+        quality = f"kvlab quality --model {evidence_model} --tokens {request.context}"
+        return f"{quality} --policy full` and `{quality} --policy {policies[0]} --keep {keeps[0]:g}` (and so on)"
     parts = [
         "kvlab sweep",
         f"--model {evidence_model}",
@@ -292,7 +292,7 @@ def sweep_command(request: AdviceRequest, evidence_model: str, policies: list[st
 def sweep_work(request: AdviceRequest, policies: list[str], keeps: list[float]) -> SweepWork:
     """The size of :func:`sweep_command`'s sweep in a fresh store: every policy at every kept fraction plus the
     full cache once, over the trial slots of one context; prefill-mode policies share each context's reading."""
-    slots = len(NEEDLE_DEPTHS.split(",")) if request.benchmark == "needle" else len(RULER_TASKS)
+    slots = {"needle": len(NEEDLE_DEPTHS.split(",")), "ruler": len(RULER_TASKS)}.get(request.benchmark, 1)
     per_cell = SWEEP_TRIALS[request.benchmark] * slots
     cells = len(policies) * len(keeps) + 1
     return SweepWork(trials=cells * per_cell, stored=0, read_tokens=request.context * per_cell)
@@ -308,11 +308,13 @@ def shipped_positions(model: str) -> int | None:
 
 
 def missing_sentence(request: AdviceRequest, command: str, work: SweepWork, speed: Speed | None, device: str) -> str:
-    """What the store lacks to judge the floor at the asked context, the sweep that would add it and its time."""
-    task, _ = BENCHMARKS[request.benchmark]
+    """What the store lacks to judge the floor at the asked context, the sweep that would add it and its time (not
+    estimated for perplexity, which no sweep measures)."""
+    task, metric = BENCHMARKS[request.benchmark]
+    time = "its time is not estimated here." if metric == PERPLEXITY else estimate_sentence(work, speed, device)
     return (
         f"The store holds no {task} runs at {request.context:,} tokens, so the floor cannot be judged there; "
-        f"`{command}` would measure it: {estimate_sentence(work, speed, device)}"
+        f"`{command}` would measure it: {time}"
     )
 
 
@@ -320,7 +322,7 @@ def advise(request: AdviceRequest, trials: pd.DataFrame, measured: MeasuredDecod
     """The advice for ``request`` from stored ``trials`` (``Store.trials_frame``: trials with their runs' columns)
     and the GPU benchmark's ``measured`` decode figures (None: every time is computed)."""
     task, metric = BENCHMARKS[request.benchmark]
-    stored_models = sorted(trials.loc[trials["task"] == task, "model"].unique().tolist())
+    stored_models = sorted(trials.loc[of_task(trials, task), "model"].unique().tolist())
     if request.evidence_model is not None and stored_models and request.evidence_model not in stored_models:
         raise KvlabError(
             f"The store holds no {task} runs of {request.evidence_model!r}; it holds runs of "
@@ -334,18 +336,17 @@ def advise(request: AdviceRequest, trials: pd.DataFrame, measured: MeasuredDecod
         sentence = missing_sentence(request, command, sweep_work(request, policies, keeps), None, "the device")
         return Advice(request, None, empty, empty, (sentence,))
     model, context = chosen
-    here = trials[(trials["task"] == task) & (trials["model"] == model) & (trials["context_length"] == context)]
+    here = trials[of_task(trials, task) & (trials["model"] == model) & (trials["context_length"] == context)]
     here = here[[column for column in TRIAL_COLUMNS if column in here]]
     full_trials = here[_full_cache(here)]
-    full_values = trial_values(full_trials, SHARE_COLUMNS[metric])
     devices = here["device"].dropna()
     device = str(devices.mode().iloc[0]) if not devices.empty else "an unrecorded device"
-    evidence = Evidence(model, task, context, device, float(full_values.mean()), int(full_values.notna().sum()))
+    evidence = Evidence(model, task, context, device, *full_score(full_trials, metric))
     rows = []
     keyed = here.assign(policy_params=here["policy_params"].fillna(""), layout=here["layout"].fillna("compact"))
     for key, config_trials in keyed.groupby(CONFIG_KEYS, dropna=False, sort=False):
         config = pd.Series(dict(zip(CONFIG_KEYS, key)))
-        if trial_values(config_trials, SHARE_COLUMNS[metric]).notna().sum() == 0:
+        if scored_count(config_trials, metric) == 0:
             continue
         rows.append(_config_row(request, config, config_trials, full_trials, evidence, metric, measured))
     table = pd.DataFrame(rows, columns=COLUMNS[1:])
@@ -386,10 +387,15 @@ def evidence_sentence(advice: Advice) -> str:
     if evidence is None:
         return "The store holds no runs to judge the floor on."
     at = "the asked context" if evidence.context == request.context else f"not at {request.context:,}"
+    if BENCHMARKS[request.benchmark][1] == PERPLEXITY:
+        texts = f"{evidence.full_trials:,} text{'s' if evidence.full_trials != 1 else ''}"
+        full = f"perplexity {evidence.full_score:.2f} over {texts}; relative is its perplexity over the configuration's"
+    else:
+        full = f"{evidence.full_score:.1%} over {evidence.full_trials:,} trials"
     return (
         f"Accuracy: stored {evidence.task} runs of {evidence.model} at {evidence.context:,} tokens ({at}) on "
-        f"{evidence.device}, relative to its full cache ({evidence.full_accuracy:.1%} over {evidence.full_trials:,} "
-        f"trials); {request.model} has no runs of its own, so its accuracy is taken to be this model's. Bytes: "
+        f"{evidence.device}, relative to its full cache ({full}); {request.model} has no runs of its own, so its "
+        f"accuracy is taken to be this model's. Bytes: "
         f"measured on {evidence.model}; each configuration's share of its full cache is applied to {request.model} "
         f"by the cost model (computed). Decode time and price: measured where a GPU benchmark of {request.model}'s "
         f"shape ran this configuration at {request.context:,} tokens on {request.gpu}, computed from the datasheet "
@@ -463,7 +469,7 @@ def evidence_runs(advice: Advice, trials: pd.DataFrame) -> pd.DataFrame:
     if evidence is None:
         return trials.iloc[0:0].drop_duplicates("run_id")
     here = trials[
-        (trials["task"] == evidence.task)
+        of_task(trials, evidence.task)
         & (trials["model"] == evidence.model)
         & (trials["context_length"] == evidence.context)
     ]

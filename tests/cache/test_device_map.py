@@ -16,7 +16,8 @@ from transformers import AutoConfig, LlamaForCausalLM
 
 from kvlab.budget import Budget
 from kvlab.cache.ranking import UNHELD
-from kvlab.cache.scopes import local_budgets, split_counts, threshold_counts
+from kvlab.cache.scopes import global_budgets, local_budgets, split_counts, threshold_counts
+from kvlab.cache.spec import ADAKV_SAFEGUARD, CacheOptions
 from kvlab.cli import main
 from kvlab.engine.events import Event
 from kvlab.engine.eviction import eviction_keys
@@ -273,3 +274,34 @@ def test_a_trial_stores_the_bytes_of_each_device_only_when_there_are_several():
     assert device_figures({"cpu": 1000}, size=2) == {}
     stored = device_figures({"cuda:0": 1000, "cuda:1": 600}, size=2)
     assert json.loads(stored["device_bytes"]) == {"cuda:0": 500, "cuda:1": 300}
+
+
+def test_a_threshold_over_pooled_heads_ranks_every_heads_scores_together():
+    """Two layers, two KV heads: head 0 of layer 0 scores above everything else. Per head, each head's own top
+    keeps half of each layer; pooled, layer 0's strong head takes the entries and the split keeps them exactly."""
+    positions = torch.arange(6, dtype=torch.int64)
+    strong, weak = (1000 + positions) << 32 | positions, positions << 32 | positions
+    layer_0 = torch.stack([strong, weak]).view(1, 2, 6)
+    layer_1 = torch.stack([weak, weak]).view(1, 2, 6)
+    cpu = torch.device("cpu")
+    assert threshold_counts([layer_0, layer_1], keep=6, device=cpu) == [4.5, 1.5]
+    pooled = threshold_counts([layer_0, layer_1], keep=6, device=cpu, pool_heads=True)
+    assert [count * 2 for count in pooled] == [8.0, 4.0]  # head 0's six, then the weak ties at the cut
+    budgets, entries = global_budgets([layer_0, layer_1], budget=3, minimum=2, capacity=6, device=cpu, pool_heads=True)
+    assert entries is not None and sum(entries) == 2 * 2 * 3 and entries[0] > entries[1]
+    assert budgets == [-(-count // 2) for count in entries]
+    assert global_budgets([layer_0, layer_1], budget=3, minimum=2, capacity=6, device=cpu)[1] is None
+
+
+def test_a_policys_published_cache_options_are_its_default_and_named_options_override_them():
+    kvzip = configure("kvzip")
+    assert (kvzip.options.scope, kvzip.options.head_allocation, kvzip.options.head_floor) == ("global", "adakv", 0.0)
+    assert kvzip.options.head_safeguard() == 0.0
+    local = configure("kvzip", scope="local")
+    assert (local.options.scope, local.options.head_allocation) == ("local", "adakv")
+    assert RunSpec(make_policy("kvzip"), Budget(tokens=8)).cache.options == kvzip.options
+    assert RunSpec.of(make_policy("kvzip"), Budget(tokens=8)).cache.options == kvzip.options
+    h2o = configure("h2o")
+    assert h2o.options == CacheOptions() and h2o.options.head_safeguard() is None
+    assert configure("h2o", head_allocation="adakv").options.head_safeguard() == ADAKV_SAFEGUARD
+    assert "head_floor" not in configure("h2o", head_allocation="adakv").params()  # at its default: not stored

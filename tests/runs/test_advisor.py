@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from datetime import datetime
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from kvlab.dashboard.advice_figures import advice_figure
 from kvlab.dashboard.report import advice_report, report_html
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
-from kvlab.runs.advisor import AdviceRequest, advise, evidence_runs, shown_advice
+from kvlab.runs.advisor import AdviceRequest, advise, evidence_runs, evidence_sentence, shown_advice
 from kvlab.store import RunConfig, Store, Trial, open_store
 
 FULL_BYTES = 8 << 20
@@ -224,3 +225,74 @@ def test_the_report_holds_the_ranking_the_evidence_and_what_is_missing(trials):
     ]
     assert len(evidence_runs(advice, trials)) == 4 and "kvlab sweep --model m" in html.unescape(document)
     assert "streaming · streaming · keep 30%" in html.unescape(document)
+
+
+def add_quality_run(store: Store, policy: str, keep: float | None, nll: list[float]) -> None:
+    """A perplexity run (``kvlab quality``) scoring one text per value of ``nll`` (mean negative log-likelihood over
+    512 tokens), holding ``keep`` of the full cache's bytes."""
+    run_id = store.begin_run(
+        RunConfig(
+            model="m",
+            policy=policy,
+            mode="streaming",
+            task="quality:texts",
+            keep=keep,
+            context_length=768,
+            layout="compact",
+            device="cuda:0",
+            dtype="bfloat16",
+        ),
+        provenance=Provenance("0.1.0", "abc1234", {"python": "3"}),
+    )
+    store.add_trials(
+        run_id,
+        [
+            Trial(
+                trial_key=str(text),
+                task_id=f"text-{text}",
+                context_tokens=768,
+                correct=None,
+                item_hash=f"text-{text}",
+                scored_tokens=512,
+                nll=value,
+                kv_bytes=int(FULL_BYTES * (keep or 1.0)),
+            )
+            for text, value in enumerate(nll)
+        ],
+    )
+    store.finish_run(run_id)
+
+
+def test_a_perplexity_floor_compares_the_full_caches_perplexity_with_each_configurations(tmp_path):
+    """Relative is the full cache's perplexity over the configuration's: 0.05 nats more per token keeps 95 %, 0.5
+    nats keep 61 %; the interval pairs the texts, and one text gives none."""
+    path = tmp_path / "quality.duckdb"
+    with open_store(path) as store:
+        add_quality_run(store, "full", None, [2.0, 2.2, 1.8])
+        add_quality_run(store, "streaming", 0.25, [2.04, 2.26, 1.85])
+        add_quality_run(store, "h2o", 0.1, [2.5, 2.7, 2.3])
+        add_run(store, "full", "prefill", None, ITEMS)  # a needle run: not perplexity evidence
+        trials_frame = store.trials_frame()
+    advice = advise(request(benchmark="perplexity", context=768, floor=0.9), trials_frame)
+    assert advice.evidence is not None and advice.evidence.task == "quality"
+    assert advice.evidence.full_score == pytest.approx(math.exp(2.0)) and advice.evidence.full_trials == 3
+    ranked = advice.ranked.set_index("policy")
+    assert ranked.loc["streaming", "relative accuracy"] == pytest.approx(math.exp(-0.05))
+    low, high = ranked.loc["streaming", ["relative 95% CI low", "relative 95% CI high"]]
+    assert low <= math.exp(-0.05) <= high < 1.0
+    assert ranked.loc["streaming", "accuracy"] == pytest.approx(math.exp(2.05))  # its own perplexity
+    assert "3 texts paired" in ranked.loc["streaming", "paired reading"]
+    below = advice.below.set_index("policy")
+    assert below.loc["h2o", "relative accuracy"] == pytest.approx(math.exp(-0.5))
+    assert "perplexity" in evidence_sentence(advice)
+    with open_store(path) as store:
+        add_quality_run(store, "tova", 0.5, [2.1])
+        one_text = advise(request(benchmark="perplexity", context=768, floor=0.5), store.trials_frame())
+    tova = one_text.ranked.set_index("policy").loc["tova"]
+    assert math.isnan(tova["relative 95% CI low"]) and "too few for an interval" in tova["paired reading"]
+
+
+def test_the_command_judges_a_perplexity_floor_on_the_shipped_runs(capsys):
+    assert main(["advise", "--model", "Llama-3-8B", "--gpu", "H100", "--context", "1280", "--on", "perplexity"]) == 0
+    out = capsys.readouterr().out
+    assert "perplexity" in out and "streaming" in out and "the reference" in out
