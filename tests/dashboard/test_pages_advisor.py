@@ -59,3 +59,15 @@ def test_the_cost_calculator_shows_a_measured_decode_with_its_device(db) -> None
     widget(app.number_input, "Batch (sequences decoded together)").set_value(2)
     app.run()
     assert widget(app.metric, "Decode, computed") is not None
+
+
+def test_the_advisor_judges_a_perplexity_floor_on_the_shipped_runs(db) -> None:
+    app = open_page("pages/advisor.py")
+    widget(app.radio, "Floor judged on").set_value("perplexity")
+    widget(app.number_input, "Context (prompt tokens)").set_value(1280)
+    app.run()
+    assert not app.exception, app.exception
+    ranked = app.dataframe[0].value
+    assert "full cache" in set(ranked["configuration"]) and ranked["rank"].iloc[0] == "1"
+    assert "relative is its perplexity over the configuration's" in shown(app.caption[1].value)
+    assert not app.warning  # the shipped perplexity runs are at 1,280 tokens
