@@ -128,7 +128,8 @@ PAIRS: tuple[Pair, ...] = (
         "KVzipPress",
         rule_first=4,
         note="both rank all layers' and KV heads' scores together; kvpress's ranking taken at kvlab's total "
-        "(layers x KV heads x budget, where kvpress rounds its compression ratio)",
+        "(layers x KV heads x budget, where kvpress rounds its compression ratio), the chat template's opening kept "
+        "whole on both sides (kvlab's rule; kvpress scores it zero beyond its sinks)",
     ),
 )
 
@@ -545,10 +546,14 @@ def kvzip_scores(model: Any, ids: torch.Tensor, kvpress: Any, pair: Pair, ratio:
     return scores[0][:, 0].float()
 
 
-def kvzip_kept(scores: torch.Tensor, budget: int) -> list[list[torch.Tensor]]:
+def kvzip_kept(scores: torch.Tensor, budget: int, opening: int = 0) -> list[list[torch.Tensor]]:
     """The positions ``KVzipPress.compress_post`` keeps at its default (``layerwise=False``), per layer and KV head,
     when it keeps ``budget`` tokens per layer and KV head in all: the lowest of ``scores`` ``(layers, kv_heads,
-    tokens)`` over all layers and heads pruned, so that each head keeps its own number."""
+    tokens)`` over all layers and heads pruned, so that each head keeps its own number. The first ``opening``
+    positions (the chat template's opening, which kvlab keeps whole by design and kvpress scores zero) are raised
+    above every score first, as kvpress raises its sinks, so that the comparison is of the ranking."""
+    scores = scores.clone()
+    scores[..., :opening] = float("inf")
     layers, heads, tokens = scores.shape
     pruned = (-scores.reshape(-1)).topk(layers * heads * (tokens - budget)).indices
     kept = torch.ones(scores.numel(), dtype=torch.bool)
@@ -579,8 +584,9 @@ def kvpress_side(
     for pair in pairs:
         if pair.press == "KVzipPress":
             scores = kvzip_scores(model, prompt.ids, kvpress, pair, 1 - min(budgets))
+            opening = int(prompt.facts.get("kvzip_opening", 0))
             for keep, budget in budgets.items():
-                results[pair.policy, keep] = Kept(kvzip_kept(scores, budget), list(scores))
+                results[pair.policy, keep] = Kept(kvzip_kept(scores, budget, opening), list(scores))
     return results, checks
 
 
@@ -617,7 +623,9 @@ def run_model(
     from transformers import AutoModelForCausalLM
 
     from kvlab.budget import kept_tokens
+    from kvlab.engine.reconstruction import RepeatRequest, chunks
     from kvlab.models.loading import load_model
+    from kvlab.policies.kvzip import KVzip
 
     loaded = load_model(name, device="cpu", dtype="float32")
     model = AutoModelForCausalLM.from_pretrained(
@@ -631,6 +639,8 @@ def run_model(
     started = time.perf_counter()
     for index, prompt in enumerate(prompts):
         tokens = int(prompt.ids.shape[1])
+        request = RepeatRequest.for_tokenizer(loaded.tokenizer)
+        prompt.facts["kvzip_opening"] = chunks(prompt.ids, request, KVzip().chunk_size)[0].start
         budgets = {keep: kvpress.utils.compute_n_kept(tokens, 1 - keep) for keep in keeps}
         prompt.facts["budgets"] = {str(keep): budget for keep, budget in budgets.items()}
         prompt.facts["kvlab_keep_budgets"] = {str(keep): kept_tokens(tokens, keep) for keep in keeps}
