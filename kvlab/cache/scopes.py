@@ -18,8 +18,8 @@ x budget`` tokens per sequence and KV head, is spread over the layers:
   exactly ``layers x budget``. All KV heads of a layer keep the layer's count. Where a layer's KV heads share its
   budget (``head_allocation='adakv'``), the threshold is one per sequence over every layer *and* KV head, keeping the
   top ``layers x kv_heads x budget``, and each layer keeps exactly the entries (tokens over its KV heads) at or
-  above it, at least one per KV head: what the budgets pool, the threshold pools. With ``head_floor=0`` this is KVzip's own ranking (the
-  paper's default, kvpress's ``KVzipPress(layerwise=False)``).
+  above it, at least one per KV head: what the budgets pool, the threshold pools. With ``head_floor=0`` this is
+  KVzip's own ranking (the paper's default, kvpress's ``KVzipPress(layerwise=False)``).
 
 Pooling raw scores across layers assumes that a score means the same in every layer. That holds for scores that are
 attention mass, whose scale the softmax sets (H2O's accumulated attention, SnapKV's and TOVA's window attention,

@@ -180,8 +180,7 @@ class Generation:
         policy = self.spec.policy
         if self.plan.rebudget == "prompt":
             self.allocate_by_prompt()
-        tiered = self.spec.cache.options.tiered  # the scores split the kept tokens into tiers, evicting or not
-        if policy.reconstructs() and (tiered or any(self.eviction_counts(to_budget=True))):
+        if policy.reconstructs() and (self.plan.tiered or any(self.eviction_counts(to_budget=True))):
             self.reconstruct()
         if self.plan.rebudget == "global" and any(self.eviction_counts(to_budget=True)):
             self.allocate_globally()
@@ -403,9 +402,8 @@ class Generation:
         with self._timed() as clock:
             keys = eviction_keys(self.spec.policy, self.layer_views(), self.cache)
             minimum = self.spec.policy.min_budget()
-            pool_heads = self.spec.cache.options.pools_heads
             self.layer_budgets, self.layer_entries = global_budgets(
-                keys, held, minimum, self.context_tokens, self.loaded.device, pool_heads
+                keys, held, minimum, self.context_tokens, self.loaded.device, self.plan.pools_heads
             )
         self.scope_seconds += clock.seconds
 

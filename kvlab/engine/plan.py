@@ -41,7 +41,9 @@ class Plan:
     see is dropped after every forward pass in every mode, the full cache included), the layer budgets, each layer's
     planned slots and the room a compaction leaves, what attention observes, and what decides the layer budgets anew
     at the compression (``rebudget``: ``prompt`` for CAKE's preferences measured from the prompt, ``global`` for one
-    threshold over every layer, ``None``)."""
+    threshold over every layer, ``None``), whether that threshold is one over the KV heads too (``pools_heads``:
+    Ada-KV's heads share their layer's budget), and whether the scores split the kept tokens into precision tiers
+    (``tiered``: the compression then ranks even where it evicts nothing)."""
 
     budget_tokens: int | None
     reader: SparseRead | None
@@ -55,6 +57,8 @@ class Plan:
     span: int
     observed: Observed
     rebudget: Literal["prompt", "global"] | None
+    pools_heads: bool
+    tiered: bool
 
 
 def plan_run(
@@ -112,6 +116,8 @@ def plan_run(
             if options.global_scope
             else None
         ),
+        pools_heads=options.pools_heads,
+        tiered=options.tiered,
     )
 
 

@@ -16,7 +16,7 @@ from kvlab.cache.spec import CacheOptions
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "kvlab"
 #: What the cache's options answer besides their own values: asking one of these is looking at an option too.
-DERIVED = {"tiered", "freezes", "demotes", "global_scope", "measures_layers", "capturable", "noisy"}
+DERIVED = {"tiered", "freezes", "demotes", "global_scope", "pools_heads", "measures_layers", "capturable", "noisy"}
 #: The places outside ``kvlab/cache/`` that may look at an option: the engine's plan, the claims reading stored runs'
 #: options, and the live page drawing the allocation its widgets chose.
 OPTION_READERS = {"kvlab/engine/plan.py", "kvlab/claims/options.py", "pages/live.py"}
