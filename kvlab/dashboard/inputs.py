@@ -19,6 +19,7 @@ from kvlab.models.arch import arch_from_config
 from kvlab.models.loading import LoadedModel
 from kvlab.params import ParamSpec, param_spec
 from kvlab.policies import POLICIES
+from kvlab.policies.variants import published_options
 from kvlab.units import GB, GIB
 
 #: Cache precisions the calculator offers, by display name.
@@ -76,13 +77,10 @@ def cache_option_fields(policy: str | None = None) -> list[ParamField]:
     policy takes, at the cache's defaults."""
     if policy is None:
         return _fields(CacheOptions)
-    cls = POLICIES[policy]
-    if not cls.ranks:
+    if not POLICIES[policy].ranks:
         return []
-    return [
-        dataclasses.replace(field, default=cls.cache_defaults.get(field.name, field.default))
-        for field in _fields(CacheOptions)
-    ]
+    published = published_options(POLICIES[policy])
+    return [dataclasses.replace(field, default=getattr(published, field.name)) for field in _fields(CacheOptions)]
 
 
 def policy_summary(policy: str) -> str:

@@ -35,8 +35,9 @@ class KVzip(ScoringPolicy):
     (the reference code's ``pair-uniform`` level).
 
     Differs from the paper and kvpress 0.5.5 (``KVzipPress``, whose request, chunking and normalisation kvlab
-    follows): a layer's share of the global ranking is rounded to whole tokens per KV head. The head-level
-    variant (one score per head, from a calibration set) and kvpress's KVzip+ normalisation are not implemented.
+    follows): a layer keeps at least one token per KV head of the global ranking (kvpress sets no floor; the sinks,
+    always kept, are more). The head-level variant (one score per head, from a calibration set) and kvpress's
+    KVzip+ normalisation are not implemented.
     Scores are float32 (the references keep them in the model's dtype, bf16 on a GPU, where many tie); the model's
     own attention scaling, soft-capping and sliding windows are applied (the references use ``1/sqrt(head_dim)``
     and neither). A model without a tokenizer gets no request: its reconstruction reads the context again.

@@ -216,7 +216,7 @@ def _config_row(
     metric: str,
     measured: MeasuredDecode | None,
 ) -> dict:
-    score = relative_score(config_trials, full_trials, metric)
+    score = relative_score(config_trials, full_trials, evidence.full_score, metric)
     full_bytes = float(full_trials["kv_bytes"].mean())
     kv_bytes = float(config_trials["kv_bytes"].mean())
     share = kv_bytes / full_bytes if full_bytes > 0 else 1.0

@@ -54,9 +54,9 @@ def scored_count(trials: pd.DataFrame, metric: str) -> int:
     return int(trial_values(trials, SHARE_COLUMNS[metric]).notna().sum())
 
 
-def relative_score(config_trials: pd.DataFrame, full_trials: pd.DataFrame, metric: str) -> RelativeScore:
-    """``config_trials`` against ``full_trials`` on ``metric`` (see the module's description)."""
-    full, _ = full_score(full_trials, metric)
+def relative_score(config_trials: pd.DataFrame, full_trials: pd.DataFrame, full: float, metric: str) -> RelativeScore:
+    """``config_trials`` against ``full_trials``, whose score (:func:`full_score`) is ``full``, on ``metric`` (see the
+    module's description)."""
     if metric == PERPLEXITY:
         return _relative_perplexity(config_trials, full_trials, full)
     values = trial_values(config_trials, SHARE_COLUMNS[metric])
