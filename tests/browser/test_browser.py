@@ -168,7 +168,9 @@ def download_chart(tab, chart, expected: bytes) -> None:
 
 
 def test_every_page_in_a_browser(page, screenshots, record_property):
-    assert page.get_by_role("heading", name="Overview", exact=True).is_visible()  # the app opens on the Overview
+    overview = page.get_by_role("heading", name="Overview", exact=True)
+    overview.wait_for()  # the sidebar (what the fixture waits for) can be drawn before the page's title
+    assert overview.is_visible()  # the app opens on the Overview
     idle(page)
     at_both_sizes(page, screenshots, "overview")
 
