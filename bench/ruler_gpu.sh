@@ -6,6 +6,9 @@
 #   published   the published model (SmolLM2-135M-Instruct) at 4,096 tokens, as above
 #   long        the published model at 8,128 tokens (its 8,192 positions less the 64 generated), 50% and 75% compression
 #   aware       the published model at 4,096 tokens at 50% compression with the question read before compression
+#   gemma       the second published model (Gemma 3 270M, sliding-window layers) at 4,096 tokens, 50% and 75%
+#               compression, the question read after compression; every policy but Expected Attention, which needs
+#               one rotary embedding for every layer (Gemma 3 has one for its sliding layers and one for the others)
 #   cost        bench/method_cost.py on both models: prefill (KVzip's reconstruction), decode per token, bytes held
 #               and read, medians of 3 runs after one at the same shapes
 # Sweeps resume: a step cut short runs again without repeating a stored trial.
@@ -23,6 +26,7 @@ device=()
 if [ -n "${KVLAB_DEVICE:-}" ]; then device=(--device "$KVLAB_DEVICE"); fi
 shipped=kvlab-tiny-llama
 published=SmolLM2-135M-Instruct.Q4_1.gguf
+gemma=gemma-3-270m-q4_k_m.gguf
 methods=streaming,h2o,generational,snapkv,pyramidkv,tova,knorm,random,expected_attention,keydiff,chunkkv,kvzip,quest,rocketkv
 mkdir -p "$(dirname "$db")"
 
@@ -31,7 +35,7 @@ ruler() {  # one RULER grid: every task, $trials items per task, 64 new tokens (
     --max-new-tokens 64 --db "$db" --quiet "$@"
 }
 
-steps="${*:-shipped published long aware cost}"
+steps="${*:-shipped published long aware gemma cost}"
 for step in $steps; do
   case "$step" in
     shipped) ruler --model "$shipped" --contexts 4096 --policies "full,$methods" --keep 0.75,0.5,0.25,0.1 \
@@ -40,6 +44,8 @@ for step in $steps; do
       --query-agnostic ;;
     long) ruler --model "$published" --contexts 8128 --policies "full,$methods" --keep 0.5,0.25 --query-agnostic ;;
     aware) ruler --model "$published" --contexts 4096 --policies "full,$methods" --keep 0.5 ;;
+    gemma) ruler --model "$gemma" --contexts 4096 --policies "full,${methods/expected_attention,/}" --keep 0.5,0.25 \
+      --query-agnostic ;;
     cost)
       for model in "$shipped" "$published"; do
         "$python" bench/method_cost.py --model "$model" "${device[@]}" --context 4096 --keep 0.25 \

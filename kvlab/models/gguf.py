@@ -4,8 +4,10 @@ Practitioners keep models as GGUF files (llama.cpp, Ollama). kvlab runs models t
 point, so a GGUF file is dequantised by transformers' GGUF loader once, and the result is cached as an ordinary
 model directory (config, tokenizer with its chat template, ``model.safetensors`` in float32: the dequantised values
 exactly) under ``$KVLAB_MODEL_CACHE``, keyed by the file's sha256. The next load of the same bytes, under any path
-or name, reads that directory and is fast. A model is named by the file's path, or by ``owner/repo/file.gguf`` for a
-file in a hub repository.
+or name, reads that directory and is fast, as long as the transformers that converted it is the one installed: the
+conversion is transformers' (its GGUF tokenizer for Gemma 3 merged words wrongly and added no BOS before 5.23, so a
+model converted then reads other tokens), so another version converts the file again. A model is named by the file's
+path, or by ``owner/repo/file.gguf`` for a file in a hub repository.
 
 Nothing here imports torch or transformers until a file is converted, so listing models stays cheap.
 """
@@ -18,6 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,8 @@ CACHE_ENV_VAR = "KVLAB_MODEL_CACHE"
 #: The file in a converted directory that says which GGUF file it came from; written last, so its presence means
 #: the conversion finished.
 FACTS_FILE = "kvlab-gguf.json"
+#: The key in :data:`FACTS_FILE` naming the transformers version that converted the directory.
+CONVERTED_BY = "converted_by_transformers"
 
 
 @dataclass(frozen=True)
@@ -146,14 +151,16 @@ def _quantisation(file_type: Any, tensor_types: list[str]) -> str:
 
 
 def converted_dir(path: Path, facts: GgufFacts, cache_root: Path | None = None) -> Path:
-    """The model directory dequantised from the GGUF file at ``path``, converting it on first use.
+    """The model directory dequantised from the GGUF file at ``path``, converting it on first use and again when the
+    installed transformers is not the one that converted it.
 
-    The conversion is written to a temporary directory beside its place and renamed into place when complete, so
+    The conversion is written to a temporary directory beside its place and moved into place when complete, so
     a conversion that is interrupted, or two that race, never leave a half-written model behind.
     """
     root = cache_root if cache_root is not None else model_cache_dir()
     target = root / f"gguf-{facts.sha256[:24]}"
-    if (target / FACTS_FILE).is_file():
+    converter = version("transformers")
+    if _converted_by(target) == converter:
         return target
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -162,17 +169,39 @@ def converted_dir(path: Path, facts: GgufFacts, cache_root: Path | None = None) 
         raise KvlabError(f"Cannot write the dequantised model under {root}: {error.strerror}.") from None
     try:
         _convert(path, work)
-        (work / FACTS_FILE).write_text(json.dumps(asdict(facts), indent=2) + "\n")
-        try:
-            work.rename(target)
-        except OSError:
-            if not (target / FACTS_FILE).is_file():  # not a finished twin from a concurrent conversion
-                raise
+        (work / FACTS_FILE).write_text(json.dumps({**asdict(facts), CONVERTED_BY: converter}, indent=2) + "\n")
+        _replace(target, work, converter)
     except OSError as error:
         raise KvlabError(f"Cannot write the dequantised model under {root}: {error.strerror or error}.") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+def _converted_by(directory: Path) -> str | None:
+    """The transformers version that converted ``directory`` (``""`` for a conversion that did not record it);
+    ``None`` where no finished conversion lies there."""
+    try:
+        recorded = json.loads((directory / FACTS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return str(recorded.get(CONVERTED_BY, "")) if isinstance(recorded, dict) else None
+
+
+def _replace(target: Path, work: Path, converter: str) -> None:
+    """Move the finished conversion ``work`` to ``target``, the conversion of another transformers there first
+    moved aside and deleted; a twin finished by a concurrent conversion under the same version is kept."""
+    if target.exists():
+        if _converted_by(target) == converter:
+            return
+        stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=target.parent))
+        target.rename(stale / target.name)
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        work.rename(target)
+    except OSError:
+        if _converted_by(target) != converter:  # not a finished twin from a concurrent conversion
+            raise
 
 
 def _convert(path: Path, out: Path) -> None:

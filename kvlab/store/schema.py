@@ -12,7 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
+import pandas as pd
 
+from kvlab.answers import first_line_is, holds
 from kvlab.errors import KvlabError
 from kvlab.store.errors import DB_ENV_VAR, unreadable
 
@@ -313,6 +315,30 @@ def v13_bos_rule(cursor: Cursor) -> None:
     cursor.execute("ALTER TABLE runs ADD COLUMN bos VARCHAR;")
 
 
+def v14_answers_ignore_case(cursor: Cursor) -> None:
+    """Answers are matched without regard to case, as RULER's scorer matches them (:mod:`kvlab.answers`): every
+    trial scored against one expected answer (``exact`` not NULL: the needle tasks) has its ``correct`` and
+    ``exact`` recomputed from its stored output, so that older verdicts follow the rule newer ones are made by (a
+    base model answering ``Plain glacier.`` for ``plain glacier`` was counted as missing the needle)."""
+    rows = cursor.execute(
+        "SELECT run_id, trial_key, output, expected FROM trials "
+        "WHERE exact IS NOT NULL AND output IS NOT NULL AND expected IS NOT NULL"
+    ).fetchall()
+    verdicts = pd.DataFrame(
+        [
+            (run_id, key, holds(output, expected), first_line_is(output, expected))
+            for run_id, key, output, expected in rows
+        ],
+        columns=["run_id", "trial_key", "correct", "exact"],
+    )
+    cursor.register("rescored", verdicts)
+    cursor.execute(
+        "UPDATE trials SET correct = rescored.correct, exact = rescored.exact FROM rescored "
+        "WHERE trials.run_id = rescored.run_id AND trials.trial_key = rescored.trial_key"
+    )
+    cursor.unregister("rescored")
+
+
 #: Migration ``i`` takes a database from schema version ``i`` to ``i + 1``; a new database runs all of them.
 MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v1_initial,
@@ -328,6 +354,7 @@ MIGRATIONS: tuple[Callable[[Cursor], None], ...] = (
     v11_tiers_and_devices,
     v12_attention_backend,
     v13_bos_rule,
+    v14_answers_ignore_case,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The first version with the marker; older kvlab databases are recognised by their tables and columns.

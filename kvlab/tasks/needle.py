@@ -24,6 +24,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 import torch
 
+from kvlab.answers import first_line_is, holds
 from kvlab.errors import KvlabError
 from kvlab.paths import shipped
 from kvlab.tasks.bos import DEFAULT_BOS, BosRule, special_ids
@@ -286,7 +287,8 @@ def needle_suite(
 
 @dataclass(frozen=True)
 class Score:
-    """``exact``: the output's first line, stripped, equals the answer. ``contains``: the answer occurs anywhere."""
+    """``exact``: the output's first line, stripped, is the answer. ``contains``: the answer occurs anywhere. Both
+    ignore case (:mod:`kvlab.answers`)."""
 
     contains: bool
     exact: bool
@@ -297,4 +299,4 @@ def score(output_text: str, answer: str) -> Score:
     empty answer is contained in every output)."""
     if not answer.strip():
         raise KvlabError("An empty expected answer cannot be scored: every output contains it.")
-    return Score(contains=answer in output_text, exact=output_text.split("\n", 1)[0].strip() == answer)
+    return Score(contains=holds(output_text, answer), exact=first_line_is(output_text, answer))

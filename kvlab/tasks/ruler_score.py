@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvlab.answers import holds
 from kvlab.errors import KvlabError
 from kvlab.stats import mean_interval
 
@@ -28,7 +29,6 @@ ANSWER_SEPARATOR = " | "
 SCORE = "RULER"
 #: Bootstrap resamples behind an interval.
 RESAMPLES = 2000
-_CONTROL = re.compile(r"[\x00-\x1f]")
 _TASK_ID = re.compile(r"ruler-([a-z0-9_]+)-\d+-\d+")
 
 
@@ -38,8 +38,7 @@ def recall(output_text: str, answers: Sequence[str]) -> float:
     answers must hold some text."""
     if not answers or any(not answer.strip() for answer in answers):
         raise KvlabError("RULER's recall needs at least one expected string, none of them empty.")
-    text = _CONTROL.sub("\n", output_text.strip()).strip().lower()
-    return sum(answer.lower() in text for answer in answers) / len(answers)
+    return sum(holds(output_text, answer) for answer in answers) / len(answers)
 
 
 def join_answers(answers: Sequence[str]) -> str:

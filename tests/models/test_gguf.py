@@ -8,6 +8,7 @@ import gguf as gguf_package
 import numpy as np
 import pytest
 import torch
+import transformers
 from tiny_models import write_tiny_llama_gguf
 
 from kvlab.budget import Budget
@@ -59,6 +60,30 @@ def test_second_load_reads_the_cache_without_converting(tiny_gguf, monkeypatch):
     assert (cached / "model.safetensors").is_file() and (cached / gguf.FACTS_FILE).is_file()
     assert json.loads((cached / "config.json").read_text()).get("quantization_config") is None
     assert again.source.quantisation == "F32"
+
+
+@pytest.mark.parametrize("recorded", ["5.17.0", None])
+def test_a_conversion_by_another_transformers_is_converted_again(tiny_gguf, tmp_path, monkeypatch, recorded):
+    path, reference = tiny_gguf
+    facts = gguf.read_facts(path)
+    cached = gguf.converted_dir(path, facts, cache_root=tmp_path)
+    written = json.loads((cached / gguf.FACTS_FILE).read_text())
+    assert written[gguf.CONVERTED_BY] == transformers.__version__
+    stale = {key: value for key, value in written.items() if key != gguf.CONVERTED_BY}
+    (cached / gguf.FACTS_FILE).write_text(
+        json.dumps(stale if recorded is None else {**stale, gguf.CONVERTED_BY: recorded})
+    )
+    (cached / "left-by-the-old-conversion").write_text("")
+    conversions = []
+    convert = gguf._convert
+    monkeypatch.setattr(gguf, "_convert", lambda *args: conversions.append(args) or convert(*args))
+    again = gguf.converted_dir(path, facts, cache_root=tmp_path)
+    assert again == cached and len(conversions) == 1
+    assert json.loads((again / gguf.FACTS_FILE).read_text())[gguf.CONVERTED_BY] == transformers.__version__
+    assert not (again / "left-by-the-old-conversion").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [cached.name]  # nothing stale or half-written is left
+    gguf.converted_dir(path, facts, cache_root=tmp_path)
+    assert len(conversions) == 1  # the same transformers reads its own conversion
 
 
 def test_directory_and_file_name_give_one_model(tiny_gguf, tmp_path):

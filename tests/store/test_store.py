@@ -325,7 +325,7 @@ def test_migrating_a_v3_database_adds_sweeps_and_keeps_its_runs(db_path: Path) -
 
     migrated = open_store(db_path)
     try:
-        assert migrated.schema_version() == SCHEMA_VERSION == 13
+        assert migrated.schema_version() == SCHEMA_VERSION == 14
         runs = migrated.list_runs()
         assert runs[["run_id", "status", "started_by", "trials"]].values.tolist() == [[1, "interrupted", "ann", 1]]
         assert migrated.sweeps() == []
@@ -352,6 +352,48 @@ def test_a_v11_database_records_the_attention_backend_and_its_runs_keep_their_id
         assert migrated.begin_run(flex, provenance=PROVENANCE) == 2  # another backend: another run
         attention = migrated.list_runs().set_index("run_id")["attention"]
         assert pd.isna(attention[1]) and attention[2] == "flex"
+    finally:
+        migrated.close()
+
+
+def test_a_v13_database_has_its_answers_rescored_without_regard_to_case(db_path: Path) -> None:
+    outputs = [  # (output, expected, correct as stored, exact as stored)
+        (" Plain glacier.\n\n", "plain glacier", False, False),
+        (" GS-1950-t1\n", "GS-1950-t1", True, True),
+        (" We8_hvtu", "we8_hvtu", False, False),
+        (" 1000000", "nu4_yz6u", False, False),
+    ]
+    with duckdb.connect(str(db_path)) as connection:
+        for migration in MIGRATIONS[:13]:
+            migration(connection)
+        connection.execute("INSERT INTO schema_version VALUES (13)")
+        connection.execute(
+            "INSERT INTO runs (run_key, status, model, policy, mode, policy_params, started_at) "
+            "VALUES ('k', 'finished', 'm', 'full', 'prefill', '{}', '2026-01-01 10:00')"
+        )
+        for index, (output, expected, correct, exact) in enumerate(outputs):
+            connection.execute(
+                "INSERT INTO trials (run_id, trial_key, task_id, context_tokens, correct, exact, output, expected) "
+                "VALUES (1, ?, 'n', 512, ?, ?, ?, ?)",
+                [f"t{index}", correct, exact, output, expected],
+            )
+        connection.execute(  # a RULER trial (no exact verdict): its recall decided, and stays
+            "INSERT INTO trials (run_id, trial_key, task_id, context_tokens, correct, output, expected, recall) "
+            "VALUES (1, 'r', 'ruler-vt-512-0', 512, FALSE, 'A b', 'a | c', 0.5)"
+        )
+    expected = {"r": (False, None), "t0": (True, False), "t1": (True, True), "t2": (True, True), "t3": (False, False)}
+
+    def verdicts(store) -> dict:
+        rows = store.trials_frame().astype(object)
+        return {row.trial_key: (row.correct, None if pd.isna(row.exact) else row.exact) for row in rows.itertuples()}
+
+    with open_store(db_path, read_only=True) as reader:  # an upgraded copy: the file is left as it was
+        assert verdicts(reader) == expected
+    with duckdb.connect(str(db_path), read_only=True) as untouched:
+        assert untouched.execute("SELECT count(*) FROM trials WHERE correct").fetchone() == (1,)
+    migrated = open_store(db_path)
+    try:
+        assert verdicts(migrated) == expected
     finally:
         migrated.close()
 
@@ -606,7 +648,7 @@ def test_a_v12_database_records_the_bos_rule_and_its_runs_keep_their_identity(db
         )
     migrated = open_store(db_path)
     try:
-        assert migrated.schema_version() == 13
+        assert migrated.schema_version() == SCHEMA_VERSION
         assert migrated.begin_run(CONFIG, provenance=PROVENANCE) == 1  # the BOS always first: the stored run
         auto = dataclasses.replace(CONFIG, bos="auto")
         assert migrated.begin_run(auto, provenance=PROVENANCE) == 2  # other prompts: another run

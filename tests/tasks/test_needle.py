@@ -13,12 +13,14 @@ from kvlab.tasks.needle import (
     ANSWER_PREFIX,
     HAYSTACK_DIR,
     Haystack,
+    Score,
     build_needle,
     insert_at_boundaries,
     load_haystacks,
     needle_suite,
     score,
 )
+from kvlab.tasks.ruler_score import recall
 from training.tokenizer import save_tokenizer, train_tokenizer
 
 
@@ -109,6 +111,15 @@ def test_score_exact_and_contains():
     assert not score(" 48219030", "4821903").exact and score(" 48219030", "4821903").contains
     assert not score(" the number is 4821903", "4821903").exact
     assert not score("\n 4821903", "4821903").exact and score("\n 4821903", "4821903").contains
+
+
+def test_score_ignores_case_as_ruler_does():
+    assert score(" Plain glacier.\n\n", "plain glacier") == Score(contains=True, exact=False)
+    assert score(" We8_hvtu\n", "we8_hvtu") == Score(contains=True, exact=True)
+    assert score(" GS-1950-T1", "GS-1950-t1").exact
+    assert not score(" plain glacial", "plain glacier").contains
+    verdict = score(" Plain glacier.", "plain glacier")
+    assert verdict.contains == (recall(" Plain glacier.", ["plain glacier"]) == 1.0)  # one rule for both tasks
 
 
 def test_held_out_templates_share_no_content_word_with_training():
