@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.dashboard.chart_view import image_format_sidebar
+from kvlab.dashboard.chart_view import image_format_sidebar, load_chart_script
 from kvlab.dashboard.navigation import PAGES
 from kvlab.dashboard.session import (
     access_sidebar,
@@ -31,6 +31,7 @@ if not own_name:  # the pages are declared but hidden, and none runs for a page 
 if not admitted:  # the pages are declared (so their addresses resolve) but none runs before the login
     login_page()
     st.stop()
+load_chart_script()
 guarded(model_sidebar, "the sidebar")
 image_format_sidebar()
 access_sidebar()

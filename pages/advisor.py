@@ -72,7 +72,7 @@ with st.expander(f"Below the floor ({len(advice.below)})"):
     st.dataframe(shown_advice(advice.below), hide_index=True)
 st.download_button(
     "Report (HTML)",
-    data=partial(report_file, advice_report(advice, runs)),
+    data=partial(report_file, advice_report, advice, runs),
     file_name="kvlab-advice.html",
     mime=MIME_TYPES[".html"],
     on_click="ignore",

@@ -129,10 +129,7 @@ if metric in SHARE_COLUMNS:
 
 st.download_button(
     "Report (HTML)",
-    data=partial(
-        report_file,
-        frontier_report(selections, axis, metric, covered.sort_values("run_id"), covered_trials),
-    ),
+    data=partial(report_file, frontier_report, selections, axis, metric, covered.sort_values("run_id"), covered_trials),
     file_name="kvlab-frontier.html",
     mime=MIME_TYPES[".html"],
     on_click="ignore",

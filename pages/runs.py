@@ -106,7 +106,7 @@ if picked:
         show_chart(column, figure.figure, key=f"chart-{figure.filename}", filename=figure.filename)
     st.download_button(
         "Report (HTML)",
-        data=partial(report_file, report),
+        data=partial(report_file, lambda: report),
         file_name=f"kvlab-runs-{'-'.join(str(run_id) for run_id in picked)}.html",
         mime=MIME_TYPES[".html"],
         on_click="ignore",

@@ -24,12 +24,16 @@ import warnings
 from collections.abc import Callable
 
 import torch
-from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, FlexKernelOptions, flex_attention
 
 from kvlab.attention.flex import BLOCK, ordered_blocks, softcap_mod
 from kvlab.cache.layer import FREE, HeapLayer
 from kvlab.fusion import fused
 
+#: A chunk's passes always run ``flex_attention``'s main kernel: a chunk shorter than 128 queries (a prompt's last)
+#: would otherwise get its decoding kernel, which found no configuration to compile for float32 on an H200
+#: (torch 2.11, "NoValidChoicesError" for 60 queries of 8 heads over 2 KV heads).
+CHUNK_KERNEL: FlexKernelOptions = {"FORCE_USE_FLEX_ATTENTION": True}
 #: Head size of the swapped pass's values: its output is not used, only its log-sum-exp, so its values are the
 #: smallest the kernel takes.
 SWAPPED_VALUE_DIM = 16
@@ -171,6 +175,7 @@ def received_by_slots(
         block_mask=swapped_mask(tables, keys.shape[2], groups, shape.sliding_window),
         scale=shape.scaling,
         return_aux=AuxRequest(lse=True),
+        kernel_options=CHUNK_KERNEL,
     )
     return aux.lse.exp()
 
@@ -179,12 +184,6 @@ def flex_chunk_attention(query: torch.Tensor, layer: HeapLayer, query_positions:
     """The chunk's attention ``(batch, q_heads, queries, head_dim)`` at ``query_positions`` over the layer's slots
     (its whole capacity, read in place); what each slot received is added to the layer's accumulated scores where it
     keeps them (H2O)."""
-    with torch.compiler.set_stance("default"):  # compiled here, though the model's own layers run eagerly
-        return _flex_chunk_attention(query, layer, query_positions)
-
-
-def _flex_chunk_attention(query: torch.Tensor, layer: HeapLayer, query_positions: torch.Tensor) -> torch.Tensor:
-    """:func:`flex_chunk_attention` under whatever compiler stance is set."""
     device = query.device.type
     keys, values, positions = layer.slots(layer.capacity)
     groups = query.shape[1] // keys.shape[1]
@@ -202,6 +201,7 @@ def _flex_chunk_attention(query: torch.Tensor, layer: HeapLayer, query_positions
             scale=shape.scaling,
             enable_gqa=groups > 1,
             return_aux=AuxRequest(lse=True) if observed else None,
+            kernel_options=CHUNK_KERNEL,
         )
         if not observed:
             return found

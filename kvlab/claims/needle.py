@@ -106,7 +106,14 @@ def needle_cells(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataF
 def with_variants(rows: pd.DataFrame) -> pd.DataFrame:
     """Trials with their policy ``variant`` (a frame without parameters holds policies as published)."""
     params = rows["policy_params"] if "policy_params" in rows else pd.Series(None, index=rows.index, dtype=object)
-    return rows.assign(variant=[variant(policy, text) for policy, text in zip(rows["policy"], params)])
+    named = {pair: variant(*pair) for pair in set(zip(rows["policy"], params.map(_hashable)))}
+    return rows.assign(variant=[named[pair] for pair in zip(rows["policy"], params.map(_hashable))])
+
+
+def _hashable(policy_params: object) -> str | None:
+    """Stored parameters as a key: their JSON text; anything else names no parameters (as :func:`variant` reads
+    it), whether NaN, None or a missing value."""
+    return policy_params if isinstance(policy_params, str) else None
 
 
 def plain(cells: pd.DataFrame) -> pd.DataFrame:

@@ -6,6 +6,9 @@ chose, and put each chart's :class:`~kvlab.dashboard.guides.ChartGuide` next to 
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import plotly.graph_objects as go
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
@@ -13,6 +16,29 @@ from streamlit.delta_generator import DeltaGenerator
 from kvlab.dashboard.guides import IMAGE_FORMATS, ChartGuide, chart_config
 
 IMAGE_FORMAT_KEY = "kvlab_image_format"
+#: Where Streamlit's frontend keeps its scripts, served under ``static/js/`` beside every page's address.
+FRONTEND_SCRIPTS = Path(st.__file__).parent / "static" / "static" / "js"
+
+
+@functools.cache
+def chart_script() -> str | None:
+    """The file name of the frontend's Plotly chart component in this Streamlit (its name carries a content hash),
+    ``None`` where it has none."""
+    found = sorted(FRONTEND_SCRIPTS.glob("PlotlyChart.*.js"))
+    return found[0].name if found else None
+
+
+def load_chart_script() -> None:
+    """Have the browser load Plotly's chart component as soon as a session starts, while the page's script runs.
+
+    The component (Plotly included, about 5 MB of JavaScript) is otherwise fetched, compiled and run only when the
+    first chart arrives, and on a small machine that takes longer than most pages' scripts: a new tab waited about
+    1.4 s after its last message for its first chart. Imported here, it is in the browser's module map when the
+    chart arrives, and the chart draws at once. The import names only Streamlit's own script, by the name this
+    Streamlit gave it."""
+    name = chart_script()
+    if name is not None:
+        st.sidebar.html(f'<script>import("./static/js/{name}")</script>', unsafe_allow_javascript=True)
 
 
 def image_format_sidebar() -> None:

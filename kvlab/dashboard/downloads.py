@@ -8,7 +8,9 @@ A comparison is the HTML report of :mod:`kvlab.dashboard.report`, stamped with t
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kvlab.dashboard.report import Report, report_html
 from kvlab.store import RunFilter, Store, export_runs, export_trials
@@ -27,6 +29,7 @@ def export_bytes(store: Store, table: str, suffix: str, filters: RunFilter = Run
         return out.read_bytes()
 
 
-def report_file(report: Report) -> bytes:
-    """``report`` as an HTML file made now, for a download button that builds it only when clicked."""
-    return report_html(report, utcnow()).encode()
+def report_file(build: Callable[..., Report], *arguments: Any) -> bytes:
+    """The report ``build(*arguments)`` as an HTML file made now: a download button's data, so that a report (its
+    figures built again, its tables and guides) costs nothing until it is clicked."""
+    return report_html(build(*arguments), utcnow()).encode()

@@ -11,8 +11,8 @@ layer compiles into the stretch before the cache write, the stretch after the at
 graphs are the same for every layer (a layer's index is not specialised on), so a model compiles once per shape.
 
 Compiled code runs only where asked (:func:`layer_stance`): the static decode steps of the ``flex`` backend, whose
-shapes never change. Every other forward (prefill chunks, eager steps, another backend) runs the layers eagerly, as
-it did before they were compiled.
+shapes never change. Every other forward (prefill chunks, eager steps, another backend, and anything a user runs on
+the model outside kvlab) runs the layers eagerly, as it did before they were compiled.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import torch._dynamo
 
 #: Set on a model once its layers are compiled.
 COMPILED = "_kvlab_compiled_layers"
+#: A layer's compiled forward, kept beside the layer's own until a fused forward swaps it in.
+COMPILED_FORWARD = "_kvlab_compiled_forward"
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
@@ -39,14 +41,18 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
 
 def compile_layers(model: Any, backend: str | Callable[..., Any] = "inductor") -> bool:
     """Compile ``model``'s decoder layers for fixed shapes (once per model; ``backend`` is torch.compile's). Whether
-    they are compiled now."""
+    they are compiled now.
+
+    The compiled forward is kept beside each layer's own, not installed in its place: the model stays the user's
+    model, so that anything run on it outside a fused step (``model.generate``, a forward of another length) runs
+    eagerly as before, rather than compiling again for every new length until Dynamo gives up."""
     if compiled(model):
         return True
     layers = decoder_layers(model)
     if not layers:
         return False
     for layer in layers:
-        layer.compile(backend=backend, dynamic=False)
+        setattr(layer, COMPILED_FORWARD, torch.compile(layer.forward, backend=backend, dynamic=False))
     setattr(model, COMPILED, True)
     return True
 
@@ -61,11 +67,15 @@ def layer_stance(model: Any, fused: bool) -> Iterator[None]:
     """Run ``model``'s forward with its compiled layers where ``fused`` (a static decode step of the ``flex``
     backend), eagerly otherwise; nothing changes for a model whose layers were never compiled. Fused forwards treat
     a layer's integer attributes (its index) as inputs, so the 32 layers of a model share one compiled graph."""
-    if not compiled(model):
+    if not (fused and compiled(model)):
         yield
-    elif fused:
-        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+        return
+    layers = decoder_layers(model)
+    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+        for layer in layers:
+            layer.forward = getattr(layer, COMPILED_FORWARD)
+        try:
             yield
-    else:
-        with torch.compiler.set_stance("force_eager"):
-            yield
+        finally:
+            for layer in layers:
+                del layer.forward  # the class's own forward again

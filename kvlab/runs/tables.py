@@ -7,9 +7,12 @@ measurement; two runs that answered the same items are compared by McNemar's pai
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -73,6 +76,13 @@ def budget_label(keep: object, budget_tokens: object) -> str:
     return "full cache"
 
 
+@functools.cache
+def default_params(policy: str) -> Mapping[str, object]:
+    """A registered policy's default parameters, made once: a chart names hundreds of runs, and making a policy
+    checks every parameter."""
+    return MappingProxyType(POLICIES[policy]().params())
+
+
 def policy_name(policy: str, params: object = None) -> str:
     """A policy with the parameters a run set away from the policy's defaults: ``streaming (sinks=0)``. Runs of
     one policy with other parameters are other lines of a chart, never pooled into one."""
@@ -80,7 +90,7 @@ def policy_name(policy: str, params: object = None) -> str:
     if cls is None or not present(params):
         return policy
     values = json.loads(params) if isinstance(params, str) else dict(params)  # type: ignore[call-overload]
-    defaults = cls().params()
+    defaults = default_params(policy)
     changed = ", ".join(f"{key}={value}" for key, value in sorted(values.items()) if defaults.get(key) != value)
     return f"{policy} ({changed})" if changed else policy
 
@@ -189,7 +199,11 @@ def point_trials(trials: pd.DataFrame, point: Any) -> pd.DataFrame:
     if trials.empty:
         return trials
     wanted = _key(tuple(getattr(point, key) for key in FRONTIER_KEYS))
-    return trials[[_key(row) == wanted for row in trials[FRONTIER_KEYS].itertuples(index=False)]]
+    chosen = np.ones(len(trials), dtype=bool)
+    for key, value in zip(FRONTIER_KEYS, wanted, strict=True):
+        column = trials[key]
+        chosen &= (column.isna() if value is None else column.eq(value).fillna(False)).to_numpy(dtype=bool)
+    return trials[chosen]
 
 
 def _point_intervals(points: pd.DataFrame, trials: pd.DataFrame | None, metric: str) -> tuple[list, list]:

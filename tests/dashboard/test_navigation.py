@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from streamlit.testing.v1 import AppTest
 
+from kvlab.dashboard.chart_view import FRONTEND_SCRIPTS, chart_script
 from kvlab.dashboard.navigation import PAGES, overview_opening
 from kvlab.policies import POLICIES
 from kvlab.policies.streaming import Streaming
@@ -44,3 +45,14 @@ def test_a_policy_added_to_the_registry_is_in_the_overviews_list(db, monkeypatch
     assert app.title[0].value == "Overview"
     assert any(f"`{Lookalike.name}`" in block.value for block in app.markdown)
     assert any(f"one of its {len(POLICIES)} policies" in block.value for block in app.markdown)
+
+
+def test_every_session_loads_the_chart_component_of_this_streamlit_from_the_start(db):
+    name = chart_script()
+    assert name is not None and (FRONTEND_SCRIPTS / name).is_file()  # the file this Streamlit's frontend serves
+    app = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    app.run()
+    assert not app.exception, app.exception
+    loaders = [element for element in app.sidebar if element.type == "html"]
+    assert len(loaders) == 1
+    assert f'import("./static/js/{name}")' in loaders[0].proto.body

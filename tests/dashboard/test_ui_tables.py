@@ -148,6 +148,15 @@ def test_frontier_points_on_the_kept_fraction_and_byte_axes(store):
     assert tables.frontier_points(frontier.iloc[0:0]).empty
 
 
+def test_each_point_finds_exactly_its_own_trials(store):
+    trials = store.trials_frame()
+    points = tables.frontier_points(store.accuracy_frontier(), "kv_bytes", trials=trials)
+    found = [tables.point_trials(trials, point) for point in points.itertuples(index=False)]
+    assert [len(rows) for rows in found] == points["trials"].tolist()  # the full cache's NaN keys match too
+    assert sum(len(rows) for rows in found) == len(trials)  # every trial is behind exactly one point
+    assert all(set(rows["policy"]) == {point.policy} for rows, point in zip(found, points.itertuples(index=False)))
+
+
 def test_frontier_lines_at_the_same_fraction_are_drawn_apart_and_named_together(store):
     points = tables.frontier_points(store.accuracy_frontier(), "keep")
     figure = frontier_figure(points, "kept fraction", bytes_axis=False)

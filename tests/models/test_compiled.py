@@ -90,3 +90,17 @@ def test_a_model_without_a_list_of_decoder_layers_is_left_as_it_is():
     model = Plain()
     assert decoder_layers(model) == [] and not compile_layers(model) and not compiled(model)
     assert len(decoder_layers(tiny_model("llama"))) == 3
+
+
+def test_outside_kvlab_the_model_runs_its_own_eager_layers_after_a_fused_run(recorder):
+    loaded = wrap_model(tiny_model("llama"))
+    ids = prompt(batch=1, length=30, seed=3)
+    with torch.no_grad():
+        before = loaded.model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    compile_layers(loaded.model, backend=recorder)
+    run(loaded, ids, "h2o", "flex")
+    graphs = len(recorder.graphs)
+    assert graphs and all("forward" not in vars(layer) for layer in decoder_layers(loaded.model))
+    with torch.no_grad():  # a new length at every token: nothing compiles, the tokens are the eager ones
+        after = loaded.model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    assert len(recorder.graphs) == graphs and torch.equal(after, before)
