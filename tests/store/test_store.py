@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from kvlab.errors import KvlabError
+from kvlab.paths import shipped
 from kvlab.provenance import Provenance
 from kvlab.store import (
     MIGRATIONS,
@@ -656,3 +657,15 @@ def test_a_v12_database_records_the_bos_rule_and_its_runs_keep_their_identity(db
         assert pd.isna(bos[1]) and bos[2] == "auto"
     finally:
         migrated.close()
+
+
+@pytest.mark.parametrize("path", sorted(shipped("runs").glob("*.duckdb")), ids=lambda path: path.name)
+def test_a_shipped_store_numbers_its_next_run_after_every_stored_one(path: Path) -> None:
+    """(Stores merged from several machines keep their sequence ahead of the run ids they hold, so a run added to one
+    never takes a stored run's id.)"""
+    with duckdb.connect(str(path), read_only=True) as connection:
+        highest = connection.execute("SELECT max(run_id) FROM runs").fetchone()
+        issued = connection.execute(
+            "SELECT last_value FROM duckdb_sequences() WHERE sequence_name = 'run_id_seq'"
+        ).fetchone()
+    assert highest is not None and issued is not None and (highest[0] or 0) <= (issued[0] or 0)
