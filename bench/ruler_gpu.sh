@@ -7,8 +7,7 @@
 #   long        the published model at 8,128 tokens (its 8,192 positions less the 64 generated), 50% and 75% compression
 #   aware       the published model at 4,096 tokens at 50% compression with the question read before compression
 #   gemma       the second published model (Gemma 3 270M, sliding-window layers) at 4,096 tokens, 50% and 75%
-#               compression, the question read after compression; every policy but Expected Attention, which needs
-#               one rotary embedding for every layer (Gemma 3 has one for its sliding layers and one for the others)
+#               compression, the question read after compression
 #   cost        bench/method_cost.py on both models: prefill (KVzip's reconstruction), decode per token, bytes held
 #               and read, medians of 3 runs after one at the same shapes
 # Sweeps resume: a step cut short runs again without repeating a stored trial.
@@ -44,8 +43,7 @@ for step in $steps; do
       --query-agnostic ;;
     long) ruler --model "$published" --contexts 8128 --policies "full,$methods" --keep 0.5,0.25 --query-agnostic ;;
     aware) ruler --model "$published" --contexts 4096 --policies "full,$methods" --keep 0.5 ;;
-    gemma) ruler --model "$gemma" --contexts 4096 --policies "full,${methods/expected_attention,/}" --keep 0.5,0.25 \
-      --query-agnostic ;;
+    gemma) ruler --model "$gemma" --contexts 4096 --policies "full,$methods" --keep 0.5,0.25 --query-agnostic ;;
     cost)
       for model in "$shipped" "$published"; do
         "$python" bench/method_cost.py --model "$model" "${device[@]}" --context 4096 --keep 0.25 \

@@ -69,7 +69,7 @@ def kvlab_attention(
         layer.remember_queries(query, query_positions, cache.query_window, cache.static)
     if cache.query_moments:
         assert cache.rope is not None
-        layer.add_query_moments(query, query_positions, cache.rope)
+        layer.add_query_moments(query, query_positions, cache.rope[layer_idx])
     layer.note_received(None)  # what the last pass's query gave the slots is stale once this pass attends
     attended, in_order = layer.read(layer.span(cache.static), cache.static, query, context.decoding)
     output = _attend(query, layer, layer_idx, attended, in_order, query_positions, context)

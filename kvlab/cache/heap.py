@@ -45,7 +45,7 @@ from kvlab.cache.spec import CacheSpec, TierSpec
 from kvlab.cache.stack import LayerStack
 from kvlab.cache.tiers import TieredLayer
 from kvlab.fusion import fused
-from kvlab.models.rope import Rope
+from kvlab.models.rope import LayerRopes
 
 #: A run's host counts, as :meth:`KVHeap.host_state` takes them: tokens seen, compactions, slots ranked, cuts, and
 #: per layer slots in use, live and whether ordered.
@@ -91,7 +91,7 @@ class KVHeap:
         observed: Observed,
         room: int,
         keep_planned: bool,
-        rope: Rope | None,
+        rope: LayerRopes | None,
         noise: NoiseFloor,
         freezing: Freezing | None,
         demotion: Demotion | None,
@@ -105,7 +105,8 @@ class KVHeap:
         self.noise = noise
         self.track_scores = observed.scores
         self.query_window = observed.query_window
-        #: Whether attention accumulates each layer's query moments (needs ``rope`` to undo the rotation).
+        #: Whether attention accumulates each layer's query moments (needs each layer's ``rope`` to undo the
+        #: rotation).
         self.query_moments = observed.query_moments and rope is not None
         #: The run's one position state (:mod:`kvlab.cache.positions`).
         self.positions = Positions()
@@ -134,7 +135,7 @@ class KVHeap:
         observed: Observed,
         room: int,
         keep_planned: bool,
-        rope: Rope | None,
+        rope: LayerRopes | None,
         evicting: bool,
     ) -> KVHeap:
         """A heap of ``capacities`` planned slots per layer whose layers are of the type the cache ``spec`` asks for:

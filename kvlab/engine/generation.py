@@ -52,7 +52,7 @@ from kvlab.engine.stopping import StopTokens, eos_token_ids
 from kvlab.errors import KvlabError, shown_name
 from kvlab.models.compiled import compile_layers, layer_stance
 from kvlab.models.loading import LoadedModel, device_name
-from kvlab.models.rope import Rope
+from kvlab.models.rope import layer_ropes
 from kvlab.modes import PREFILL, STREAMING
 from kvlab.policies.base import LayerView, Policy
 from kvlab.policies.full import Full
@@ -99,7 +99,7 @@ class Generation:
         #: compression with the budgets (:func:`kvlab.cache.scopes.global_budgets`); else ``None``.
         self.layer_entries: list[int] | None = None
         #: The model's rotary embedding (for policies that model future queries), found once per generation.
-        self.rope = Rope.of_model(loaded.model)
+        self.rope = layer_ropes(loaded.model)
         #: The backend static decode steps attend with on this device (:mod:`kvlab.attention.backends`).
         self.attention = spec.attention_on(loaded.device)
         self.cache = self._heap(prefilled)
@@ -342,7 +342,7 @@ class Generation:
                 position,
                 self.generators[self.loaded.layer_devices[layer_idx]],
                 layer.span(self.cache.static),
-                self.rope,
+                None if self.rope is None else self.rope[layer_idx],
                 self.cache,
                 None if self.layer_entries is None or not to_budget else self.layer_entries[layer_idx],
             )

@@ -57,13 +57,32 @@ class Rope:
         mean[: self.rotary_dim, : self.rotary_dim] = rotary
         return mean
 
-    @classmethod
-    def of_model(cls, model: Any) -> Rope | None:
-        """The rotary embedding of a transformers causal LM (``model.model.rotary_emb``), or ``None`` for a model
-        without one where kvlab can find it."""
-        inner = getattr(model, "model", None)
-        rotary = getattr(inner, "rotary_emb", None)
-        inv_freq = getattr(rotary, "inv_freq", None)
+
+#: One :class:`Rope` per decoder layer: models with several layer types rotate each type by its own frequencies
+#: (Gemma 3: a base of 10,000 in its sliding-window layers, 1,000,000 in its global ones).
+LayerRopes = tuple[Rope, ...]
+
+
+def layer_ropes(model: Any) -> LayerRopes | None:
+    """Each decoder layer's rotary embedding in a transformers causal LM (``model.model.rotary_emb``): its
+    ``inv_freq`` for every layer, or per layer type its ``<type>_inv_freq`` for the layer types of
+    ``config.layer_types``; ``None`` for a model without one where kvlab can find it."""
+    inner = getattr(model, "model", None)
+    rotary = getattr(inner, "rotary_emb", None)
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    if rotary is None or not isinstance(layers, int):
+        return None
+    shared = getattr(rotary, "inv_freq", None)
+    if isinstance(shared, torch.Tensor):
+        return (Rope(shared.detach().float()),) * layers
+    types = getattr(config, "layer_types", None)
+    if not isinstance(types, list | tuple) or len(types) != layers:
+        return None
+    ropes: dict[str, Rope] = {}
+    for kind in set(types):
+        inv_freq = getattr(rotary, f"{kind}_inv_freq", None)
         if not isinstance(inv_freq, torch.Tensor):
             return None
-        return cls(inv_freq.detach().float())
+        ropes[kind] = Rope(inv_freq.detach().float())
+    return tuple(ropes[kind] for kind in types)

@@ -32,8 +32,9 @@ class LayerView:
     """What a policy may look at when scoring one layer: the first ``span`` slots of its heap (free ones included:
     their position is negative, and whatever a policy scores them, they are never chosen). ``next_position`` is the
     position the next token will get (a number, or in a captured decode step a device tensor). ``rope`` is the
-    model's rotary embedding where kvlab found one, and ``heap`` the whole heap, for a policy that reuses the decision
-    of a layer evicted before this one (layers are evicted in order)."""
+    layer's rotary embedding where kvlab found one (layers of different types rotate by their own frequencies), and
+    ``heap`` the whole heap, for a policy that reuses the decision of a layer evicted before this one (layers are
+    evicted in order)."""
 
     layer_idx: int
     num_layers: int

@@ -9,13 +9,14 @@ import torch
 
 from kvlab.budget import Budget
 from kvlab.cache.layer import MOMENTS_SKIP
-from kvlab.engine.generation import Generation
+from kvlab.engine.generation import Generation, generate
 from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import wrap_model
-from kvlab.models.rope import Rope
+from kvlab.models.rope import layer_ropes
+from kvlab.policies import make_policy
 from kvlab.policies.base import LayerView
 from kvlab.policies.scoring import ScoringPolicy
-from tests.tiny_models import prompt, tiny_model
+from tests.tiny_models import prompt, tiny_gemma3, tiny_model
 
 
 @dataclass
@@ -33,8 +34,9 @@ def test_rope_rotation_matches_the_model_and_undoes_itself() -> None:
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     loaded = wrap_model(tiny_model("llama"))
-    rope = Rope.of_model(loaded.model)
-    assert rope is not None
+    ropes = layer_ropes(loaded.model)
+    assert ropes is not None and len(ropes) == loaded.arch.num_layers and all(rope is ropes[0] for rope in ropes)
+    rope = ropes[0]
     vectors = torch.randn(1, 2, 5, rope.rotary_dim)
     positions = torch.arange(3, 8)
     cos, sin = loaded.model.model.rotary_emb(vectors, positions.unsqueeze(0))
@@ -46,6 +48,32 @@ def test_rope_rotation_matches_the_model_and_undoes_itself() -> None:
     torch.testing.assert_close(
         rope.mean_rotation(future, rope.rotary_dim) @ one, rope.rotate(one.expand(10, -1), future).mean(0)
     )
+
+
+def test_each_layer_type_rotates_by_its_own_frequencies_as_the_model_does() -> None:
+    from transformers.models.gemma3.modeling_gemma3 import apply_rotary_pos_emb
+
+    model = tiny_gemma3()
+    ropes = layer_ropes(model)
+    types = model.config.layer_types
+    assert ropes is not None and len(ropes) == len(types)
+    vectors = torch.randn(1, 1, 5, ropes[0].rotary_dim)
+    positions = torch.arange(3, 8)
+    for layer_type in set(types):
+        cos, sin = model.model.rotary_emb(vectors, positions.unsqueeze(0), layer_type)
+        expected, _ = apply_rotary_pos_emb(vectors, vectors, cos, sin)
+        for rope in (rope for rope, kind in zip(ropes, types, strict=True) if kind == layer_type):
+            torch.testing.assert_close(rope.rotate(vectors, positions), expected)
+    assert not torch.equal(
+        ropes[types.index("sliding_attention")].inv_freq, ropes[types.index("full_attention")].inv_freq
+    )
+
+
+def test_expected_attention_runs_on_a_model_with_a_rotary_embedding_per_layer_type() -> None:
+    loaded = wrap_model(tiny_gemma3())
+    spec = RunSpec(make_policy("expected_attention"), Budget(tokens=10), mode="streaming", chunk=8, max_new_tokens=4)
+    result = generate(loaded, prompt(length=40, seed=2), spec)
+    assert len(result.tokens[0]) == 4 and max(result.kept_per_layer) <= 10 + 8
 
 
 def test_query_moments_are_those_of_the_queries_before_rope() -> None:
