@@ -106,8 +106,9 @@ def needle_cells(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataF
 def with_variants(rows: pd.DataFrame) -> pd.DataFrame:
     """Trials with their policy ``variant`` (a frame without parameters holds policies as published)."""
     params = rows["policy_params"] if "policy_params" in rows else pd.Series(None, index=rows.index, dtype=object)
-    named = {pair: variant(*pair) for pair in set(zip(rows["policy"], params.map(_hashable)))}
-    return rows.assign(variant=[named[pair] for pair in zip(rows["policy"], params.map(_hashable))])
+    pairs = list(zip(rows["policy"], params.map(_hashable)))
+    named = {pair: variant(*pair) for pair in set(pairs)}
+    return rows.assign(variant=[named[pair] for pair in pairs])
 
 
 def _hashable(policy_params: object) -> str | None:

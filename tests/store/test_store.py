@@ -14,6 +14,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import pytest
+from old_schemas import at_schema
 
 from kvlab.errors import KvlabError
 from kvlab.paths import shipped
@@ -312,9 +313,7 @@ def test_migrating_a_v1_database_keeps_its_data(db_path: Path) -> None:
 def test_migrating_a_v3_database_adds_sweeps_and_keeps_its_runs(db_path: Path) -> None:
     """(Opened for writing, an older database is migrated to the latest version.)"""
     with duckdb.connect(str(db_path)) as connection:
-        for migration in MIGRATIONS[:3]:
-            migration(connection)
-        connection.execute("INSERT INTO schema_version VALUES (3)")
+        at_schema(connection, 3)
         connection.execute(
             "INSERT INTO runs (run_key, status, model, policy, mode, policy_params, started_by, started_at) "
             "VALUES ('k1', 'running', 'old-model', 'h2o', 'prefill', '{}', 'ann', '2025-01-01 10:00')"
@@ -337,9 +336,7 @@ def test_migrating_a_v3_database_adds_sweeps_and_keeps_its_runs(db_path: Path) -
 
 def test_a_v11_database_records_the_attention_backend_and_its_runs_keep_their_identity(db_path: Path) -> None:
     with duckdb.connect(str(db_path)) as connection:
-        for migration in MIGRATIONS[:11]:
-            migration(connection)
-        connection.execute("INSERT INTO schema_version VALUES (11)")
+        at_schema(connection, 11)
         connection.execute(
             "INSERT INTO runs (run_key, status, model, policy, mode, policy_params, started_at) "
             "VALUES (?, 'finished', 'm', 'h2o', 'prefill', '{}', '2026-01-01 10:00')",
@@ -365,9 +362,7 @@ def test_a_v13_database_has_its_answers_rescored_without_regard_to_case(db_path:
         (" 1000000", "nu4_yz6u", False, False),
     ]
     with duckdb.connect(str(db_path)) as connection:
-        for migration in MIGRATIONS[:13]:
-            migration(connection)
-        connection.execute("INSERT INTO schema_version VALUES (13)")
+        at_schema(connection, 13)
         connection.execute(
             "INSERT INTO runs (run_key, status, model, policy, mode, policy_params, started_at) "
             "VALUES ('k', 'finished', 'm', 'full', 'prefill', '{}', '2026-01-01 10:00')"
@@ -639,9 +634,7 @@ def test_export_refuses_an_unknown_extension(filled, tmp_path: Path) -> None:
 
 def test_a_v12_database_records_the_bos_rule_and_its_runs_keep_their_identity(db_path: Path) -> None:
     with duckdb.connect(str(db_path)) as connection:
-        for migration in MIGRATIONS[:12]:
-            migration(connection)
-        connection.execute("INSERT INTO schema_version VALUES (12)")
+        at_schema(connection, 12)
         connection.execute(
             "INSERT INTO runs (run_key, status, model, policy, mode, policy_params, started_at) "
             "VALUES (?, 'finished', 'm', 'h2o', 'prefill', '{}', '2026-01-01 10:00')",

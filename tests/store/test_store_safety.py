@@ -16,6 +16,7 @@ import duckdb
 import pandas as pd
 import pytest
 from disks import fill, small_disk
+from old_schemas import at_schema
 
 from kvlab.errors import KvlabError
 from kvlab.provenance import Provenance
@@ -34,9 +35,7 @@ def trial(key: str, **changes) -> Trial:
 def write_v4_database(path: Path) -> None:
     """A database as kvlab's schema 4 left it: one finished run (keyed without the settings schema 5 added)."""
     with duckdb.connect(str(path)) as connection:
-        for migration in MIGRATIONS[:4]:
-            migration(connection)
-        connection.execute("INSERT INTO schema_version VALUES (4)")
+        at_schema(connection, 4)
         connection.execute(
             "INSERT INTO runs (run_key, status, model, policy, mode, task, policy_params, keep, seed, started_at) "
             "VALUES ('old-key', 'finished', 'm', 'h2o', 'prefill', 'needle', '{}', 0.5, 0, '2025-01-01 10:00')"
