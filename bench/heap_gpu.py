@@ -12,11 +12,14 @@ Parts (each fits one call of ten minutes):
   every policy, layout and mode;
 * ``decode``: per context length (``--contexts``), kvlab ``full`` and every evicting policy in streaming mode, the
   three layouts, SnapKV in prefill mode and eager decoding for comparison, each with the attention backends of
-  ``--attention`` side by side (``auto``, what users get, by default), and the transformers baselines (``--hf``);
+  ``--attention`` side by side (``auto``, what users get, by default), and the transformers baselines (``--hf``;
+  ``--only none`` runs them alone);
   each configuration runs twice at the same shapes and the second run is reported (decode: the median of the
   steady half of its per-token times);
 * ``backends``: one layer's decode attention in a captured step by each attention backend, with and without H2O's
   accumulated scores;
+* ``flex-configs``: one layer's flex decode attention in a captured step under each option of flex_attention's
+  decoding kernel tried (tile, pipeline stages, warps, splits), against flex's own defaults;
 * ``long``: StreamingLLM in streaming mode with a fixed budget of 4,096 tokens over ``--long-contexts`` tokens:
   prefill rate and peak memory.
 
@@ -176,14 +179,33 @@ def _gib(value: int | None) -> float | None:
     return None if value is None else round(value / GIB, 3)
 
 
+class TokenClock:
+    """A logits processor that notes when each token's logits are ready (after a device synchronisation): the
+    seconds each decoded token took, as kvlab's own generate reports them."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        synchronize()
+        self.times.append(time.perf_counter())
+        return scores
+
+    def token_seconds(self) -> list[float]:
+        return [later - earlier for earlier, later in zip(self.times, self.times[1:], strict=False)]
+
+
 def hf_rows(
     model, ids: torch.Tensor, compiled: bool, bandwidth: float, roofline_base: int, kv_per_token: int
 ) -> list[dict[str, Any]]:
     """transformers' generate: dynamic cache with SDPA (cuDNN off), and, with ``compiled``, its static cache with
-    torch.compile; decode per token from the difference of a 1-token and a (1 + NEW_TOKENS)-token generate, each
-    timed on its second run."""
+    torch.compile; each run :data:`REPEATS` times at the same shapes (the first compiles) and the last reported,
+    its decode the median of the steady half of its per-token times (as kvlab's), its prefill the time to the first
+    token."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import LogitsProcessorList
 
+    own_attention = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     rows = []
     variants: list[tuple[str, dict[str, Any]]] = [("transformers generate (dynamic cache)", {})]
@@ -191,44 +213,43 @@ def hf_rows(
         variants.append(("transformers generate (static cache, torch.compile)", {"cache_implementation": "static"}))
     try:
         for label, extra in variants:
-
-            def timed(new: int, extra: dict[str, Any] = extra) -> tuple[float, int | None]:
-                seconds, peak = 0.0, None
-                for _ in range(2):
-                    gc.collect()
-                    if torch.cuda.is_available():
-                        torch.cuda.empty_cache()
-                        torch.cuda.reset_peak_memory_stats()
-                    synchronize()
-                    started = time.perf_counter()
-                    with (
-                        torch.inference_mode(),
-                        sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]),
-                    ):
-                        model.generate(
-                            ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, **extra
-                        )
-                    synchronize()
-                    seconds = time.perf_counter() - started
-                    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
-                return seconds, peak
-
-            one, _ = timed(1)
-            many, peak = timed(1 + NEW_TOKENS)
-            decode_ms = 1000 * (many - one) / NEW_TOKENS
+            for _ in range(max(2, REPEATS)):
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
+                clock = TokenClock()
+                synchronize()
+                started = time.perf_counter()
+                with (
+                    torch.inference_mode(),
+                    sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]),
+                ):
+                    model.generate(
+                        ids,
+                        max_new_tokens=1 + NEW_TOKENS,
+                        min_new_tokens=1 + NEW_TOKENS,
+                        do_sample=False,
+                        pad_token_id=0,
+                        logits_processor=LogitsProcessorList([clock]),
+                        **extra,
+                    )
+                peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+            decode_ms = steady_ms(clock.token_seconds())
             roofline_ms = 1000 * (roofline_base + kv_per_token * ids.shape[1]) / bandwidth
             row = {
                 "config": label,
                 "decode_ms": round(decode_ms, 3),
+                "decode_ms_all_tokens": round(1000 * statistics.mean(clock.token_seconds()), 3),
                 "roofline_ms": round(roofline_ms, 3),
                 "vs_roofline": round(decode_ms / roofline_ms, 3),
-                "prefill_s": round(one, 3),
+                "prefill_s": round(clock.times[0] - started, 3),
                 "peak_gpu_gib": _gib(peak),
             }
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
-        model.set_attn_implementation("kvlab")
+        model.set_attn_implementation(own_attention)
     return rows
 
 
@@ -607,6 +628,21 @@ def decode_by_backend(backend: str, query: torch.Tensor, layer: Any, query_posit
     return decode_attention(query, layer, layer.slots(layer.capacity), visible, context, 0)  # type: ignore[arg-type]
 
 
+#: Heaps of one layer's decode attention: slots, and the share of them holding tokens (streaming at keep 10%:
+#: budget + chunk, three quarters held; the full cache at 32k and 128k).
+DECODE_CASES = ((4301, 0.76), (32832, 1.0), (131136, 1.0))
+
+
+def decode_case(slots: int, held: float, device: str) -> tuple[torch.Tensor, ...]:
+    """Random keys, values (8 KV heads of 128, bf16) and one query (32 heads) over ``slots`` slots whose first
+    ``held`` share holds tokens (the rest free), and the slots' positions."""
+    keys, values = (torch.randn(1, 8, slots, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
+    query = torch.randn(1, 32, 1, 128, device=device, dtype=torch.bfloat16)
+    positions = torch.arange(slots, device=device, dtype=torch.int32).expand(1, 8, slots).clone()
+    positions[..., int(held * slots) :] = -1
+    return keys, values, query, positions
+
+
 def part_backends(device: str) -> dict[str, Any]:
     """One layer's decode attention in a static step (8 KV heads, 4 query heads each, head dim 128, bf16) by each
     backend, with and without H2O's accumulated scores, over heaps of ``slots`` whose first three quarters hold
@@ -615,11 +651,8 @@ def part_backends(device: str) -> dict[str, Any]:
     from kvlab.cache.layer import AttentionShape, HeapLayer
 
     rows = []
-    for slots, held in ((4301, 0.76), (32832, 1.0), (131136, 1.0)):
-        keys, values = (torch.randn(1, 8, slots, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
-        query = torch.randn(1, 32, 1, 128, device=device, dtype=torch.bfloat16)
-        positions = torch.arange(slots, device=device, dtype=torch.int32).expand(1, 8, slots).clone()
-        positions[..., int(held * slots) :] = -1
+    for slots, held in DECODE_CASES:
+        keys, values, query, positions = decode_case(slots, held, device)
         query_position = torch.tensor([slots], device=device)
         row: dict[str, Any] = {"slots": slots, "held": held}
         for scored in (False, True):
@@ -634,9 +667,67 @@ def part_backends(device: str) -> dict[str, Any]:
     return {"rows": rows}
 
 
+FLEX_GRID = [
+    {"BLOCK_N": block_n, "num_stages": stages, "num_warps": warps}
+    for block_n in (64, 128)
+    for stages in (1, 2, 3, 4)
+    for warps in (2, 4, 8)
+]
+SPLITS = (8, 16, 32, 64, 128)
+
+
+def flex_option_row(case: dict[str, Any], layer: Any, query: torch.Tensor, options: dict[str, int]):
+    """One layer's flex decode attention under ``options`` (``{}``: flex's own defaults) in a captured step:
+    microseconds, and its largest difference from flex's own defaults' output (or why the kernel could not take the
+    options)."""
+    from kvlab.attention.flex import flex_decode_attention
+
+    query_position = torch.tensor([layer.keys.shape[2]], device=query.device)
+    arguments = (query, layer, layer.keys, layer.values, layer.positions, query_position, None)
+    step = partial(flex_decode_attention, *arguments, options)
+    reference = flex_decode_attention(*arguments, {})
+    row: dict[str, Any] = {**case, "options": options}
+    try:
+        row["us"] = round(graph_us(step, replays=100), 2)
+        row["max_diff"] = (step().float() - reference.float()).abs().max().item()
+    except Exception as failure:  # an option the kernel cannot take: recorded, not fatal
+        row["failed"] = str(failure)[:200]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def part_flex_configs(device: str) -> dict[str, Any]:
+    """flex_attention's decoding kernel under each of :data:`FLEX_GRID`'s options (its tile of slots, pipeline
+    stages and warps), then the best of them under each of :data:`SPLITS` splits of the slots, for one layer's
+    decode attention in a captured step (8 KV heads, 4 query heads each, head dim 128, bf16) over heaps of
+    ``slots`` whose first ``held`` share holds tokens, and the best found with the log-sum-exp H2O and TOVA ask
+    for: microseconds per layer, the mask's tables included, each option's output against flex's own defaults'."""
+    from kvlab.cache.layer import AttentionShape, HeapLayer
+
+    torch._dynamo.config.recompile_limit = 4096
+    rows = []
+    for slots, held in DECODE_CASES:
+        keys, values, query, positions = decode_case(slots, held, device)
+        for scored in (False, True):
+            layer = HeapLayer(keys=keys, values=values, positions=positions)
+            layer.scores = torch.zeros(1, 8, slots, device=device) if scored else None
+            layer.shape = AttentionShape(None, 128**-0.5, None)
+            case = {"slots": slots, "held": held, "scored": scored}
+            if not scored:
+                found = [flex_option_row(case, layer, query, options) for options in ({}, *FLEX_GRID)]
+                best = min((row for row in found[1:] if "us" in row), key=lambda row: row["us"])
+                found += [flex_option_row(case, layer, query, {**best["options"], "SPLIT_KV": n}) for n in SPLITS]
+                best = min((row for row in found[1:] if "us" in row), key=lambda row: row["us"])
+            else:  # the best options without the log-sum-exp, with it
+                defaults: dict[str, int] = {}
+                found = [flex_option_row(case, layer, query, options) for options in (defaults, best["options"])]
+            rows += found
+    return {"rows": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parts = ("check", "decode", "prefill", "long", "profile", "attention", "backends")
+    parts = ("check", "decode", "prefill", "long", "profile", "attention", "backends", "flex-configs")
     parser.add_argument("--part", choices=parts, required=True)
     parser.add_argument("--policy", default="streaming", help="the policy --part profile profiles")
     parser.add_argument("--contexts", default="8192,32768")
@@ -691,6 +782,8 @@ def main() -> None:
         body = part_attention(device)
     elif args.part == "backends":
         body = part_backends(device)
+    elif args.part == "flex-configs":
+        body = part_flex_configs(device)
     elif args.part == "prefill":
         only = args.only.split("|") if args.only is not None else None
         body = part_prefill(device, [int(c) for c in args.contexts.split(",")], args.layers, only, args.profiled)

@@ -30,6 +30,14 @@ from kvlab.fusion import fused, fuses
 
 #: Slots per block of the block mask: flex_attention's default tile, so that a block is one tile of the kernel.
 BLOCK = 128
+#: Compute capabilities (Hopper, Blackwell) whose decoding kernel loads its slots through a three-stage pipeline.
+PIPELINED = frozenset({(9, 0), (10, 0), (10, 3)})
+#: The decoding kernel's options there: PyTorch's own heuristics name three stages for these chips (tiles of 64
+#: slots, two warps), but a later branch resets every chip but one to a single stage, which leaves each tile's load
+#: waiting on the one before. Measured on an H200 in a captured step over 8 KV heads of 128 (bf16), one stage
+#: against three: 69.4 against 56.3 us over 32,832 slots, 203.2 against 151.3 over 131,136, 23.0 against 22.3 over
+#: 4,301 (``bench/results/heap_gpu/flex_decode_configs_h200.json``, 24 tile/stage/warp options and 5 splits tried).
+PIPELINED_DECODE = {"num_stages": 3}
 
 
 def flex_compiles() -> bool:
@@ -138,6 +146,15 @@ def accumulated_attention(
     return received
 
 
+def decode_kernel(query: torch.Tensor) -> dict[str, int] | None:
+    """The options of flex_attention's decoding kernel for ``query`` (:data:`PIPELINED_DECODE` on the chips of
+    :data:`PIPELINED` but for float32 heads wider than 128, which PyTorch keeps at one stage for lack of shared
+    memory), or none for flex's own defaults."""
+    if query.device.type != "cuda" or (query.dtype == torch.float32 and query.shape[-1] > 128):
+        return None
+    return PIPELINED_DECODE if torch.cuda.get_device_capability(query.device) in PIPELINED else None
+
+
 def softcap_mod(cap: float) -> Callable[..., torch.Tensor]:
     """Logit soft-capping (Gemma-2) as a score modification."""
 
@@ -155,11 +172,13 @@ def flex_decode_attention(
     positions: torch.Tensor,
     query_position: torch.Tensor,
     tables: tuple[torch.Tensor, ...] | None = None,
+    kernel_options: dict[str, int] | None = None,
 ) -> torch.Tensor:
     """One query's attention ``(batch, q_heads, 1, head_dim)`` at ``query_position`` over ``keys`` and ``values``
     (``(batch, kv_heads, slots, head_dim)``, read in place) holding the tokens at ``positions``, through the block
     mask of ``tables`` (built here from ``positions`` where not given); the attention each slot received is added to
-    the layer's accumulated scores where it keeps them."""
+    the layer's accumulated scores where it keeps them. ``kernel_options`` are flex_attention's (its decoding
+    kernel's tile, stages, warps and splits), :func:`decode_kernel`'s where not given."""
     device, slots = query.device.type, keys.shape[2]
     groups = query.shape[1] // keys.shape[1]
     shape = layer.attention
@@ -179,6 +198,7 @@ def flex_decode_attention(
             scale=shape.scaling,
             enable_gqa=groups > 1,
             return_aux=AuxRequest(lse=True) if observed else None,
+            kernel_options=decode_kernel(query) if kernel_options is None else kernel_options,
         )
     if not observed:
         return found

@@ -27,7 +27,7 @@ from kvlab.errors import KvlabError
 from kvlab.paths import bench_results
 
 #: The newest side-by-side decode measurement, relative to the benchmark results folder.
-MEASURED_DECODE = "heap_gpu/stacked_decode_h200.json"
+MEASURED_DECODE = "heap_gpu/pipelined_decode_h200.json"
 #: How a time is labelled where the formulas made it (no GPU benchmark measured that scenario).
 COMPUTED = "computed"
 #: How a time is labelled where a GPU benchmark measured it (the device is named beside it).
@@ -41,7 +41,8 @@ MEASURED_SHAPE = "Llama-3-8B shape, random bf16 weights, batch 1"
 #: How the figures were taken, as the cost views say it.
 MEASURED_METHOD = (
     "kvlab's own decode timed by bench/heap_gpu.py: each configuration run twice at the same shapes and the second "
-    "reported, milliseconds per token (median of the steady half); backend flex is what --attention auto picks on "
+    "reported (once at 131,072 tokens), milliseconds per token (median of the steady half, after the step's graph "
+    "is captured); backend flex is what --attention auto picks on "
     "CUDA, sdpa kvlab's own kernels; x roofline is the time over (weights + kept KV bytes) / measured copy bandwidth."
 )
 #: The configurations the cost views show, by the benchmark's label, with the names readers know them by.

@@ -24,10 +24,14 @@ from typing import Any
 import torch
 import torch._dynamo
 
+from kvlab.models.packed import Swap, pack_layer, packs_in_place
+
 #: Set on a model once its layers are compiled.
 COMPILED = "_kvlab_compiled_layers"
 #: A layer's compiled forward, kept beside the layer's own until a fused forward swaps it in.
 COMPILED_FORWARD = "_kvlab_compiled_forward"
+#: A layer's packed projections (:class:`kvlab.models.packed.Swap`), put in place for fused forwards only.
+PACKED_PROJECTIONS = "_kvlab_packed_projections"
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
@@ -52,6 +56,7 @@ def compile_layers(model: Any, backend: str | Callable[..., Any] = "inductor") -
     if not layers:
         return False
     for layer in layers:
+        setattr(layer, PACKED_PROJECTIONS, pack_layer(layer))
         setattr(layer, COMPILED_FORWARD, torch.compile(layer.forward, backend=backend, dynamic=False))
     setattr(model, COMPILED, True)
     return True
@@ -64,14 +69,16 @@ def compiled(model: Any) -> bool:
 
 @contextlib.contextmanager
 def layer_stance(model: Any, fused: bool) -> Iterator[None]:
-    """Run ``model``'s forward with its compiled layers where ``fused`` (a static decode step of the ``flex``
-    backend), eagerly otherwise; nothing changes for a model whose layers were never compiled. Fused forwards treat
-    a layer's integer attributes (its index) as inputs, so the 32 layers of a model share one compiled graph."""
+    """Run ``model``'s forward with its compiled layers and packed projections where ``fused`` (a static decode step
+    of the ``flex`` backend), eagerly otherwise; nothing changes for a model whose layers were never compiled. Fused
+    forwards treat a layer's integer attributes (its index) as inputs, so the 32 layers of a model share one compiled
+    graph."""
     if not (fused and compiled(model)):
         yield
         return
     layers = decoder_layers(model)
-    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+    swaps: tuple[Swap, ...] = sum((getattr(layer, PACKED_PROJECTIONS, ()) for layer in layers), ())
+    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True), packs_in_place(swaps):
         for layer in layers:
             layer.forward = getattr(layer, COMPILED_FORWARD)
         try:

@@ -11,10 +11,10 @@ import pytest
 import torch
 from tiny_models import prompt, runs_in, small_policy, tiny_model
 
-from kvlab.attention import function, observe
+from kvlab.attention import flex, function, observe
 from kvlab.attention.backends import ATTENTION_BACKENDS, check_attention, resolve_attention, stored_attention
 from kvlab.attention.context import ForwardContext
-from kvlab.attention.flex import BLOCK, block_mask, block_tables, flex_decode_attention
+from kvlab.attention.flex import BLOCK, PIPELINED_DECODE, block_mask, block_tables, decode_kernel, flex_decode_attention
 from kvlab.attention.kernels import decode_attention
 from kvlab.budget import Budget
 from kvlab.cache.layer import AttentionShape, HeapLayer
@@ -126,6 +126,42 @@ def test_tova_scores_a_static_step_by_what_the_flex_kernel_gave_each_slot(monkey
     assert flex.tokens == sdpa.tokens and flex.kept_per_layer == sdpa.kept_per_layer
     layers, decode_evictions = loaded.arch.num_layers, 12 - 1
     assert sdpa_passes - flex_passes == layers * decode_evictions  # every decoded token's eviction, every layer
+
+
+@pytest.mark.parametrize(
+    ("capability", "dtype", "head_dim", "expected"),
+    [
+        ((9, 0), torch.bfloat16, 128, PIPELINED_DECODE),
+        ((10, 0), torch.float32, 128, PIPELINED_DECODE),
+        ((9, 0), torch.float32, 256, None),  # flex keeps one stage there for lack of shared memory
+        ((9, 0), torch.bfloat16, 256, PIPELINED_DECODE),
+        ((8, 0), torch.bfloat16, 128, None),
+        ((11, 0), torch.bfloat16, 128, None),
+    ],
+)
+def test_the_decoding_kernel_is_pipelined_on_hopper_and_blackwell(monkeypatch, capability, dtype, head_dim, expected):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    query = SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype, shape=(1, 32, 1, head_dim))
+    assert decode_kernel(query) == expected  # type: ignore[arg-type]
+    assert decode_kernel(torch.zeros(1, 32, 1, head_dim, dtype=dtype)) is None  # a CPU: PyTorch's reference
+
+
+def test_flex_decode_attention_hands_its_kernel_options_to_flex_attention(monkeypatch):
+    seen = []
+    real = flex.flex_attention
+    monkeypatch.setattr(flex, "decode_kernel", lambda query: {"num_stages": 3})
+    monkeypatch.setattr(
+        flex, "flex_attention", lambda *args, **kwargs: seen.append(kwargs["kernel_options"]) or real(*args, **kwargs)
+    )
+    slots = 2 * BLOCK
+    keys, values = torch.randn(1, 2, slots, 8), torch.randn(1, 2, slots, 8)
+    positions = torch.arange(slots, dtype=torch.int32).expand(1, 2, slots).clone()
+    layer = HeapLayer(keys=keys, values=values, positions=positions)
+    layer.shape = AttentionShape(None, 8**-0.5, None)
+    query = torch.randn(1, 4, 1, 8)
+    flex_decode_attention(query, layer, keys, values, positions, torch.tensor([slots]))
+    flex_decode_attention(query, layer, keys, values, positions, torch.tensor([slots]), None, {"num_warps": 4})
+    assert seen == [{"num_stages": 3}, {"num_warps": 4}]
 
 
 def test_auto_is_flex_where_it_compiles_and_sdpa_elsewhere():

@@ -68,6 +68,10 @@ def test_compiled_layers_decode_the_tokens_of_eager_layers_with_one_graph_for_al
     assert traced and not any("kvlab" in getattr(target, "__module__", "") for target in traced)
     # a few graphs per stretch of a layer whatever the layer's index, not a set per layer
     assert 0 < len(recorder.graphs) <= 8
+    # the query, key and value projections one product, the gate and up one: no stretch holds more than two (the
+    # MLP's stacked gate and up, then its down projection), where each would hold three unpacked
+    products = [sum(node.target is torch._C._nn.linear for node in graph.graph.nodes) for graph in recorder.graphs]
+    assert max(products) == 2
 
 
 def test_only_the_flex_backends_static_steps_run_the_compiled_layers(recorder):
