@@ -31,45 +31,67 @@ import torch.nn.functional as F
 PACKABLE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
+def stacked_view(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The tensor that ``tensors`` (contiguous, of one dtype and device) are consecutive rows of, over their shared
+    storage, or None where they are not (one of them was replaced since it was stacked)."""
+    first = tensors[0]
+    offset = first.storage_offset()
+    for tensor in tensors:
+        same_storage = tensor.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        if not (same_storage and tensor.is_contiguous() and tensor.storage_offset() == offset):
+            return None
+        if tensor.dtype != first.dtype or tensor.shape[1:] != first.shape[1:]:
+            return None
+        offset += tensor.numel()
+    rows = sum(tensor.shape[0] for tensor in tensors)
+    return first.as_strided((rows, *first.shape[1:]), first.stride())
+
+
 @dataclasses.dataclass(eq=False)
 class Pack:
-    """The projections ``linears`` stacked into one ``weight`` (and ``bias``), their own weights views of it; the
-    last product while a fused forward is between its first and last projection."""
+    """The projections ``linears``, their weights (and biases) consecutive rows of one stacked tensor each. The
+    stacks are held here (``weight``, ``bias``) only while a fused forward may read them, so that a model moved or
+    converted since (``model.to(...)``) keeps no stale copy alive; and the last product while a fused forward is
+    between its first and last projection."""
 
     linears: tuple[torch.nn.Linear, ...]
-    weight: torch.Tensor
-    bias: torch.Tensor | None
+    weight: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
     output: torch.Tensor | None = None
 
     @classmethod
     def of(cls, linears: tuple[torch.nn.Linear, ...]) -> Pack:
-        """The projections ``linears`` stacked, their weights (and biases) made views of the stack."""
-        pack = cls(linears, linears[0].weight, None)
+        """The projections ``linears`` stacked, their weights (and biases) made views of the stacks."""
+        pack = cls(linears)
         pack.restack()
+        pack.release()
         return pack
 
     def restack(self) -> None:
-        """Stack the projections' weights (and biases) again and make them views of the stack."""
+        """Stack the projections' weights (and biases) again, make them views of the stacks, and hold the stacks."""
         with torch.no_grad():
-            self.weight = torch.cat([linear.weight for linear in self.linears])
-            biases: list[torch.Tensor] = [linear.bias for linear in self.linears if linear.bias is not None]
-            self.bias = torch.cat(biases) if biases else None
+            self.weight = torch.cat([linear.weight.data for linear in self.linears])
+            biases = [linear.bias.data for linear in self.linears if linear.bias is not None]
+            self.bias = torch.cat(biases) if len(biases) == len(self.linears) else None
             for linear, columns in zip(self.linears, self.columns(), strict=True):
                 linear.weight.data = self.weight[columns]
                 if self.bias is not None and linear.bias is not None:
                     linear.bias.data = self.bias[columns]
 
-    def current(self) -> bool:
-        """Whether the projections' weights (and biases) are still views of the stack, not tensors assigned since
-        (by a ``.to()`` or a load that replaced them)."""
-        for linear, columns in zip(self.linears, self.columns(), strict=True):
-            if linear.weight.data_ptr() != self.weight[columns].data_ptr():
-                return False
-            if self.bias is not None and (
-                linear.bias is None or linear.bias.data_ptr() != self.bias[columns].data_ptr()
-            ):
-                return False
-        return True
+    def hold(self) -> None:
+        """Hold the stacks for a fused forward: the projections' weights as they are where they are still stacked
+        (changed in place or not), stacked again where any was replaced."""
+        weight = stacked_view([linear.weight.data for linear in self.linears])
+        biases = [linear.bias.data for linear in self.linears if linear.bias is not None]
+        bias = stacked_view(biases) if len(biases) == len(self.linears) else None
+        if weight is None or (biases and bias is None):
+            self.restack()
+        else:
+            self.weight, self.bias = weight, bias
+
+    def release(self) -> None:
+        """Let the stacks go (the projections' weights keep their storage)."""
+        self.weight = self.bias = self.output = None
 
     def columns(self) -> tuple[slice, ...]:
         """Each projection's columns of the stacked product."""
@@ -90,6 +112,7 @@ class PackPart(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.role == "first":
+            assert self.pack.weight is not None, "a packed projection called outside a fused forward"
             self.pack.output = F.linear(hidden, self.pack.weight, self.pack.bias)
         output = self.pack.output
         assert output is not None, "a packed projection called before the first of its pack"
@@ -150,19 +173,13 @@ def pack_layer(layer: torch.nn.Module) -> tuple[Swap, ...]:
     return tuple(swaps)
 
 
-def restack_stale(swaps: tuple[Swap, ...]) -> None:
-    """Stack again every pack of ``swaps`` whose projections' weights were replaced since it was stacked, so that a
-    fused forward never reads weights the model no longer has."""
-    for pack in {id(swap.part.pack): swap.part.pack for swap in swaps}.values():
-        if not pack.current():
-            pack.restack()
-
-
 @contextlib.contextmanager
 def packs_in_place(swaps: tuple[Swap, ...]) -> Iterator[None]:
-    """``swaps``' parts in place of the projections they stand for (stale packs stacked again first), the
-    projections back afterwards."""
-    restack_stale(swaps)
+    """``swaps``' parts in place of the projections they stand for, their packs' stacks held (stacked again where
+    a weight was replaced), the projections back and the stacks let go afterwards."""
+    packs = list({id(swap.part.pack): swap.part.pack for swap in swaps}.values())
+    for pack in packs:
+        pack.hold()
     for swap in swaps:
         setattr(swap.parent, swap.name, swap.part)
     try:
@@ -170,3 +187,5 @@ def packs_in_place(swaps: tuple[Swap, ...]) -> Iterator[None]:
     finally:
         for swap in swaps:
             setattr(swap.parent, swap.name, swap.own)
+        for pack in packs:
+            pack.release()

@@ -36,16 +36,21 @@ def test_packed_projections_give_the_models_logits_with_no_memory_added(architec
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
     torch.testing.assert_close(logits(model, ids), before, rtol=0, atol=0)  # eager: the model's own modules
     with packs_in_place(swaps):
-        assert isinstance(model.get_decoder().layers[0].self_attn.q_proj, PackPart)
+        attention = model.get_decoder().layers[0].self_attn
+        assert isinstance(attention.q_proj, PackPart)
+        stack = attention.q_proj.pack.weight  # the weights' own storage, not stacked again
+        assert stack.untyped_storage().data_ptr() == swaps[0].own.weight.untyped_storage().data_ptr()
         torch.testing.assert_close(logits(model, ids), before, rtol=1e-5, atol=1e-5)
     assert type(model.get_decoder().layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert all(swap.part.pack.weight is None for swap in swaps)  # no stack held outside a fused forward
 
 
 def test_weights_replaced_after_packing_are_stacked_again_before_a_fused_forward():
     model = tiny_model("qwen2")  # biases on its query, key and value
     swaps = sum((pack_layer(layer) for layer in decoder_layers(model)), ())
     ids = prompt(batch=1, length=10, seed=2)
-    model.to(torch.float64)  # new tensors: the stacks are stale
+    model.to(torch.float64)  # new tensors: the stacks are stale, and none is kept alive beside them
+    assert all(swap.part.pack.weight is None and swap.part.pack.bias is None for swap in swaps)
     with torch.no_grad():
         model.get_decoder().layers[1].mlp.up_proj.weight.mul_(-1.0)  # and one changed in place afterwards
     expected = logits(model, ids)
