@@ -39,6 +39,7 @@ def test_packed_projections_give_the_models_logits_with_no_memory_added(architec
         attention = model.get_decoder().layers[0].self_attn
         assert isinstance(attention.q_proj, PackPart)
         stack = attention.q_proj.pack.weight  # the weights' own storage, not stacked again
+        assert stack is not None
         assert stack.untyped_storage().data_ptr() == swaps[0].own.weight.untyped_storage().data_ptr()
         torch.testing.assert_close(logits(model, ids), before, rtol=1e-5, atol=1e-5)
     assert type(model.get_decoder().layers[0].self_attn.q_proj) is torch.nn.Linear
@@ -55,7 +56,8 @@ def test_weights_replaced_after_packing_are_stacked_again_before_a_fused_forward
         model.get_decoder().layers[1].mlp.up_proj.weight.mul_(-1.0)  # and one changed in place afterwards
     expected = logits(model, ids)
     with packs_in_place(swaps):
-        assert swaps[0].part.pack.weight.dtype == torch.float64
+        stack = swaps[0].part.pack.weight
+        assert stack is not None and stack.dtype == torch.float64
         torch.testing.assert_close(logits(model, ids), expected, rtol=1e-10, atol=1e-10)
     with torch.no_grad():  # in place after stacking: the views see it, nothing to stack again
         model.get_decoder().layers[0].self_attn.k_proj.weight.mul_(0.5)
@@ -103,6 +105,6 @@ def test_projections_out_of_order_over_other_inputs_or_unlike_are_left_as_they_a
     assert packable(mixed, ("gate_proj", "up_proj")) is None
     mixed.up_proj = torch.nn.Linear(8, 8).to(torch.float64)
     assert packable(mixed, ("gate_proj", "up_proj")) is None
-    mixed.up_proj = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    mixed.up_proj = torch.nn.Sequential(torch.nn.Linear(8, 8))  # type: ignore[assignment]
     assert packable(mixed, ("gate_proj", "up_proj")) is None
     assert pack_layer(KeyFirst()) == () and pack_layer(TwoInputs()) == ()
