@@ -643,12 +643,21 @@ def decode_case(slots: int, held: float, device: str) -> tuple[torch.Tensor, ...
     return keys, values, query, positions
 
 
+def decode_layer(keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, scored: bool) -> Any:
+    """A heap layer over a :func:`decode_case`, accumulating H2O's scores where ``scored``."""
+    from kvlab.cache.layer import AttentionShape, HeapLayer
+
+    layer = HeapLayer(keys=keys, values=values, positions=positions)
+    layer.scores = torch.zeros(positions.shape, device=positions.device) if scored else None
+    layer.shape = AttentionShape(None, keys.shape[-1] ** -0.5, None)
+    return layer
+
+
 def part_backends(device: str) -> dict[str, Any]:
     """One layer's decode attention in a static step (8 KV heads, 4 query heads each, head dim 128, bf16) by each
     backend, with and without H2O's accumulated scores, over heaps of ``slots`` whose first three quarters hold
     tokens (streaming at keep 10%: budget + chunk) or all of them (the full cache): microseconds per layer inside a
     captured graph, the mask built from the slots' positions included."""
-    from kvlab.cache.layer import AttentionShape, HeapLayer
 
     rows = []
     for slots, held in DECODE_CASES:
@@ -656,9 +665,7 @@ def part_backends(device: str) -> dict[str, Any]:
         query_position = torch.tensor([slots], device=device)
         row: dict[str, Any] = {"slots": slots, "held": held}
         for scored in (False, True):
-            layer = HeapLayer(keys=keys, values=values, positions=positions)
-            layer.scores = torch.zeros(1, 8, slots, device=device) if scored else None
-            layer.shape = AttentionShape(None, 128**-0.5, None)
+            layer = decode_layer(keys, values, positions, scored)
             for backend in ("sdpa", "flex"):
                 step = partial(decode_by_backend, backend, query, layer, query_position)
                 row[backend + (" + h2o scores" if scored else "")] = round(graph_us(step), 1)
@@ -702,16 +709,13 @@ def part_flex_configs(device: str) -> dict[str, Any]:
     decode attention in a captured step (8 KV heads, 4 query heads each, head dim 128, bf16) over heaps of
     ``slots`` whose first ``held`` share holds tokens, and the best found with the log-sum-exp H2O and TOVA ask
     for: microseconds per layer, the mask's tables included, each option's output against flex's own defaults'."""
-    from kvlab.cache.layer import AttentionShape, HeapLayer
 
     torch._dynamo.config.recompile_limit = 4096
     rows = []
     for slots, held in DECODE_CASES:
         keys, values, query, positions = decode_case(slots, held, device)
         for scored in (False, True):
-            layer = HeapLayer(keys=keys, values=values, positions=positions)
-            layer.scores = torch.zeros(1, 8, slots, device=device) if scored else None
-            layer.shape = AttentionShape(None, 128**-0.5, None)
+            layer = decode_layer(keys, values, positions, scored)
             case = {"slots": slots, "held": held, "scored": scored}
             if not scored:
                 found = [flex_option_row(case, layer, query, options) for options in ({}, *FLEX_GRID)]

@@ -143,7 +143,8 @@ def called_in_order(module: torch.nn.Module, names: tuple[str, ...]) -> bool:
 
 def packable(module: torch.nn.Module, names: tuple[str, ...]) -> tuple[torch.nn.Linear, ...] | None:
     """``module``'s projections ``names`` where they can be packed: plain ``nn.Linear`` of one input size, dtype and
-    device, all with a bias or none, called in order on one input."""
+    device, all with a bias or none, with no hook and no forward of their own (accelerate's device hooks replace a
+    module's forward, which a packed part would skip), called in order on one input."""
     linears = tuple(getattr(module, name, None) for name in names)
     if not all(type(linear) is torch.nn.Linear for linear in linears):
         return None
@@ -151,7 +152,9 @@ def packable(module: torch.nn.Module, names: tuple[str, ...]) -> tuple[torch.nn.
     weights = [linear.weight for linear in plain]
     if len({(w.shape[1], w.dtype, w.device) for w in weights}) != 1 or weights[0].device.type == "meta":
         return None
-    if len({linear.bias is None for linear in plain}) != 1 or any(linear._forward_hooks for linear in plain):
+    if len({linear.bias is None for linear in plain}) != 1:
+        return None
+    if any(linear._forward_hooks or linear._forward_pre_hooks or "forward" in vars(linear) for linear in plain):
         return None
     return tuple(plain) if called_in_order(module, names) else None
 

@@ -105,6 +105,12 @@ def test_projections_out_of_order_over_other_inputs_or_unlike_are_left_as_they_a
     assert packable(mixed, ("gate_proj", "up_proj")) is None
     mixed.up_proj = torch.nn.Linear(8, 8).to(torch.float64)
     assert packable(mixed, ("gate_proj", "up_proj")) is None
+    mixed.up_proj = torch.nn.Linear(8, 8)
+    mixed.up_proj.forward = mixed.up_proj.forward  # a forward of its own, as accelerate's device hooks install
+    assert packable(mixed, ("gate_proj", "up_proj")) is None
+    mixed.up_proj = torch.nn.Linear(8, 8)
+    mixed.up_proj.register_forward_pre_hook(lambda module, args: None)
+    assert packable(mixed, ("gate_proj", "up_proj")) is None
     mixed.up_proj = torch.nn.Sequential(torch.nn.Linear(8, 8))  # type: ignore[assignment]
     assert packable(mixed, ("gate_proj", "up_proj")) is None
     assert pack_layer(KeyFirst()) == () and pack_layer(TwoInputs()) == ()
