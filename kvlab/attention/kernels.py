@@ -63,7 +63,13 @@ def sdpa(
 def scaled_logits(grouped: torch.Tensor, keys_t: torch.Tensor, shape: AttentionShape) -> torch.Tensor:
     """Scaled (and, where the model does it, soft-capped) attention logits in float32, from products taken in the
     model's dtype as transformers' eager attention does."""
-    logits = torch.matmul(grouped, keys_t).float().mul_(shape.scaling)  # in place: the block is the largest tensor
+    return scaled(torch.matmul(grouped, keys_t), shape)
+
+
+def scaled(products: torch.Tensor, shape: AttentionShape) -> torch.Tensor:
+    """Products of queries and keys taken in the model's dtype, as float32 logits scaled (and soft-capped) as the
+    model's attention does."""
+    logits = products.float().mul_(shape.scaling)  # in place: the block is the largest tensor
     if shape.softcap is not None:
         logits = logits.div_(shape.softcap).tanh_().mul_(shape.softcap)
     return logits

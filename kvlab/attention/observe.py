@@ -4,11 +4,15 @@ score by, computed as the model's own attention computes it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
-from kvlab.attention.kernels import scaled_logits
+from kvlab.attention.kernels import scaled
 from kvlab.attention.masks import allowed_keys
-from kvlab.cache.layer import HeapLayer
+from kvlab.cache.layer import AttentionShape, HeapLayer
+from kvlab.fusion import fused
 
 
 def window_probabilities(layer: HeapLayer, span: int) -> torch.Tensor:
@@ -16,23 +20,55 @@ def window_probabilities(layer: HeapLayer, span: int) -> torch.Tensor:
     window, span)`` (zero on free slots and on slots a query may not see). Logits are taken as the model's own
     attention takes them (products in its dtype, softmax in float32)."""
     assert layer.recent_queries is not None and layer.recent_query_positions is not None
-    queries = layer.recent_queries
-    batch, q_heads, window, head_dim = queries.shape
     keys, _, positions = layer.slots(span)
-    kv_heads = keys.shape[1]
-    grouped = queries.reshape(batch, kv_heads, q_heads // kv_heads, window, head_dim)
-    logits = scaled_logits(grouped, keys.transpose(-1, -2).unsqueeze(2), layer.attention)
-    allowed = allowed_keys(positions, layer.recent_query_positions, layer.sliding_window)
+    return probabilities(layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention)
+
+
+def probabilities(
+    queries: torch.Tensor,
+    query_positions: torch.Tensor,
+    keys: torch.Tensor,
+    positions: torch.Tensor,
+    shape: AttentionShape,
+) -> torch.Tensor:
+    """Attention of ``queries`` (``(batch, q_heads, window, head_dim)`` at ``query_positions``) over ``keys``
+    holding the tokens at ``positions``, ``(batch, kv_heads, groups, window, span)``: one product per KV head with
+    its query heads' window as columns and the slots as rows, so that its output is aligned whatever the span (an
+    odd span's rows of slots sent cuBLAS to a kernel four times slower on an H200), and never the keys broadcast over
+    the query heads (which copies them)."""
+    batch, q_heads, window, head_dim = queries.shape
+    kv_heads, span = keys.shape[1], keys.shape[2]
+    rows = queries.reshape(batch, kv_heads, q_heads // kv_heads * window, head_dim)
+    products = torch.matmul(keys, rows.transpose(-1, -2)).transpose(-1, -2)
+    logits = scaled(products, shape).view(batch, kv_heads, -1, window, span)
+    allowed = allowed_keys(positions, query_positions, shape.sliding_window)
     logits = logits.masked_fill(~allowed.unsqueeze(2), float("-inf"))
     return torch.softmax(logits, dim=-1).nan_to_num(0.0)
 
 
-def window_attention(layer: HeapLayer, span: int) -> torch.Tensor:
+def votes(*operands: Any) -> torch.Tensor:
+    """:func:`probabilities` of the same operands summed over the window and each KV head's query heads,
+    ``(batch, kv_heads, span)``: a pure function, so that a static step fuses it (:func:`kvlab.fusion.fused`) into
+    the product and a few kernels."""
+    return probabilities(*operands).sum(dim=(2, 3))
+
+
+def window_attention(layer: HeapLayer, span: int, static: bool = False) -> torch.Tensor:
     """Attention of the remembered query window over the first ``span`` slots, summed over the window and over the
     query heads of each KV head: ``(batch, kv_heads, span)`` (zero on free slots). Used by SnapKV, PyramidKV and
     TOVA. A window of one query is the query of the pass just made: where its kernel gave what each slot received
-    (:attr:`~kvlab.cache.layer.HeapLayer.received`), that is the answer, without a second pass over the keys."""
-    assert layer.recent_queries is not None
+    (:attr:`~kvlab.cache.layer.HeapLayer.received`), that is the answer, without a second pass over the keys. In a
+    ``static`` step the scoring is fused for its fixed shapes."""
+    assert layer.recent_queries is not None and layer.recent_query_positions is not None
     if layer.received is not None and layer.recent_queries.shape[2] == 1:
         return layer.received[..., :span]
-    return window_probabilities(layer, span).sum(dim=(2, 3))
+    keys, _, positions = layer.slots(span)
+    summed = fused(keys.device.type, votes) if static else votes
+    return summed(layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention)
+
+
+def stacked_window_attention(layers: Sequence[HeapLayer], span: int) -> torch.Tensor:
+    """Every layer's :func:`window_attention` in a static step, stacked as the layers' stack folds them into the
+    batch (``(layers x batch, kv_heads, span)``, :mod:`kvlab.cache.stack`): the keys are not stacked, so each layer
+    scores its window over its own, and the ranking that follows is one for all layers."""
+    return torch.cat([window_attention(layer, span, static=True) for layer in layers])

@@ -156,10 +156,8 @@ class HeapLayer:
         shifts by one in place."""
         if static:
             assert self.recent_queries is not None and self.recent_query_positions is not None
-            self.recent_queries[:, :, :-1] = self.recent_queries[:, :, 1:].clone()
-            self.recent_queries[:, :, -1:] = query
-            self.recent_query_positions[:-1] = self.recent_query_positions[1:].clone()
-            self.recent_query_positions[-1:] = query_positions
+            self.recent_queries.copy_(torch.cat([self.recent_queries[:, :, 1:], query], dim=2))
+            self.recent_query_positions.copy_(torch.cat([self.recent_query_positions[1:], query_positions]))
             return
         if self.recent_queries is None or self.recent_query_positions is None:
             queries, positions = query, query_positions

@@ -5,8 +5,9 @@ counted); replayed from a CUDA graph for 32 layers that is some 250 launches, mo
 reading a tenth of the cache. When every layer holds the same slots (plain dense layers of one capacity on one
 device), :meth:`LayerStack.of` moves their positions and accumulated scores into one ``(layers, batch, kv_heads,
 capacity)`` tensor each and gives every layer its view, so that a policy that scores each slot from these alone
-ranks all layers as one layer whose batch is ``layers x batch`` (:meth:`LayerStack.as_layer`), and the heap frees
-every layer's victims in one scatter. Ranking row by row, the victims are exactly those of layer-by-layer eviction.
+(or from each layer's window attention, scored first over that layer's keys) ranks all layers as one layer whose
+batch is ``layers x batch`` (:meth:`LayerStack.as_layer`), and the heap frees every layer's victims in one scatter.
+Ranking row by row, the victims are exactly those of layer-by-layer eviction.
 """
 
 from __future__ import annotations
@@ -66,24 +67,16 @@ class LayerStack:
         """A stacked tensor with its layers folded into the batch: ``(layers x batch, kv_heads, capacity)``."""
         return tensor.flatten(0, 1)
 
-    def as_layer(self, layers: list[HeapLayer]) -> HeapLayer | None:
+    def as_layer(self, layers: list[HeapLayer]) -> HeapLayer:
         """All layers as one layer whose sequences are every layer's (``layers x batch``): the stacked positions
-        and scores, and where the layers remember a query, that query and the attention each slot received from it
-        (what TOVA scores by); ``None`` where a remembered window would have to be scored against the keys, which
-        are not stacked (a window of several queries, or one whose attention kernel gave no received attention)."""
-        windows = [layer.recent_queries for layer in layers]
-        received = [layer.received for layer in layers]
-        observed = [(window, given) for window, given in zip(windows, received) if window is not None]
-        if observed and (len(observed) < len(layers) or any(g is None or w.shape[2] != 1 for w, g in observed)):
-            return None
+        and scores. A window's attention is each layer's own, over its own keys (which are not stacked): the
+        eviction scores each layer's window first and stacks the results
+        (:func:`kvlab.attention.observe.stacked_window_attention`)."""
         first = layers[0]
         return HeapLayer(
             planned=first.planned,
             positions=self.flat(self.positions),
             scores=None if self.scores is None else self.flat(self.scores),
-            received=torch.cat([g for _, g in observed if g is not None]) if observed else None,
-            recent_queries=torch.cat([w for w, _ in observed]) if observed else None,
-            recent_query_positions=first.recent_query_positions,
             used=first.used,
             live=first.live,
             ordered=False,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kvlab.attention.observe import stacked_window_attention
 from kvlab.cache.heap import KVHeap
 from kvlab.cache.ranking import UNHELD, by_score_then_position, eviction_count
 from kvlab.policies.base import LayerView, Policy
@@ -82,7 +83,8 @@ def evict_stacked(heap: KVHeap, policy: Policy, views: Sequence[LayerView]) -> b
     stacked = heap.stacked_layer()
     if stacked is None:
         return False
-    view = dataclasses.replace(first, layer_idx=0, cache=stacked)
+    votes = stacked_window_attention(heap.layers, first.span) if policy.query_window() else None
+    view = dataclasses.replace(first, layer_idx=0, cache=stacked, window_votes=votes)
     heap.cut_every_layer(count, eviction_scores(policy, view, heap))
     return True
 

@@ -49,6 +49,9 @@ class LayerView:
     #: The layer's entries (tokens over its KV heads) where its heads share a global ranking's share
     #: (:func:`kvlab.cache.scopes.global_budgets`), else ``None``.
     entries: int | None = None
+    #: The remembered window's attention over the slots where it was scored before the view was made (an eviction
+    #: of all layers at once scores each layer's window over its own keys first), else ``None``.
+    window_votes: torch.Tensor | None = None
 
     @property
     def positions(self) -> torch.Tensor:
@@ -82,7 +85,9 @@ class LayerView:
 
     def window_attention(self) -> torch.Tensor:
         """Attention of the remembered query window over the slots, ``(batch, kv_heads, span)``."""
-        return window_attention(self.cache, self.span)
+        if self.window_votes is not None:
+            return self.window_votes
+        return window_attention(self.cache, self.span, static=self.heap is not None and self.heap.static)
 
     def query_moments(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Mean ``(batch, q_heads, head_dim)`` and covariance ``(batch, q_heads, head_dim, head_dim)`` of the layer's
@@ -124,8 +129,9 @@ class Policy:
     #: allocation of the cache's.
     own_layer_budgets: ClassVar[bool] = False
     #: Whether :meth:`score` reads only a slot's position, its accumulated attention and the attention it received
-    #: from the last query, by the same rule in every layer (no layer index, keys, draws or other layers'
-    #: decisions), so that a static step may score all layers as one (:mod:`kvlab.cache.stack`).
+    #: from the remembered window (:meth:`LayerView.window_attention`), by the same rule in every layer (no layer
+    #: index, keys, draws or other layers' decisions), so that a static step may score all layers as one
+    #: (:mod:`kvlab.cache.stack`).
     scores_layers_alike: ClassVar[bool] = False
     #: The cache options the policy's paper ranks with where they differ from the cache's defaults (KVzip: one
     #: ranking over all layers and KV heads), which a variant that names none of them runs with

@@ -112,8 +112,8 @@ def test_tova_scores_a_static_step_by_what_the_flex_kernel_gave_each_slot(monkey
     loaded = wrap_model(tiny_model("llama"))
     ids = prompt(batch=2, length=40, seed=7)
     second_passes: list[int] = []
-    counted = observe.window_probabilities
-    monkeypatch.setattr(observe, "window_probabilities", lambda *args: second_passes.append(1) or counted(*args))
+    counted = observe.probabilities
+    monkeypatch.setattr(observe, "probabilities", lambda *args: second_passes.append(1) or counted(*args))
     results = {}
     for backend in ("sdpa", "flex"):
         second_passes.clear()

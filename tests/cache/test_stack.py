@@ -7,6 +7,7 @@ import pytest
 import torch
 from tiny_models import prompt, small_policy, tiny_model
 
+from kvlab.attention.observe import stacked_window_attention, window_attention
 from kvlab.budget import Budget
 from kvlab.cache.heap import KVHeap
 from kvlab.cache.layer import FREE, HeapLayer
@@ -51,17 +52,21 @@ def test_layers_that_differ_are_not_stacked():
     assert stack is None  # accumulated attention in one layer only
 
 
-def test_a_window_scored_against_the_keys_is_not_stacked():
+def test_each_layers_window_is_scored_over_its_own_keys_and_stacked_in_layer_order():
     layers = [layer(8, seed) for seed in range(2)]
-    stack = LayerStack.of(layers)
-    assert stack is not None
+    generator = torch.Generator().manual_seed(3)
     for held in layers:
-        held.recent_queries = torch.zeros(2, 6, 1, 4)
-    assert stack.as_layer(layers) is None  # no attention received from the query: scoring it needs the keys
-    for held in layers:
-        held.received = torch.rand(2, 3, 8)
-    flat = stack.as_layer(layers)
-    assert flat is not None and torch.equal(flat.received[2:], layers[1].received)
+        held.keys = torch.randn(2, 3, 8, 4, generator=generator)
+        held.recent_queries = torch.randn(2, 6, 3, 4, generator=generator)
+        held.recent_query_positions = torch.tensor([8, 9, 10])
+    stacked = stacked_window_attention(layers, 8)
+    assert stacked.shape == (4, 3, 8)
+    for index, held in enumerate(layers):
+        assert torch.allclose(stacked[2 * index : 2 * index + 2], window_attention(held, 8))
+    assert torch.allclose(stacked.sum(dim=-1), torch.full((4, 3), 6.0))  # 3 queries x 2 query heads per KV head
+    layers[1].recent_queries = layers[1].recent_queries[:, :, -1:]
+    layers[1].received = torch.rand(2, 3, 8)  # a window of one query: what the kernel gave each slot
+    assert torch.equal(stacked_window_attention(layers, 8)[2:], layers[1].received)
 
 
 @pytest.mark.parametrize(
@@ -70,8 +75,10 @@ def test_a_window_scored_against_the_keys_is_not_stacked():
         ("streaming", "sdpa", "llama", True),
         ("h2o", "sdpa", "llama", True),
         ("tova", "flex", "llama", True),  # scored by what the flex kernel gave each slot
-        ("tova", "sdpa", "llama", False),  # scored by a second pass over each layer's keys
-        ("snapkv", "sdpa", "llama", False),  # a window of several queries
+        ("tova", "sdpa", "llama", True),  # scored by a second pass over each layer's keys, ranked at once
+        ("snapkv", "sdpa", "llama", True),  # a window of several queries, likewise
+        ("snapkv", "flex", "llama", True),
+        ("pyramidkv", "sdpa", "llama", False),  # a budget per layer
         ("h2o", "sdpa", "gemma2", False),  # sliding-window layers evict what their window no longer sees
     ],
 )
