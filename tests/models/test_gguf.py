@@ -1,5 +1,6 @@
 """GGUF checkpoints: written here with the gguf package, loaded through kvlab, cached, named and refused."""
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -60,6 +61,34 @@ def test_second_load_reads_the_cache_without_converting(tiny_gguf, monkeypatch):
     assert (cached / "model.safetensors").is_file() and (cached / gguf.FACTS_FILE).is_file()
     assert json.loads((cached / "config.json").read_text()).get("quantization_config") is None
     assert again.source.quantisation == "F32"
+
+
+def test_a_converted_files_facts_are_read_from_its_record_without_its_header(tiny_gguf, tmp_path, monkeypatch):
+    path, _ = tiny_gguf
+    facts = gguf.read_facts(path, cache_root=tmp_path)
+    gguf.converted_dir(path, facts, cache_root=tmp_path)
+    copy = tmp_path / "renamed.gguf"
+    shutil.copyfile(path, copy)
+
+    def no_header(*args, **kwargs):
+        raise AssertionError("the header was read again")
+
+    monkeypatch.setattr(gguf_package, "GGUFReader", no_header)
+    assert gguf.read_facts(path, cache_root=tmp_path) == facts
+    assert gguf.read_facts(copy, cache_root=tmp_path) == dataclasses.replace(facts, file_name="renamed.gguf")
+    with pytest.raises(NotAModel):  # elsewhere nothing is recorded: the header is read, here refusing
+        gguf.read_facts(path, cache_root=tmp_path / "elsewhere")
+
+
+def test_a_conversion_reads_the_files_header_once(tiny_gguf, tmp_path, monkeypatch):
+    path, _ = tiny_gguf
+    facts = gguf.read_facts(path, cache_root=tmp_path)
+    readers = []
+    plain = gguf_package.GGUFReader
+    monkeypatch.setattr(gguf_package, "GGUFReader", lambda *args: readers.append(args) or plain(*args))
+    gguf.converted_dir(path, facts, cache_root=tmp_path)
+    assert len(readers) == 1  # transformers asks four times: config, tokenizer, the model's config, its tensors
+    assert gguf_package.GGUFReader is not plain  # the block put back what it found
 
 
 @pytest.mark.parametrize("recorded", ["5.17.0", None])
