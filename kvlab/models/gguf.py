@@ -135,13 +135,13 @@ def read_facts(path: Path, cache_root: Path | None = None) -> GgufFacts:
 def _recorded_facts(path: Path, cache_root: Path | None) -> GgufFacts | None:
     """The facts recorded beside a finished conversion of the bytes at ``path`` (named as ``path`` names them), or
     ``None`` where there is none, or its record is not one kvlab wrote."""
-    target = _converted_target(file_sha256(path), cache_root)
+    digest = file_sha256(path)
     try:
-        recorded = json.loads((target / FACTS_FILE).read_text())
+        recorded = json.loads((_converted_target(digest, cache_root) / FACTS_FILE).read_text())
         facts = GgufFacts(**{name: recorded[name] for name in GgufFacts.__dataclass_fields__})
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return replace(facts, file_name=path.name) if facts.sha256 == file_sha256(path) else None
+    return replace(facts, file_name=path.name) if facts.sha256 == digest else None
 
 
 def _converted_target(sha256: str, cache_root: Path | None = None) -> Path:
