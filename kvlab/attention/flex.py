@@ -59,6 +59,14 @@ def ordered_blocks(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return count, indices
 
 
+def ordered_kinds(kinds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`ordered_blocks` of the partial blocks ``kinds[0]`` and the full blocks ``kinds[1]`` in one call: the
+    count and indices of each, as ``BlockMask.from_kv_blocks`` takes them. Outside a compiled step each operation is
+    a kernel launched from the host, once per layer and chunk, so one call over both halves them."""
+    count, indices = ordered_blocks(kinds)
+    return count[0], indices[0], count[1], indices[1]
+
+
 def block_tables(
     positions: torch.Tensor, query_position: torch.Tensor, sliding_window: int | None
 ) -> tuple[torch.Tensor, ...]:
@@ -74,7 +82,7 @@ def block_tables(
     blocks = padded.view(batch, kv_heads, -1, BLOCK)
     full = blocks.all(dim=-1).all(dim=1, keepdim=True).unsqueeze(-2)  # one query block
     partial = blocks.any(dim=-1).any(dim=1, keepdim=True).unsqueeze(-2) & ~full
-    return (padded, *ordered_blocks(partial), *ordered_blocks(full))
+    return (padded, *ordered_kinds(torch.stack((partial, full))))
 
 
 def stacked_block_tables(stacked_positions: torch.Tensor, query_position: torch.Tensor) -> tuple[torch.Tensor, ...]:

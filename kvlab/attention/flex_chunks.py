@@ -24,9 +24,10 @@ import warnings
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, FlexKernelOptions, flex_attention
 
-from kvlab.attention.flex import BLOCK, ordered_blocks, softcap_mod
+from kvlab.attention.flex import BLOCK, ordered_kinds, softcap_mod
 from kvlab.cache.layer import FREE, HeapLayer
 from kvlab.fusion import fused
 
@@ -102,8 +103,7 @@ def chunk_mask(
         return _visible(keys[b, h // groups, k], asked[q], sliding_window)
 
     return BlockMask.from_kv_blocks(
-        *ordered_blocks(some),
-        *ordered_blocks(full),
+        *ordered_kinds(torch.stack((some, full))),
         BLOCK_SIZE=BLOCK,
         mask_mod=mask_mod,
         seq_lengths=lengths,
@@ -120,12 +120,9 @@ def swapped_mask(tables: tuple[torch.Tensor, ...], slots: int, groups: int, slid
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         return _visible(keys[b, h, q], asked[k % padded_queries], sliding_window)
 
-    def swapped(blocks: torch.Tensor) -> torch.Tensor:
-        return blocks.transpose(-1, -2).repeat(1, 1, 1, groups)
-
+    kinds = torch.stack((some, full)).transpose(-1, -2)
     return BlockMask.from_kv_blocks(
-        *ordered_blocks(swapped(some)),
-        *ordered_blocks(swapped(full)),
+        *ordered_kinds(kinds.repeat(*(1,) * (kinds.dim() - 1), groups)),
         BLOCK_SIZE=BLOCK,
         mask_mod=mask_mod,
         seq_lengths=(slots, groups * padded_queries),
@@ -158,10 +155,11 @@ def received_by_slots(
     kv_heads = keys.shape[1]
     groups = q_heads // kv_heads
     padded = tables[1].shape[0]
-    grouped = query.new_zeros(batch, kv_heads, groups, padded, head_dim)
-    grouped[..., :queries, :] = query.reshape(batch, kv_heads, groups, queries, head_dim)
-    grouped_lse = lse.new_zeros(batch, kv_heads, groups, padded)
-    grouped_lse[..., :queries] = lse.reshape(batch, kv_heads, groups, queries)
+    grouped = query.reshape(batch, kv_heads, groups, queries, head_dim)
+    grouped_lse = lse.reshape(batch, kv_heads, groups, queries)
+    if padded > queries:  # zeros past the chunk's end, which its mask hides
+        grouped = F.pad(grouped, (0, 0, 0, padded - queries))
+        grouped_lse = F.pad(grouped_lse, (0, padded - queries))
     values = query.new_zeros(batch, kv_heads, groups * padded, SWAPPED_VALUE_DIM)
     shape = layer.attention
     score_mod = _less_lse(

@@ -35,6 +35,17 @@ def visibility(batch: int, kv_heads: int, slots: int, seed: int) -> torch.Tensor
     return visible
 
 
+def test_ordering_partial_and_full_blocks_in_one_call_lists_each_kind_first_in_block_order():
+    generator = torch.Generator().manual_seed(3)
+    partial, full = (torch.rand(2, 1, 3, 9, generator=generator) > 0.5 for _ in range(2))
+    partial_count, partial_indices, full_count, full_indices = flex.ordered_kinds(torch.stack((partial, full)))
+    for chosen, count, indices in ((partial, partial_count, partial_indices), (full, full_count, full_indices)):
+        assert torch.equal(count, chosen.sum(dim=-1, dtype=torch.int32))
+        for row, listed, n in zip(chosen.flatten(0, 2), indices.flatten(0, 2), count.flatten(), strict=True):
+            assert listed[:n].tolist() == row.nonzero().flatten().tolist()
+            assert sorted(listed.tolist()) == list(range(9))
+
+
 def test_the_block_mask_reads_the_occupied_blocks_and_masks_the_rest_slot_by_slot():
     slots, groups = 5 * BLOCK + 37, 3
     visible = visibility(2, 2, slots, seed=1)
