@@ -1,23 +1,33 @@
 #!/usr/bin/env bash
 # Installs kvlab and its extras into .venv (scripts/install.sh), then:
 #   scripts/test.sh          checks lint, formatting, types and the documentation build (scripts/lint.sh) and runs
-#                            every test: what CI runs, under 10 minutes on 2 CPU cores;
+#                            every test not marked long: under 10 minutes on 2 CPU cores;
+#   scripts/test.sh --all    the same checks and every test, the long ones too (the published models, the browser
+#                            over every page, compiles, a wheel, killed processes): what CI runs;
 #   scripts/test.sh --fast   checks lint and formatting (ruff only) and runs the tests not marked slow, browser or
 #                            model (pytest.ini declares the markers): under 2 minutes, for the edit-and-test loop.
 # Any further arguments go to pytest, e.g. scripts/test.sh -k engine, scripts/test.sh --fast tests/cache
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-fast=0
-if [ "${1:-}" = "--fast" ]; then
-  fast=1
+run="default"
+if [ "${1:-}" = "--fast" ] || [ "${1:-}" = "--all" ]; then
+  run="${1#--}"
   shift
 fi
 venv="$(bash "$root/scripts/install.sh" | tail -n 1)"
 cd "$root"
-if [ "$fast" = 1 ]; then
-  "$venv/bin/ruff" check .
-  "$venv/bin/ruff" format --check .
-  exec "$venv/bin/python" -m pytest -m "not slow and not browser and not model" "$@"
-fi
-bash "$root/scripts/lint.sh"
-exec "$venv/bin/python" -m pytest "$@"
+case "$run" in
+  fast)
+    "$venv/bin/ruff" check .
+    "$venv/bin/ruff" format --check .
+    exec "$venv/bin/python" -m pytest -m "not slow and not browser and not model" "$@"
+    ;;
+  all)
+    bash "$root/scripts/lint.sh"
+    exec "$venv/bin/python" -m pytest "$@"
+    ;;
+  *)
+    bash "$root/scripts/lint.sh"
+    exec "$venv/bin/python" -m pytest -m "not long" "$@"
+    ;;
+esac

@@ -48,6 +48,16 @@ from kvlab.store import Store, open_store  # noqa: E402
 #: Gemma 3 (carried in four parts, reassembled on first load).
 PUBLISHED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PUBLISHED_GEMMA_GGUF = "gemma-3-270m-q4_k_m.gguf"
+#: Fixtures whose set-up alone takes ten seconds or more on a 2-core CPU (a published model's conversion, a local Ray
+#: cluster): every test that uses one is marked ``long``, so that the default run never pays for them.
+LONG_FIXTURES = frozenset({"published", "published_gemma", "local_ray"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``long`` every test that uses a fixture of :data:`LONG_FIXTURES`, directly or through another."""
+    for item in items:
+        if LONG_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.long)
 
 
 @pytest.fixture(scope="session")

@@ -97,6 +97,7 @@ def test_one_query_gives_the_output_and_the_accumulated_scores_of_kvlabs_kernel(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("architecture", ["llama", "gemma2"])
 def test_static_steps_under_flex_give_the_tokens_and_kept_sets_of_kvlabs_kernels(architecture, monkeypatch):
     loaded = wrap_model(tiny_model(architecture))

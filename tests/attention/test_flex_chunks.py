@@ -100,6 +100,7 @@ def test_streaming_chunks_under_flex_keep_sdpas_tokens_and_kept_sets(monkeypatch
     assert set(chunks) == {"streaming"}  # prefill mode's growing heap stays with SDPA
 
 
+@pytest.mark.long
 def test_sliding_window_masks_compile_into_flex_attentions_kernel():
     """The chunk's mask and the swapped pass's, lowered by Inductor into flex_attention's kernel (here for the CPU,
     as on CUDA for a GPU), give the reference implementation's output: a ``mask_mod`` that fails to lower (an

@@ -34,7 +34,7 @@ RUN_LIMIT_S = 60.0
 PAGE_SWITCH_LIMIT_S = 10.0
 PAGES = ("Overview", "Live run", "Needle grid", "Frontier", "Cost calculator", "Claims", "Runs")
 
-pytestmark = [needs_chromium, pytest.mark.browser, pytest.mark.model]
+pytestmark = [needs_chromium, pytest.mark.browser, pytest.mark.model, pytest.mark.long]
 
 # Marks, in the page's clock, when the live run's first chart with data (the KV bytes legend) and its 3D view
 # appear, counted from the last click.

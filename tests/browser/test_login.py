@@ -17,7 +17,7 @@ from browser import Server, free_port, idle, launch, needs_chromium
 
 from kvlab.store import open_store
 
-pytestmark = [pytest.mark.model, pytest.mark.browser]
+pytestmark = [pytest.mark.model, pytest.mark.browser, pytest.mark.long]
 
 sync_api = pytest.importorskip("playwright.sync_api")
 if importlib.util.find_spec("oidc_provider_mock") is None:  # found, not imported: it runs in its own process

@@ -151,6 +151,7 @@ def test_a_live_run_that_cannot_be_stored_keeps_its_result_for_download(db, monk
 
 @pytest.mark.model
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("page", ["pages/runs.py", "pages/frontier.py"])
 def test_a_damaged_store_is_a_sentence_on_the_pages_that_read_it(tmp_path, monkeypatch, page):
     monkeypatch.setenv("KVLAB_DB", str(damaged_database(tmp_path)))

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "kvlab")
 NOT_BUILT = shutil.ignore_patterns("__pycache__", "*.pyc", "*.wal")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def outside_env(work: Path) -> dict[str, str]:

@@ -50,6 +50,7 @@ def run(loaded, ids, policy: str, attention: str):
     return generate(loaded, ids, spec)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("architecture", ["llama", "gemma2"])
 def test_compiled_layers_decode_the_tokens_of_eager_layers_with_one_graph_for_all_layers(architecture, recorder):
     loaded = wrap_model(tiny_model(architecture))

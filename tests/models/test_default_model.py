@@ -56,6 +56,7 @@ def test_retrieves_a_needle_at_1k_with_the_full_cache(transformers_model):
 
 @pytest.mark.model
 @pytest.mark.slow
+@pytest.mark.long
 def test_kvlab_finds_the_needle_with_the_full_cache_and_loses_it_when_the_middle_is_evicted(shipped):
     from kvlab.budget import Budget
     from kvlab.engine.generation import generate

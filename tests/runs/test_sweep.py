@@ -149,6 +149,7 @@ def test_a_sweep_too_large_to_plan_is_refused_before_it_is_listed(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_killing_a_sweep_process_and_running_it_again_leaves_one_row_per_cell_and_trial(checkpoint, tmp_path):
     db = tmp_path / "killed.duckdb"
     command = [

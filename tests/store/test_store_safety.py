@@ -176,6 +176,7 @@ def damaged_database(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_damaged_block_inside_a_valid_database_is_one_sentence(tmp_path: Path) -> None:
     damaged_reads = 0
     for copy, data in damaged_copies(tmp_path):
@@ -197,6 +198,7 @@ def test_a_damaged_block_inside_a_valid_database_is_one_sentence(tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_writer_refuses_a_store_a_reader_calls_damaged_and_leaves_its_bytes(tmp_path: Path) -> None:
     copy = damaged_database(tmp_path)
     before = copy.read_bytes()
@@ -220,6 +222,7 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_full_disk_is_one_sentence_and_loses_nothing_stored(tmp_path: Path) -> None:
     with tiny_disk(tmp_path) as disk:
         path = disk / "runs.duckdb"
