@@ -97,6 +97,23 @@ def test_a_model_without_a_list_of_decoder_layers_is_left_as_it_is():
     assert len(decoder_layers(tiny_model("llama"))) == 3
 
 
+def test_inductor_autotunes_the_layers_products_and_another_backend_gets_no_mode(monkeypatch):
+    import kvlab.models.compiled as module
+
+    asked: list[dict] = []
+
+    def recording_compile(function, **options):
+        asked.append(options)
+        return function
+
+    monkeypatch.setattr(module.torch, "compile", recording_compile)
+    compile_layers(tiny_model("llama"))
+    compile_layers(tiny_model("llama"), backend=Recorder())
+    layers = len(decoder_layers(tiny_model("llama")))
+    assert [options["mode"] for options in asked] == [module.LAYER_MODE] * layers + [None] * layers
+    assert module.LAYER_MODE == "max-autotune-no-cudagraphs"  # Inductor's CUDA graphs would nest in kvlab's own
+
+
 def test_outside_kvlab_the_model_runs_its_own_eager_layers_after_a_fused_run(recorder):
     loaded = wrap_model(tiny_model("llama"))
     ids = prompt(batch=1, length=30, seed=3)
