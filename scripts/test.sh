@@ -3,7 +3,7 @@
 #   scripts/test.sh          checks lint, formatting, types and the documentation build (scripts/lint.sh) and runs
 #                            every test not marked long: under 10 minutes on 2 CPU cores;
 #   scripts/test.sh --all    the same checks and every test, the long ones too (the published models, the browser
-#                            over every page, compiles, a wheel, killed processes): what CI runs;
+#                            tests, compiles, a wheel, killed processes): what CI runs;
 #   scripts/test.sh --fast   checks lint and formatting (ruff only) and runs the tests not marked slow, browser or
 #                            model (pytest.ini declares the markers): under 2 minutes, for the edit-and-test loop.
 # Any further arguments go to pytest, e.g. scripts/test.sh -k engine, scripts/test.sh --fast tests/cache

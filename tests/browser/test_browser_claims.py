@@ -17,7 +17,7 @@ from test_browser import WIDTH, at_both_sizes
 from kvlab.claims import CATALOGUE
 
 sync_api = pytest.importorskip("playwright.sync_api")
-pytestmark = [needs_chromium, pytest.mark.browser, pytest.mark.model]
+pytestmark = [needs_chromium, pytest.mark.browser, pytest.mark.model, pytest.mark.long]
 NEEDLE_GRID = Path(__file__).resolve().parents[2] / "bench" / "results" / "needle_claim" / "trials.duckdb"
 
 

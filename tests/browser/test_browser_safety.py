@@ -12,7 +12,7 @@ import pytest
 from browser import Server, free_port, idle, launch, needs_chromium
 
 sync_api = pytest.importorskip("playwright.sync_api")
-pytestmark = [needs_chromium, pytest.mark.browser, pytest.mark.model]
+pytestmark = [needs_chromium, pytest.mark.browser, pytest.mark.model, pytest.mark.long]
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):

@@ -125,6 +125,7 @@ WATCH_WAITING = """() => {
 
 
 @pytest.mark.browser
+@pytest.mark.long
 @needs_chromium
 def test_two_browsers_run_at_once_and_both_runs_are_stored(tmp_path):
     database = tmp_path / "runs.duckdb"
@@ -167,6 +168,7 @@ def progress(tab) -> tuple[int, int]:
 
 
 @pytest.mark.browser
+@pytest.mark.long
 @needs_chromium
 def test_a_sweep_outlives_its_tab_and_a_killed_server_and_resumes_complete(tmp_path):
     database = tmp_path / "runs.duckdb"
@@ -232,6 +234,7 @@ def test_a_sweep_outlives_its_tab_and_a_killed_server_and_resumes_complete(tmp_p
 
 
 @pytest.mark.browser
+@pytest.mark.long
 @needs_chromium
 def test_with_a_login_configured_a_visitor_sees_only_the_login(tmp_path):
     secrets = tmp_path / "secrets.toml"
