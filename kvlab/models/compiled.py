@@ -34,7 +34,7 @@ COMPILED_FORWARD = "_kvlab_compiled_forward"
 PACKED_PROJECTIONS = "_kvlab_packed_projections"
 #: Inductor's mode for the layers: each matrix product's kernel chosen by timing Triton's templates against cuBLAS
 #: once per shape, which made decode steps 3-8% faster on an H200 at 8k and 32k
-#: (``bench/results/heap_gpu/autotuned_layers_h200.json``); without Inductor's own CUDA graphs, since the static
+#: (``bench/results/heap_gpu/autotuned_decode_h200.json``); without Inductor's own CUDA graphs, since the static
 #: steps capture theirs.
 LAYER_MODE = "max-autotune-no-cudagraphs"
 

@@ -41,7 +41,9 @@ def refilled(batch: int, kv_heads: int, slots: int, queries: int, seed: int) -> 
     return torch.stack(rows).view(batch, kv_heads, slots).to(torch.int32), chunk
 
 
-@pytest.mark.parametrize(("window", "softcap", "queries"), [(None, None, 200), (150, None, 130), (None, 30.0, 7)])
+@pytest.mark.parametrize(
+    ("window", "softcap", "queries"), [(None, None, 200), (150, None, 130), (None, 30.0, 7), (None, None, 2 * BLOCK)]
+)
 def test_a_chunk_gives_the_output_and_the_column_sums_of_exact_attention(window, softcap, queries):
     batch, kv_heads, groups, slots, head_dim = 2, 2, 3, 3 * BLOCK + 40, 16
     generator = torch.Generator().manual_seed(4)
