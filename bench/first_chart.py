@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from browser import Server, idle, launch  # noqa: E402
 
-#: A drawn Plotly chart (its SVG layer, or the canvas of a WebGL one).
-CHART = "[data-testid=stPlotlyChart] .main-svg, [data-testid=stPlotlyChart] canvas"
+#: A drawn chart: kvlab's (``kvlab.dashboard.chart_view``) or Streamlit's Plotly element (its SVG layer, or the canvas
+#: of a WebGL one).
+CHART = ".kvlab-chart .main-svg, [data-testid=stPlotlyChart] .main-svg, [data-testid=stPlotlyChart] canvas"
 #: The pages with a chart at first sight, by address and sidebar title (Claims draws its table first).
 PAGES = {
     "": "Overview",

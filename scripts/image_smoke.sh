@@ -161,7 +161,7 @@ app.run()
 assert not app.exception and app.title[0].value == "Overview", app.exception
 assert len(app.get("plotly_chart")) >= 4, "the Overview has no shipped runs to show"
 print("the Overview shows", len(app.get("plotly_chart")), "charts of the shipped runs")
-app.switch_page("pages/runs.py")
+app.switch_page("views/runs.py")
 app.run()
 assert not app.exception, app.exception
 captions = [caption.value for caption in app.caption]

@@ -1,6 +1,6 @@
 """What the dashboard needs beyond the kvlab library: run data shaped for drawing, and a few shared page helpers.
 
-The pages in ``pages/`` hold layout and widgets only. Everything they show is computed here:
+The pages in ``views/`` hold layout and widgets only. Everything they show is computed here:
 
 * :mod:`kvlab.runs.live`: a live run as data (the prompt, the settings, the trace of its events);
 * :mod:`kvlab.runs.live_store` and :mod:`kvlab.runs.replay`: a finished live run stored with its replay, and replays

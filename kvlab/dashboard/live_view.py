@@ -99,6 +99,13 @@ def draw_moves(where: DeltaGenerator, trace: LiveTrace | None, report: DemotionR
         box.table(figures.demotion_table(report).set_index("measure"))  # a table wraps the notes a data frame cuts
 
 
+def show_output(where: DeltaGenerator, text: str) -> None:
+    """What a run has written so far, in a bordered box, as plain text (Streamlit trims the whitespace around it).
+    Not Streamlit's code element, which would load a syntax highlighter (about 1.5 MB of JavaScript) into a new tab
+    for text it does not highlight."""
+    where.container(border=True).text(text)
+
+
 def draw_charts(
     slots: ChartSlots, trace: LiveTrace | None, layer: int | None, tag: str, demotion: DemotionReport | None = None
 ) -> None:

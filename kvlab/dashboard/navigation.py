@@ -8,11 +8,17 @@ from dataclasses import dataclass
 
 from kvlab.policies import POLICIES, is_full_cache
 
+#: Where the page scripts live, beside ``app.py``. Not ``pages/``: beside a main script, a directory of that name puts
+#: a fresh Streamlit server in its legacy multipage mode until some session's script has declared its pages, and in
+#: that mode a request for a page's address runs the page file alone, without ``app.py``'s host check, login and
+#: sidebar (seen from a new tab opened while the first sessions of a just-started server were still importing).
+PAGE_DIRECTORY = "views"
+
 
 @dataclass(frozen=True)
 class PageEntry:
-    """One page: its script (relative to the checkout), its title and icon in the sidebar, and what it does, as a
-    clause that follows its title in the Overview."""
+    """One page: its script (relative to the checkout, in :data:`PAGE_DIRECTORY`), its title and icon in the
+    sidebar, and what it does, as a clause that follows its title in the Overview."""
 
     script: str
     title: str
@@ -21,32 +27,32 @@ class PageEntry:
 
 
 PAGES: tuple[PageEntry, ...] = (
-    PageEntry("pages/overview.py", "Overview", ":material/home:", "shows what kvlab found, without a model"),
+    PageEntry("views/overview.py", "Overview", ":material/home:", "shows what kvlab found, without a model"),
     PageEntry(
-        "pages/live.py",
+        "views/live.py",
         "Live run",
         ":material/play_circle:",
         "runs a model on a needle prompt or your text and draws every pass (or replays a stored run, two side by side)",
     ),
-    PageEntry("pages/needle_grid.py", "Needle grid", ":material/grid_on:", "measures the needle heatmap of policies"),
-    PageEntry("pages/frontier.py", "Frontier", ":material/show_chart:", "puts accuracy against memory for every run"),
+    PageEntry("views/needle_grid.py", "Needle grid", ":material/grid_on:", "measures the needle heatmap of policies"),
+    PageEntry("views/frontier.py", "Frontier", ":material/show_chart:", "puts accuracy against memory for every run"),
     PageEntry(
-        "pages/costs.py", "Cost calculator", ":material/payments:", "prices a deployment, measured where it can be"
+        "views/costs.py", "Cost calculator", ":material/payments:", "prices a deployment, measured where it can be"
     ),
     PageEntry(
-        "pages/advisor.py",
+        "views/advisor.py",
         "Advisor",
         ":material/recommend:",
         "finds the cheapest configurations that keep an accuracy floor",
     ),
-    PageEntry("pages/claims.py", "Claims", ":material/fact_check:", "checks the articles' numbers"),
+    PageEntry("views/claims.py", "Claims", ":material/fact_check:", "checks the articles' numbers"),
     PageEntry(
-        "pages/side_channel.py",
+        "views/side_channel.py",
         "Side channels",
         ":material/visibility_off:",
         "asks whether a policy's ranking leaks what a prompt held",
     ),
-    PageEntry("pages/runs.py", "Runs", ":material/table_rows:", "lists, compares and exports every stored run"),
+    PageEntry("views/runs.py", "Runs", ":material/table_rows:", "lists, compares and exports every stored run"),
 )
 
 
@@ -62,7 +68,7 @@ def policy_list(names: Iterable[str]) -> str:
 def overview_opening(pages: Iterable[PageEntry] = PAGES, policies: Iterable[str] | None = None) -> str:
     """The Overview's first paragraph: what kvlab does, with every registered policy and every other page."""
     names = list(POLICIES if policies is None else policies)
-    tour = "; ".join(f"**{page.title}** {page.does}" for page in pages if page.script != "pages/overview.py")
+    tour = "; ".join(f"**{page.title}** {page.does}" for page in pages if page.script != "views/overview.py")
     return (
         f"kvlab runs a causal language model with a **budgeted KV cache** and one of its {len(names)} policies "
         f"({policy_list(names)}) and shows what survives, what it costs and whether the model still "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import runpy
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,6 @@ from typing import Any
 import streamlit as st
 import torch
 from streamlit.delta_generator import DeltaGenerator
-from streamlit.runtime.pages_manager import PagesManager
-from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from kvlab.claims import EVIDENCE_DB
 from kvlab.dashboard.access import (
@@ -62,23 +59,6 @@ DEVICE_MAP_CHOICES: dict[str | None, str] = {
 
 #: The operator's setting under which pages show a store's path on the server (else its file name).
 SHOW_PATHS_ENV = "KVLAB_SHOW_PATHS"
-
-
-def page_setup() -> None:
-    """Make sure a page runs inside ``app.py``'s navigation and sidebar; every page calls it first.
-
-    Because the page files live in a directory named ``pages/``, Streamlit starts a server in its legacy multipage
-    mode, which it leaves only once ``app.py`` has declared the pages. When the very first request a server gets
-    opens a page by its URL, Streamlit runs that page file on its own. Then ``app.py`` is run here, in the same
-    script run (so a click that started it is not lost, and the login is asked for), and it draws the sidebar and
-    runs the page; this run of the page file ends when that is done. ``app.py`` is the script the server was started
-    with, found from the running script's context rather than from kvlab's own location, which is ``site-packages``
-    when kvlab is installed.
-    """
-    context = get_script_run_ctx()
-    if PagesManager.uses_pages_directory and context is not None:
-        runpy.run_path(context.main_script_path, run_name="__main__")
-        st.stop()
 
 
 def auth_settings() -> Mapping[str, Any]:

@@ -19,7 +19,7 @@ PACKAGE = REPO / "kvlab"
 DERIVED = {"tiered", "freezes", "demotes", "global_scope", "pools_heads", "measures_layers", "capturable", "noisy"}
 #: The places outside ``kvlab/cache/`` that may look at an option: the engine's plan, the claims reading stored runs'
 #: options, and the live page drawing the allocation its widgets chose.
-OPTION_READERS = {"kvlab/engine/plan.py", "kvlab/claims/options.py", "pages/live.py"}
+OPTION_READERS = {"kvlab/engine/plan.py", "kvlab/claims/options.py", "views/live.py"}
 #: A function-level or ``TYPE_CHECKING`` import of a kvlab module is allowed only where a command must start without
 #: torch, with a comment on the line saying so.
 LATE_IMPORTS_ALLOWED = "kvlab/cli/"
@@ -117,7 +117,7 @@ def option_reads(tree: ast.Module) -> Iterator[int]:
 
 def test_the_cache_options_are_read_in_the_cache_and_three_named_places():
     readers: dict[str, list[int]] = {}
-    for path in sorted([*PACKAGE.rglob("*.py"), *(REPO / "pages").glob("*.py"), REPO / "app.py"]):
+    for path in sorted([*PACKAGE.rglob("*.py"), *(REPO / "views").glob("*.py"), REPO / "app.py"]):
         relative = path.relative_to(REPO).as_posix()
         if relative.startswith("kvlab/cache/"):
             continue

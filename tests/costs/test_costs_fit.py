@@ -7,6 +7,7 @@ import json
 
 import pytest
 import transformers
+from drawn_charts import drawn_charts
 from test_pages import open_page, shown, widget
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
@@ -342,7 +343,7 @@ def test_refused_model_types_are_transformers_encoders_and_encoder_decoders() ->
 @pytest.mark.model
 @pytest.mark.slow
 def test_the_page_says_70b_does_not_fit_one_gpu_and_fits_the_count_it_names(db) -> None:
-    app = open_page("pages/costs.py")
+    app = open_page("views/costs.py")
     widget(app.selectbox, "Preset").set_value("Llama-3-70B")  # the first "Preset" is the model's
     app.run()
     assert not app.exception, app.exception
@@ -381,7 +382,7 @@ def test_the_page_says_70b_does_not_fit_one_gpu_and_fits_the_count_it_names(db) 
 
 @pytest.mark.model
 def test_the_page_refuses_more_gpus_than_layers_in_one_sentence(db) -> None:
-    app = open_page("pages/costs.py")
+    app = open_page("views/costs.py")
     widget(app.selectbox, "Preset").set_value("Qwen2.5-0.5B")
     widget(app.number_input, "GPUs (layers split over them)").set_value(25)
     app.run()
@@ -394,11 +395,11 @@ def test_the_page_refuses_more_gpus_than_layers_in_one_sentence(db) -> None:
 
 @pytest.mark.model
 def test_the_page_refuses_a_pasted_bert_config(db) -> None:
-    app = open_page("pages/costs.py")
+    app = open_page("views/costs.py")
     widget(app.radio, "From").set_value("pasted config.json")
     app.run()
     widget(app.text_area, "config.json").set_value(hub_file(transformers.BertConfig(), ["BertForMaskedLM"]))
     app.run()
     assert not app.exception, app.exception
     assert "BertForMaskedLM" in shown(app.error[0].value)
-    assert not app.metric and not app.get("plotly_chart")
+    assert not app.metric and not drawn_charts(app)

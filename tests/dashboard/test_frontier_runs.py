@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 import pytest
+from drawn_charts import drawn_charts
 from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.testing.v1 import AppTest
 from test_pages import open_page
@@ -62,7 +62,7 @@ def widget(elements, label: str):
 
 
 def figures(app: AppTest) -> list[dict]:
-    return [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
+    return [chart.figure for chart in drawn_charts(app)]
 
 
 def values(array: object) -> list:
@@ -78,7 +78,7 @@ def values(array: object) -> list:
 
 @pytest.mark.slow
 def test_runs_downloads_hold_the_filtered_runs_whatever_is_compared(seeded, downloads):
-    app = open_page("pages/runs.py")
+    app = open_page("views/runs.py")
     widget(app.multiselect, "Policy").set_value(["h2o"])
     widget(app.multiselect, "Runs to compare").set_value([4])
     downloads.clear()
@@ -94,7 +94,7 @@ def test_runs_downloads_hold_the_filtered_runs_whatever_is_compared(seeded, down
 
 
 def test_runs_comparison_charts_and_report(seeded, downloads):
-    app = open_page("pages/runs.py")
+    app = open_page("views/runs.py")
     assert widget(app.multiselect, "Runs to compare").value == [5, 6]
     quality, memory = figures(app)
     accuracy = open_store(seeded, read_only=True).list_runs().set_index("run_id")["accuracy"]
@@ -110,7 +110,7 @@ def test_runs_comparison_charts_and_report(seeded, downloads):
 
 @pytest.mark.slow
 def test_frontier_in_binary_units_with_every_policy_visible(seeded):
-    app = open_page("pages/frontier.py")
+    app = open_page("views/frontier.py")
     widget(app.radio, "Memory axis").set_value("kv_bytes")
     rerun(app)
     figure = figures(app)[0]
@@ -129,7 +129,7 @@ def test_frontier_in_binary_units_with_every_policy_visible(seeded):
 
 @pytest.mark.slow
 def test_the_article_rows_appear_only_beside_kvlab_rows_and_the_report_is_offered(seeded, downloads):
-    app = open_page("pages/frontier.py")
+    app = open_page("views/frontier.py")
     claim = next(frame.value for frame in app.dataframe if "90% pruned" in frame.value.columns)
     rows = list(claim.index)
     for policy in ("h2o", "streaming"):

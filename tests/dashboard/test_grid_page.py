@@ -3,11 +3,11 @@ columns at the depths asked for, and panel titles that fit (AppTest with the shi
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pandas as pd
 import pytest
+from drawn_charts import drawn_charts
 from streamlit.testing.v1 import AppTest
 from test_pages import open_page, shown, sweep_job, widget
 
@@ -21,7 +21,7 @@ DEPTHS = "Needle depths (how many)"
 
 
 def grid_page(policies: list[str], depths: int = 2, trials: int = 1, batch: int = 8) -> AppTest:
-    app = open_page("pages/needle_grid.py")
+    app = open_page("views/needle_grid.py")
     widget(app.multiselect, "Policies").set_value(policies)
     widget(app.multiselect, "Context lengths (tokens)").set_value([256])
     widget(app.slider, DEPTHS).set_value(depths)
@@ -37,7 +37,7 @@ def captions(app: AppTest) -> list[str]:
 
 
 def heatmap(app: AppTest) -> dict:
-    [chart] = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
+    [chart] = [chart.figure for chart in drawn_charts(app)]
     return chart
 
 
@@ -83,7 +83,7 @@ def test_the_estimate_counts_stored_trials_and_is_based_on_them(db):
 
 @pytest.mark.model
 def test_while_the_device_is_busy_the_estimate_counts_and_waits(db):
-    app = open_page("pages/needle_grid.py")
+    app = open_page("views/needle_grid.py")
     with DEVICE_QUEUE.turn("live run of h2o on 2,048 tokens"):
         widget(app.number_input, "Batch size").set_value(3)  # a shape not timed yet
         app.run()
@@ -119,7 +119,7 @@ def test_the_heatmap_fills_in_while_the_sweep_runs(db, monkeypatch):
         shown(info.value) == "Sweep 1 is measuring these settings; the heatmap fills in as its trials are stored."
         for info in app.info
     )
-    assert [chart.key for chart in app.get("plotly_chart")] == ["needle-shipped"]  # no heatmap yet: shipped runs
+    assert [chart.key for chart in drawn_charts(app)] == ["needle-shipped"]  # no heatmap yet: shipped runs
     first_may_store.set()
     assert after_first.wait(60)
     app.run()

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
-from kvlab.dashboard.chart_view import FRONTEND_SCRIPTS, chart_script
-from kvlab.dashboard.navigation import PAGES, overview_opening
+from kvlab.dashboard.navigation import PAGE_DIRECTORY, PAGES, overview_opening
 from kvlab.policies import POLICIES
 from kvlab.policies.streaming import Streaming
 
@@ -20,7 +20,17 @@ REPO = Path(__file__).resolve().parents[2]
 def test_every_page_script_is_declared_once():
     declared = [entry.script for entry in PAGES]
     assert len(declared) == len(set(declared))
-    assert set(declared) == {str(path.relative_to(REPO)) for path in (REPO / "pages").glob("*.py")}
+    assert set(declared) == {str(path.relative_to(REPO)) for path in (REPO / PAGE_DIRECTORY).glob("*.py")}
+
+
+def test_streamlit_never_runs_a_page_without_app_py():
+    """A ``pages/`` directory beside ``app.py`` would start a server in Streamlit's legacy multipage mode, where a
+    page's address runs the page file alone (no host check, no login) until a session's ``app.py`` has declared the
+    pages; a server without one runs ``app.py`` for every request from its first."""
+    assert PAGE_DIRECTORY != "pages" and not (REPO / "pages").exists()
+    PagesManager.uses_pages_directory = None  # as in a server that has just started
+    PagesManager(str(REPO / "app.py"))
+    assert PagesManager.uses_pages_directory is False
 
 
 def test_the_overview_names_every_policy_and_every_other_page():
@@ -45,14 +55,3 @@ def test_a_policy_added_to_the_registry_is_in_the_overviews_list(db, monkeypatch
     assert app.title[0].value == "Overview"
     assert any(f"`{Lookalike.name}`" in block.value for block in app.markdown)
     assert any(f"one of its {len(POLICIES)} policies" in block.value for block in app.markdown)
-
-
-def test_every_session_loads_the_chart_component_of_this_streamlit_from_the_start(db):
-    name = chart_script()
-    assert name is not None and (FRONTEND_SCRIPTS / name).is_file()  # the file this Streamlit's frontend serves
-    app = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
-    app.run()
-    assert not app.exception, app.exception
-    loaders = [element for element in app.sidebar if element.type == "html"]
-    assert len(loaders) == 1
-    assert f'import("./static/js/{name}")' in loaders[0].proto.body

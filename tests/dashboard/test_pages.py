@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from drawn_charts import drawn_charts
 from streamlit import config
 from streamlit.testing.v1 import AppTest
 from test_ui_tables import add_run
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.model
 
 REPO = Path(__file__).resolve().parents[2]
 #: Every page but Claims, whose evaluation has its own tests (test_pages_claims.py).
-PAGES = {entry.script: entry.title for entry in navigation.PAGES if entry.script != "pages/claims.py"}
+PAGES = {entry.script: entry.title for entry in navigation.PAGES if entry.script != "views/claims.py"}
 
 
 @pytest.fixture
@@ -60,8 +61,7 @@ def widget(elements, label: str):
 
 def charts(app: AppTest) -> dict[str, dict]:
     """Plotly figures on the page by title."""
-    figures = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
-    return {figure["layout"].get("title", {}).get("text", ""): figure for figure in figures}
+    return {chart.title: chart.figure for chart in drawn_charts(app)}
 
 
 def click(app: AppTest, label: str) -> AppTest:
@@ -84,24 +84,24 @@ def test_every_page_renders_on_an_empty_database(db):
         assert not app.exception, (page, app.exception)
         assert app.title[0].value == title
         assert "Running on **cpu**" in app.sidebar.caption[0].value  # drawn by app.py, whichever page ran first
-    for page, empty in (("pages/frontier.py", "no runs with trials yet"), ("pages/runs.py", "No runs are stored")):
+    for page, empty in (("views/frontier.py", "no runs with trials yet"), ("views/runs.py", "No runs are stored")):
         app.switch_page(page)
         app.run()  # cold, the page shows the shipped runs, labelled so, with a switch to the empty own store
         assert app.toggle[0].label == "Shipped runs" and app.toggle[0].value, page
         assert any("**shipped runs**" in caption.value for caption in app.caption), page
-        assert app.get("plotly_chart") or app.dataframe, page
+        assert drawn_charts(app) or app.dataframe, page
         app.toggle[0].set_value(False)
         assert empty in app.run().info[0].value
-    app.switch_page("pages/needle_grid.py")
+    app.switch_page("views/needle_grid.py")
     assert "No stored needle trials" in app.run().info[0].value
     shipped = [header.value for header in app.subheader if header.value.startswith("Shipped runs: ")]
     assert shipped == ["Shipped runs: kvlab-tiny-llama at 4,096 tokens"]  # the loaded model's shipped sweep meanwhile
-    assert any(chart.proto.id for chart in app.get("plotly_chart"))
+    assert any(chart.key for chart in drawn_charts(app))
 
 
 @pytest.mark.slow
 def test_a_short_live_run_completes_and_is_stored(db):
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     assert charts(app)["KV cache bytes"]["layout"]["annotations"][0]["text"] == "Press Run to start."
     widget(app.number_input, "Context length (tokens)").set_value(256)
     widget(app.number_input, "Chunk (tokens per forward pass)").set_value(64)
@@ -119,6 +119,8 @@ def test_a_short_live_run_completes_and_is_stored(db):
     } <= titles
     runs = open_store(db).list_runs()
     assert len(runs) == 1 and runs.loc[0, "trials"] == 1 and runs.loc[0, "context_length"] == 256
+    [written] = [element.value for element in app.main.text]  # the answer in plain text, its ends trimmed
+    assert written == (open_store(db).trials_frame()["output"][0].strip() or "(nothing generated)")
 
     widget(app.selectbox, "3D view").set_value(2)
     app.run()
@@ -130,7 +132,7 @@ def test_a_short_live_run_completes_and_is_stored(db):
 
 @pytest.mark.slow
 def test_pasted_and_uploaded_text(db):
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     widget(app.radio, "Task").set_value("Your text")
     app.run()
     app.file_uploader[0].set_value(("weights.txt", b"\x00\x01binary", "text/plain"))
@@ -151,7 +153,7 @@ def test_pasted_and_uploaded_text(db):
 
 @pytest.mark.slow
 def test_out_of_memory_is_a_sentence_and_the_next_run_works(db, monkeypatch):
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     widget(app.number_input, "Context length (tokens)").set_value(128)
     widget(app.number_input, "Tokens to generate (at most)").set_value(2)
     app.run()
@@ -171,7 +173,7 @@ def test_out_of_memory_is_a_sentence_and_the_next_run_works(db, monkeypatch):
 
 @pytest.mark.slow
 def test_an_unknown_model_is_a_sentence_and_the_app_keeps_working(db):
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     app.sidebar.text_input[0].set_value("/no/such/model")
     app.run()
     assert not app.exception
@@ -180,7 +182,7 @@ def test_an_unknown_model_is_a_sentence_and_the_app_keeps_working(db):
         "decoder-only causal language model with its config.json, tokenizer and weights."
     )
     assert widget(app.button, "Run").disabled
-    app.switch_page("pages/costs.py")
+    app.switch_page("views/costs.py")
     app.run()
     assert not app.exception and app.metric
     app.sidebar.text_input[0].set_value(default_model())
@@ -196,7 +198,7 @@ def sweep_job(db, sweep_id: int = 1):
 
 
 def grid_page(db, policies: list[str], depths: int = 2, trials: int = 1, batch: int = 8) -> AppTest:
-    app = open_page("pages/needle_grid.py")
+    app = open_page("views/needle_grid.py")
     widget(app.multiselect, "Policies").set_value(policies)
     widget(app.multiselect, "Context lengths (tokens)").set_value([256])
     widget(app.slider, "Needle depths (how many)").set_value(depths)
@@ -216,9 +218,9 @@ def test_the_needle_grid_runs_a_sweep_on_the_server_and_shows_its_cells(db):
     assert shown(app.success[0].value) == "Ran 4 trials; 0 were already stored."
     assert shown(app.main.markdown[0].value).startswith("Sweep 1: full, h2o · keep 0.1 · prefill · 256 tokens")
     assert "started by test@example.com" in shown(app.main.markdown[0].value)
-    heatmaps = [chart for chart in app.get("plotly_chart")]
+    heatmaps = drawn_charts(app)
     assert len(heatmaps) == 1
-    panels = [trace["type"] for trace in json.loads(heatmaps[0].proto.spec)["data"]]
+    panels = [trace["type"] for trace in heatmaps[0].figure["data"]]
     assert panels == ["heatmap", "heatmap"]
     assert set(open_store(db).list_runs()["started_by"]) == {"test@example.com"}
 
@@ -275,15 +277,15 @@ def test_out_of_memory_in_a_needle_grid_is_a_sentence(db, monkeypatch):
 
 @pytest.mark.slow
 def test_the_frontier_from_stored_runs(seeded):
-    app = open_page("pages/frontier.py")
-    figures = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
+    app = open_page("views/frontier.py")
+    figures = [chart.figure for chart in drawn_charts(app)]
     assert len(figures) == 2
     names = {trace["name"] for trace in figures[0]["data"]}
     assert {"full cache", "h2o · prefill", "streaming · prefill", "Pareto front"} <= names
     assert figures[0]["layout"]["xaxis"]["title"]["text"] == "kept fraction of the context"
     widget(app.radio, "Memory axis").set_value("kv_bytes")
     app.run()
-    figures = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
+    figures = [chart.figure for chart in drawn_charts(app)]
     assert figures[0]["layout"]["xaxis"]["type"] == "log"
     assert "measured" in figures[0]["layout"]["xaxis"]["title"]["text"]
     assert len(app.dataframe) == 3  # the two selections' points and the claim table
@@ -291,7 +293,7 @@ def test_the_frontier_from_stored_runs(seeded):
 
 @pytest.mark.slow
 def test_the_cost_calculator(seeded):
-    app = open_page("pages/costs.py")
+    app = open_page("views/costs.py")
     fits = widget(app.metric, "Sequences that fit")
     assert fits.value == "228"
     gpu = [box for box in app.selectbox if box.label == "Preset"][1]  # the first preset is the model's
@@ -313,7 +315,7 @@ def test_the_cost_calculator(seeded):
 
 @pytest.mark.slow
 def test_the_runs_page_filters_compares_and_offers_downloads(seeded):
-    app = open_page("pages/runs.py")
+    app = open_page("views/runs.py")
     assert "6 of 6 runs" in app.main.caption[0].value
     widget(app.multiselect, "Policy").set_value(["h2o"])
     app.run()
@@ -362,7 +364,7 @@ def test_with_a_login_configured_a_visitor_sees_only_the_login_and_runs_record_t
     assert not app.exception
     assert [title.value for title in app.title] == ["kvlab"]
     assert [button.label for button in app.button] == ["Log in"]
-    assert not app.sidebar.text_input and not app.get("plotly_chart") and not app.metric
+    assert not app.sidebar.text_input and not drawn_charts(app) and not app.metric
 
     app.secrets["auth"] = {key: AUTH[key] for key in ("redirect_uri", "cookie_secret", "client_id")}
     app.run()
@@ -374,7 +376,7 @@ def test_with_a_login_configured_a_visitor_sees_only_the_login_and_runs_record_t
     assert app.title[0].value == "Overview"
     assert "Logged in as **ann@example.com**" in [shown(caption.value) for caption in app.sidebar.caption]
     assert widget(app.sidebar.button, "Log out")
-    app.switch_page("pages/live.py")
+    app.switch_page("views/live.py")
     app.run()
     widget(app.number_input, "Context length (tokens)").set_value(128)
     widget(app.number_input, "Tokens to generate (at most)").set_value(2)
@@ -402,7 +404,7 @@ def test_without_a_login_the_sidebar_says_who_can_reach_the_server(db):
 @pytest.mark.slow
 def test_a_model_outside_the_allow_list_is_refused_with_a_message(db, monkeypatch):
     monkeypatch.setenv("KVLAB_ALLOWED_MODELS", f"{default_model()},Qwen/Qwen2.5-0.5B")
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     assert not app.sidebar.error
     app.sidebar.text_input[0].set_value("meta-llama/Llama-3.2-1B")
     app.run()
@@ -456,7 +458,7 @@ def test_nothing_in_the_browser_can_switch_trust_remote_code_on(db, tmp_path, mo
             for element in app.get(kind):
                 named = f"{getattr(element, 'label', '')} {getattr(element, 'key', '') or ''}".lower()
                 assert "remote" not in named and "trust" not in named, (page, named)
-    sources = [REPO / "app.py", *(REPO / "pages").glob("*.py"), *(REPO / "kvlab" / "dashboard").glob("*.py")]
+    sources = [REPO / "app.py", *(REPO / "views").glob("*.py"), *(REPO / "kvlab" / "dashboard").glob("*.py")]
     settings = [
         value
         for source in sources
@@ -468,7 +470,7 @@ def test_nothing_in_the_browser_can_switch_trust_remote_code_on(db, tmp_path, mo
 def test_pages_open_stores_only_through_the_session():
     """One way to a store: every page and dashboard module opens it with ``session.open_page_store`` (read-only
     unless it writes), which alone calls the store's opener."""
-    sources = [REPO / "app.py", *(REPO / "pages").glob("*.py"), *(REPO / "kvlab" / "dashboard").glob("*.py")]
+    sources = [REPO / "app.py", *(REPO / "views").glob("*.py"), *(REPO / "kvlab" / "dashboard").glob("*.py")]
     openers = [
         f"{source.name}: {call}"
         for source in sources

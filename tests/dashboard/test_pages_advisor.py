@@ -12,7 +12,7 @@ pytestmark = pytest.mark.model
 
 
 def test_the_advisor_ranks_the_shipped_runs_and_says_what_is_missing(db) -> None:
-    app = open_page("pages/advisor.py")
+    app = open_page("views/advisor.py")
     ranked = app.dataframe[0].value
     assert list(ranked.columns[:2]) == ["rank", "configuration"] and ranked["rank"].iloc[0] == "1"
     assert all(cell.endswith(")") and "% (" in cell for cell in ranked["relative accuracy (95% CI)"])
@@ -24,7 +24,7 @@ def test_the_advisor_ranks_the_shipped_runs_and_says_what_is_missing(db) -> None
 
 
 def test_the_advisor_shows_a_measured_decode_where_the_gpu_benchmark_ran(db) -> None:
-    app = open_page("pages/advisor.py")
+    app = open_page("views/advisor.py")
     widget(app.selectbox, "GPU").set_value("H200 141GB")
     widget(app.slider, "Accuracy floor (share of the full cache's)").set_value(0.5)
     app.run()
@@ -35,7 +35,7 @@ def test_the_advisor_shows_a_measured_decode_where_the_gpu_benchmark_ran(db) -> 
 
 
 def test_the_advisor_reads_the_dashboards_store_when_asked(db) -> None:
-    app = open_page("pages/advisor.py")
+    app = open_page("views/advisor.py")
     widget(app.radio, "Evidence").set_value("this dashboard's store")
     app.run()
     assert not app.exception, app.exception
@@ -43,7 +43,7 @@ def test_the_advisor_reads_the_dashboards_store_when_asked(db) -> None:
 
 
 def test_the_cost_calculator_shows_a_measured_decode_with_its_device(db) -> None:
-    app = open_page("pages/costs.py")
+    app = open_page("views/costs.py")
     selects = [box for box in app.selectbox if box.label == "Preset"]
     selects[1].set_value("H200 141GB")  # the second "Preset" is the GPU's
     widget(app.number_input, "Prompt tokens (N)").set_value(32768)
@@ -65,7 +65,7 @@ def test_the_cost_calculator_shows_a_measured_decode_with_its_device(db) -> None
 
 
 def test_the_advisor_judges_a_perplexity_floor_on_the_shipped_runs(db) -> None:
-    app = open_page("pages/advisor.py")
+    app = open_page("views/advisor.py")
     widget(app.radio, "Floor judged on").set_value("perplexity")
     widget(app.number_input, "Context (prompt tokens)").set_value(1280)
     app.run()

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.model
 def claims_page() -> AppTest:
     app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
-    app.switch_page("pages/claims.py")
+    app.switch_page("views/claims.py")
     app.run()
     assert not app.exception, app.exception
     assert app.title[0].value == "Claims"

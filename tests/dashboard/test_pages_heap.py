@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from drawn_charts import drawn_charts
 from streamlit.testing.v1 import AppTest
 from test_grid_page import grid_page
 from test_pages import charts, click, open_page, shown, sweep_job, widget
@@ -40,7 +41,7 @@ def test_a_policy_s_own_parameters_and_its_cache_options_are_drawn_apart():
 
 
 def live_page() -> AppTest:
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     widget(app.number_input, "Context length (tokens)").set_value(128)
     widget(app.number_input, "Tokens to generate (at most)").set_value(2)
     app.run()
@@ -144,11 +145,11 @@ def test_a_needle_grid_runs_each_policy_with_and_without_the_options(db):
     assert shown(app.main.markdown[0].value).startswith(f"Sweep 1: h2o, {VARIANT} · keep 0.1 · prefill")
     [spec] = [record.spec for record in open_store(db).sweeps()]
     assert spec["policies"] == ["h2o", VARIANT]
-    panels = [trace["name"] for trace in json.loads(app.get("plotly_chart")[0].proto.spec)["data"]]
+    panels = [trace["name"] for trace in drawn_charts(app)[0].figure["data"]]
     assert panels == ["h2o (hot=0.25, key_bits=4, value_bits=4) · prefill · keep 10%", "h2o · prefill · keep 10%"]
 
     set_options(app, also_without=False)  # the variant alone: its stored runs, not the plain h2o's
-    panels = [trace["name"] for trace in json.loads(app.get("plotly_chart")[0].proto.spec)["data"]]
+    panels = [trace["name"] for trace in drawn_charts(app)[0].figure["data"]]
     assert panels == ["h2o (hot=0.25, key_bits=4, value_bits=4) · prefill · keep 10%"]
     assert any(shown(caption.value) == "2 trials (2 stored): nothing left to run." for caption in app.caption)
 
@@ -158,7 +159,7 @@ def test_a_needle_grid_runs_each_policy_with_and_without_the_options(db):
         "Policy 'h2o' uses precision tiers (hot below 1), set once at prefill mode's compression; run it in prefill "
         "mode."
     ]
-    assert widget(app.button, "Run grid").disabled and not app.get("plotly_chart")
+    assert widget(app.button, "Run grid").disabled and not drawn_charts(app)
 
 
 def add_run(store: Store, params: dict[str, object], correct: bool, kv_bytes: int) -> None:
@@ -187,15 +188,15 @@ def xs(trace: dict) -> list[float]:
 @pytest.mark.model
 @pytest.mark.slow
 def test_the_frontier_and_the_runs_page_tell_a_policy_with_options_from_the_plain_one(tiered_runs):
-    app = open_page("pages/frontier.py")
+    app = open_page("views/frontier.py")
     widget(app.radio, "Memory axis").set_value("kv_bytes")
     app.run()
-    frontier = json.loads(app.get("plotly_chart")[0].proto.spec)
+    frontier = drawn_charts(app)[0].figure
     points = {trace["name"]: xs(trace) for trace in frontier["data"] if trace["name"] != "Pareto front"}
     assert set(points) == {"h2o · prefill", "h2o (hot=0.25, key_bits=4, value_bits=4) · prefill"}
     assert points["h2o (hot=0.25, key_bits=4, value_bits=4) · prefill"] < points["h2o · prefill"]
 
-    app.switch_page("pages/runs.py")
+    app.switch_page("views/runs.py")
     app.run()
     assert not app.exception
     parameters = app.table[0].value.loc["parameters"].map(shown)

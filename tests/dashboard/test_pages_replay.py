@@ -4,9 +4,8 @@ result stay together across page switches."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from drawn_charts import drawn_charts
 from streamlit.testing.v1 import AppTest
 from test_pages import click, open_page, shown, widget
 
@@ -17,7 +16,7 @@ GUIDE = "How to read this"
 
 
 def figure_data(app: AppTest) -> list[dict]:
-    return [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
+    return [chart.figure for chart in drawn_charts(app)]
 
 
 def memory_points(app: AppTest) -> list[int]:
@@ -93,7 +92,7 @@ def test_play_steps_a_replay_pass_by_pass_pauses_and_stops_at_the_end(db):
 @pytest.mark.model
 @pytest.mark.slow
 def test_a_stored_run_replays_and_two_replay_side_by_side_on_one_scrubber(db):
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     widget(app.number_input, "Context length (tokens)").set_value(256)
     widget(app.number_input, "Chunk (tokens per forward pass)").set_value(64)
     widget(app.number_input, "Tokens to generate (at most)").set_value(4)
@@ -133,15 +132,15 @@ def test_a_stored_run_replays_and_two_replay_side_by_side_on_one_scrubber(db):
 @pytest.mark.model
 @pytest.mark.slow
 def test_settings_survive_a_page_switch_and_a_changed_setting_clears_the_result(db):
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     widget(app.number_input, "Context length (tokens)").set_value(256)
     widget(app.slider, "Kept fraction").set_value(0.3)
     widget(app.number_input, "Tokens to generate (at most)").set_value(3)
     click(app, "Run")
     assert "stored as run 1" in app.main.caption[-1].value
-    app.switch_page("pages/costs.py")
+    app.switch_page("views/costs.py")
     app.run()
-    app.switch_page("pages/live.py")
+    app.switch_page("views/live.py")
     app.run()
     assert not app.exception
     assert widget(app.number_input, "Context length (tokens)").value == 256

@@ -53,7 +53,7 @@ def test_the_model_box_says_the_same_whether_a_path_exists_or_not(db, tmp_path):
             }
         )
     )
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     sentences = set()
     for name in ("/etc/shadow", "/root", "/no/such/model", str(bert), "no-such-owner/no-such-model", "x" * 400):
         app.sidebar.text_input[0].set_value(name)
@@ -69,7 +69,7 @@ def test_the_model_box_says_the_same_whether_a_path_exists_or_not(db, tmp_path):
 
 @pytest.mark.model
 def test_an_empty_model_box_is_a_sentence_not_the_default_model(db):
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     app.sidebar.text_input[0].set_value("")
     app.run()
     sentence = shown(app.sidebar.error[0].value)
@@ -82,11 +82,11 @@ def test_a_model_with_truncated_weights_is_a_sentence_and_every_page_still_works
     directory = Path(save_tiny_checkpoint(tmp_path / "model"))
     weights = directory / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     app.sidebar.text_input[0].set_value(str(directory))
     app.run()
     assert not app.exception and "Could not load the weights of" in shown(app.sidebar.error[0].value)
-    for page in ("pages/costs.py", "pages/runs.py", "pages/frontier.py", "pages/needle_grid.py"):
+    for page in ("views/costs.py", "views/runs.py", "views/frontier.py", "views/needle_grid.py"):
         app.switch_page(page)
         app.run()
         assert not app.exception
@@ -95,7 +95,7 @@ def test_a_model_with_truncated_weights_is_a_sentence_and_every_page_still_works
 @pytest.mark.model
 @pytest.mark.slow
 def test_pasted_markup_is_shown_as_text(db):
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     widget(app.radio, "Task").set_value("Your text")
     app.run()
     image = "![pixel](http://127.0.0.1:9/pixel.png)"
@@ -118,7 +118,7 @@ def test_pasted_markup_is_shown_as_text(db):
 @pytest.mark.model
 @pytest.mark.slow
 def test_a_text_far_longer_than_the_model_is_refused_before_it_is_tokenised(db):
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     widget(app.radio, "Task").set_value("Your text")
     app.run()
     widget(app.text_area, "…or paste a text").set_value("word " * 150_000)
@@ -134,7 +134,7 @@ def test_a_live_run_that_cannot_be_stored_keeps_its_result_for_download(db, monk
     def full_disk(*args, **kwargs):
         raise disk_full(db)
 
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     widget(app.number_input, "Context length (tokens)").set_value(128)
     widget(app.number_input, "Tokens to generate (at most)").set_value(2)
     app.run()
@@ -152,7 +152,7 @@ def test_a_live_run_that_cannot_be_stored_keeps_its_result_for_download(db, monk
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.parametrize("page", ["pages/runs.py", "pages/frontier.py"])
+@pytest.mark.parametrize("page", ["views/runs.py", "views/frontier.py"])
 def test_a_damaged_store_is_a_sentence_on_the_pages_that_read_it(tmp_path, monkeypatch, page):
     monkeypatch.setenv("KVLAB_DB", str(damaged_database(tmp_path)))
     app = AppTest.from_file("../../app.py", default_timeout=120)
@@ -172,11 +172,11 @@ def test_reading_pages_leave_an_older_store_as_it_was(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_DB", str(path))
     app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
-    for page in ("pages/runs.py", "pages/frontier.py", "pages/needle_grid.py", "pages/costs.py"):
+    for page in ("views/runs.py", "views/frontier.py", "views/needle_grid.py", "views/costs.py"):
         app.switch_page(page)
         app.run()
         assert not app.exception
-        if page == "pages/runs.py":
+        if page == "views/runs.py":
             assert "1 of 1 runs" in shown(app.main.caption[0].value)
     close(path.resolve())
     assert path.read_bytes() == before
@@ -191,7 +191,7 @@ def test_a_bug_in_a_page_is_one_sentence_with_a_reference_and_no_traceback(db, m
     add_run(open_store(db), "h2o", 0.5, {0.5: [True]})
     app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
-    app.switch_page("pages/runs.py")
+    app.switch_page("views/runs.py")
     app.run()
     assert not app.exception
     message = shown(app.error[0].value)
@@ -217,7 +217,7 @@ def test_development_mode_shows_the_traceback(db, monkeypatch):
     try:
         app = AppTest.from_file("../../app.py", default_timeout=120)
         app.run()
-        app.switch_page("pages/runs.py")
+        app.switch_page("views/runs.py")
         app.run()
     finally:
         config.set_option("client.showErrorDetails", configured)
@@ -260,7 +260,7 @@ def test_a_page_reached_by_another_name_runs_nothing(db, monkeypatch):
 @pytest.mark.model
 def test_the_default_model_is_allowed_with_an_allow_list_that_names_it(db, monkeypatch):
     monkeypatch.setenv("KVLAB_ALLOWED_MODELS", default_model())
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     assert not app.sidebar.error
     with pytest.raises(KvlabError):
         access.check_model_allowed("/etc/shadow", access.allowed_models())
@@ -272,7 +272,7 @@ def test_the_default_model_is_allowed_with_an_allow_list_that_names_it(db, monke
     [("Memory (GiB)", 1e308), ("Bandwidth (GB/s)", 1e300), ("Dense BF16 TFLOP/s", 1e250), ("Memory (GiB)", 1e16)],
 )
 def test_huge_numbers_in_the_cost_calculator_are_one_sentence(db, field, value):
-    app = open_page("pages/costs.py")
+    app = open_page("views/costs.py")
     widget(app.number_input, field).set_value(value)
     app.run()
     assert not app.exception

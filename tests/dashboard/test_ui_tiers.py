@@ -197,7 +197,7 @@ def test_a_live_run_that_demotes_traces_its_tiers_on_a_tiny_model():
 @pytest.mark.model
 @pytest.mark.slow
 def test_the_live_page_shows_the_tiers_of_a_run_that_demotes(db):
-    app = open_page("pages/live.py")
+    app = open_page("views/live.py")
     assert "Memory by tier" not in charts(app)  # a policy that deletes what it evicts: the page as before
     widget(app.selectbox, "Policy").set_value("snapkv")
     app.run()

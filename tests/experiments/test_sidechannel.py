@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from drawn_charts import drawn_charts
 from streamlit.testing.v1 import AppTest
 from tiny_models import VOCAB, tiny_model
 
@@ -265,23 +266,21 @@ def test_bad_input_is_one_sentence_before_any_model_loads(arguments, message, ca
 @pytest.mark.slow
 def test_the_page_draws_a_result_file_and_refuses_a_bad_one(tmp_path):
     result = synthetic_result()
-    app = AppTest.from_file("../../pages/side_channel.py", default_timeout=60)
+    app = AppTest.from_file("../../views/side_channel.py", default_timeout=60)
     app.run()
     assert not app.exception
     app.file_uploader[0].set_value(("r.json", json.dumps(result.to_json()).encode(), "application/json"))
     app.run()
     assert not app.exception and not app.error
-    figures = {json.loads(chart.proto.spec)["layout"]["title"]["text"]: chart for chart in app.get("plotly_chart")}
+    figures = {chart.title: chart.figure for chart in drawn_charts(app)}
     assert {"Attacker accuracy by channel", "Retrieval and survival by noise level"} <= set(figures)
-    accuracy = json.loads(figures["Attacker accuracy by channel"].proto.spec)
+    accuracy = figures["Attacker accuracy by channel"]
     assert [trace["name"] for trace in accuracy["data"]] == ["no noise", "gaussian 2"]
     verdicts = app.dataframe[0].value
     assert len(verdicts) == 2 * len(CHANNELS) and verdicts["verdict"].str.startswith("No channel").sum() == 4
     next(box for box in app.selectbox if box.label == "Channel").set_value("answer")
     app.run()
-    assert "answer to the probe, no noise" in {
-        json.loads(chart.proto.spec)["layout"]["title"]["text"] for chart in app.get("plotly_chart")
-    }
+    assert "answer to the probe, no noise" in {chart.title for chart in drawn_charts(app)}
     app.file_uploader[0].set_value(("bad.json", b"{}", "application/json"))
     app.run()
     assert "bad.json is not a side-channel result of kvlab" in app.error[0].value.replace("\\", "")

@@ -144,7 +144,7 @@ def test_the_live_page_wraps_a_chat_models_text_unless_told_not_to(published, tm
     monkeypatch.setenv("KVLAB_DB", str(tmp_path / "runs.duckdb"))
     app = AppTest.from_file("../../app.py", default_timeout=120)
     app.run()
-    app.switch_page("pages/live.py")
+    app.switch_page("views/live.py")
     app.run()
     next(radio for radio in app.radio if radio.label == "Task").set_value("Your text")
     app.run()

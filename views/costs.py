@@ -46,14 +46,13 @@ from kvlab.dashboard.inputs import (
     model_spec_from_json,
     model_spec_from_loaded,
 )
-from kvlab.dashboard.session import current_model, page_setup, page_store
+from kvlab.dashboard.session import current_model, page_store
 from kvlab.dashboard.text import plain, plain_frame
 from kvlab.errors import KvlabError
 from kvlab.units import GB, GIB
 
 NOTICE_CALLS = {"error": st.error, "warning": st.warning, "info": st.info}
 
-page_setup()
 st.title("Cost calculator")
 st.caption(
     "The estimates on this page are computed from the model's architecture and the GPU's datasheet figures with "

@@ -6,12 +6,11 @@ import streamlit as st
 
 from kvlab.claims import ARTICLES, EVIDENCE_DB, VERDICTS, refresh
 from kvlab.dashboard.claims import MARKS, claims_of, claims_view, verdict_badge, verdict_counts
-from kvlab.dashboard.session import open_page_store, page_setup, page_store, shown_store, without_paths
+from kvlab.dashboard.session import open_page_store, page_store, shown_store, without_paths
 from kvlab.dashboard.text import plain
 from kvlab.errors import KvlabError
 from kvlab.store import default_db_path, has_database
 
-page_setup()
 st.title("Claims")
 st.caption(
     "Every quantitative claim of the articles kvlab grew from, beside kvlab's own figure: computed from the "

@@ -6,7 +6,6 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.dashboard.chart_view import how_to_read, show_chart
-from kvlab.dashboard.session import page_setup
 from kvlab.dashboard.sidechannel_view import (
     ACCURACY_GUIDE,
     OBSERVABLE_GUIDE,
@@ -23,7 +22,6 @@ from kvlab.dashboard.text import plain
 from kvlab.errors import KvlabError
 from kvlab.experiments.sidechannel import CHANNELS, SideChannelResult, parse_result
 
-page_setup()
 st.title("Side channels")
 st.caption(
     "An attacker who planted a canary sentence in the context and knows the prompt template, but not where the "

@@ -11,7 +11,7 @@ from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
 from kvlab.dashboard import live_figures as figures
 from kvlab.dashboard.allocation_figures import ALLOCATION_GUIDE, allocation_figure
-from kvlab.dashboard.chart_view import how_to_read, show_chart
+from kvlab.dashboard.chart_view import how_to_read, load_3d_script, show_chart
 from kvlab.dashboard.inputs import (
     CACHE_OPTIONS_TITLE,
     cache_option_fields,
@@ -20,13 +20,12 @@ from kvlab.dashboard.inputs import (
     policy_summary,
     read_upload,
 )
-from kvlab.dashboard.live_view import draw_charts, param_widget, stacked_slots, wide_slots
+from kvlab.dashboard.live_view import draw_charts, param_widget, show_output, stacked_slots, wide_slots
 from kvlab.dashboard.playback import PLAY_STEP_S, play_button, scrubber
 from kvlab.dashboard.session import (
     current_model,
     current_user,
     open_page_store,
-    page_setup,
     stored_replay,
     waiting_notice,
 )
@@ -59,7 +58,7 @@ BROWSER_INT = (1 << 53) - 1  # the largest whole number a browser's number field
 REDRAW_EVERY_DECODED = 4
 REDRAW_INTERVAL_S = 1.0
 
-page_setup()
+load_3d_script()
 st.title("Live run")
 source = st.radio(
     "Show",
@@ -133,7 +132,7 @@ def replay_page() -> None:
             column.markdown(f"**{plain(replay.headline)}**")
             column.caption(plain(replay.where_from))
             column.caption(trace.status())
-            column.code(text or "…", language=None)
+            show_output(column, text or "…")
             demoted = replay.trace.demotes
             slots = (
                 wide_slots(f"replay{index}", demoted)
@@ -415,7 +414,7 @@ if run and loaded is not None and task is not None:
             for index, _ in enumerate(events):
                 if redraws.due(live.trace):
                     status.caption(live.trace.status())
-                    output.code(loaded.tokenizer.decode(live.trace.token_ids) or "…", language=None)
+                    show_output(output, loaded.tokenizer.decode(live.trace.token_ids) or "…")
                     draw_charts(slots, live.trace, layer, str(index))
         outcome = live.outcome()
         filed = file_live_run(partial(open_page_store, write=True), live, outcome, current_user())
@@ -433,7 +432,7 @@ if result is None:
 else:
     draw_charts(slots, result.trace, layer, "final", result.outcome.result.demotion)
     outcome, prompt = result.outcome, result.prompt
-    output.code(outcome.text or "(nothing generated)", language=None)
+    show_output(output, outcome.text or "(nothing generated)")
     answer = plain(repr(prompt.answer))
     if outcome.contains is None:
         status.info("Not scored and not stored: give an expected answer to score a run.")

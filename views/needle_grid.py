@@ -24,7 +24,6 @@ from kvlab.dashboard.session import (
     current_model,
     current_user,
     open_page_store,
-    page_setup,
     page_store,
     shipped_needle_evidence,
 )
@@ -45,7 +44,6 @@ REFRESH_S = 1.0
 PANELS = 6  # heatmap panels side by side that stay readable at 1,280 pixels
 NOTICES = {"info": st.info, "success": st.success, "warning": st.warning, "error": st.error}
 
-page_setup()
 st.title("Needle grid")
 st.caption(
     "Each cell is the share of needle questions answered (the answer appears in the output) at one context "

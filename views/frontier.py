@@ -14,7 +14,7 @@ from kvlab.claims.needle import article_rows_left_out
 from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.downloads import MIME_TYPES, report_file
 from kvlab.dashboard.report import PAIRED_TITLE, Selection, frontier_report, paired_note
-from kvlab.dashboard.session import browsed_store, page_setup
+from kvlab.dashboard.session import browsed_store
 from kvlab.dashboard.store_figures import FRONTIER_GUIDE, axis_frontier_figure
 from kvlab.dashboard.text import plain, plain_frame
 from kvlab.runs.tables import (
@@ -33,7 +33,6 @@ from kvlab.runs.tables import (
 )
 from kvlab.store import RunFilter
 
-page_setup()
 st.title("Frontier")
 st.caption(
     "Quality against memory for every policy and mode in the store: the accuracy of needle and task runs, or the "

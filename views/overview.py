@@ -9,16 +9,16 @@ import streamlit as st
 from kvlab.claims import CLAIM_CONTEXT, EVIDENCE_DB
 from kvlab.dashboard import live_figures as figures
 from kvlab.dashboard.chart_view import how_to_read, show_chart
+from kvlab.dashboard.live_view import show_output
 from kvlab.dashboard.navigation import overview_opening
 from kvlab.dashboard.playback import PLAY_STEP_S, play_button, scrubber
-from kvlab.dashboard.session import open_page_store, page_setup, shipped_needle_evidence, stored_replay
+from kvlab.dashboard.session import open_page_store, shipped_needle_evidence, stored_replay
 from kvlab.dashboard.store_figures import FRONTIER_GUIDE, frontier_figure
 from kvlab.dashboard.text import plain
 from kvlab.models.catalog import shipped_models
 from kvlab.runs.replay import EXAMPLES_DB, EXAMPLES_LABEL, replay_choices, showcase
 from kvlab.runs.tables import FRONTIER_AXES, METRICS, short_model_name
 
-page_setup()
 st.title("Overview")
 st.markdown(overview_opening())
 if not EVIDENCE_DB.is_file() or not EXAMPLES_DB.is_file():
@@ -101,7 +101,7 @@ def replay_view() -> None:
     )
     trace, text = replay.at(position)
     st.caption(plain(f"{replay.headline}: {replay.where_from}. Output so far:"))
-    st.code(text or "…", language=None)
+    show_output(st.container(), text or "…")
     charts = st.columns(3)
     for column, (name, build, filename) in zip(
         charts,
@@ -119,4 +119,4 @@ replay_view()
 if st.button("Replay it with every chart, or two runs side by side", icon=":material/replay:"):
     st.session_state["live_source"] = "Replay stored runs"
     st.session_state["live_replay_store"] = EXAMPLES_LABEL
-    st.switch_page("pages/live.py")
+    st.switch_page("views/live.py")

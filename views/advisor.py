@@ -12,7 +12,6 @@ from kvlab.dashboard.advice_view import stored_advice
 from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.downloads import MIME_TYPES, report_file
 from kvlab.dashboard.report import advice_report
-from kvlab.dashboard.session import page_setup
 from kvlab.dashboard.text import plain
 from kvlab.errors import KvlabError
 from kvlab.runs.advisor import (
@@ -24,7 +23,6 @@ from kvlab.runs.advisor import (
 from kvlab.runs.benchmarks import BENCHMARKS, SHIPPED_EVIDENCE
 from kvlab.store import default_db_path, has_database
 
-page_setup()
 st.title("Advisor")
 st.caption(
     "The cheapest stored configurations (policy, parameters, budget, layout, precision tier) whose accuracy stays "

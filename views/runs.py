@@ -10,7 +10,7 @@ import streamlit as st
 from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.downloads import MIME_TYPES, export_bytes, report_file
 from kvlab.dashboard.report import runs_report
-from kvlab.dashboard.session import browsed_store, page_setup, shown_store
+from kvlab.dashboard.session import browsed_store, shown_store
 from kvlab.dashboard.text import plain, plain_frame
 from kvlab.runs.tables import (
     METRICS,
@@ -23,7 +23,6 @@ from kvlab.runs.tables import (
 )
 from kvlab.store import RunFilter, default_db_path
 
-page_setup()
 st.title("Runs")
 store = browsed_store()
 everything = store.list_runs() if store is not None else None
