@@ -20,8 +20,8 @@ Parts (each fits one call of ten minutes):
   accumulated scores;
 * ``flex-configs``: one layer's flex decode attention in a captured step under each option of flex_attention's
   decoding kernel tried (tile, pipeline stages, warps, splits), against flex's own defaults;
-* ``long``: StreamingLLM in streaming mode with a fixed budget of 4,096 tokens over ``--long-contexts`` tokens:
-  prefill rate and peak memory.
+* ``long``: StreamingLLM in streaming mode with a fixed budget of 4,096 tokens over ``--long-contexts`` tokens, in
+  chunks of each of ``--long-chunks`` tokens (4,096 by default), each size warmed first: prefill rate and peak memory.
 
 Usage: ``python bench/heap_gpu.py --part decode --contexts 8192,32768 --hf --out $OUT/decode.json``
 (``--layers 2 --cpu`` runs the same code on a CPU with a two-layer model, to check the script).
@@ -404,33 +404,45 @@ def part_decode(
     return table
 
 
-def long_spec() -> RunSpec:
-    """StreamingLLM in streaming mode with a fixed budget of 4,096 tokens, chunks of 4,096: a stream of any length."""
+def long_spec(chunk: int = 4096) -> RunSpec:
+    """StreamingLLM in streaming mode with a fixed budget of 4,096 tokens, chunks of ``chunk`` (4,096 unless asked):
+    a stream of any length."""
     return RunSpec(
-        make_policy("streaming"), Budget(tokens=4096), mode="streaming", chunk=4096, max_new_tokens=8, stop_token_ids=()
+        make_policy("streaming"),
+        Budget(tokens=4096),
+        mode="streaming",
+        chunk=chunk,
+        max_new_tokens=8,
+        stop_token_ids=(),
     )
 
 
-def part_long(device: str, contexts: list[int], layers: int | None) -> dict[str, Any]:
-    """StreamingLLM, streaming mode, a fixed budget of 4,096 tokens, chunks of 4,096: prefill rate and peak memory."""
+def part_long(device: str, contexts: list[int], layers: int | None, chunks: list[int]) -> dict[str, Any]:
+    """StreamingLLM, streaming mode, a fixed budget of 4,096 tokens, for each chunk size of ``chunks``: prefill rate
+    and peak memory over each of ``contexts``, after a warming stream of eight chunks at that size (which compiles
+    the chunks' attention kernels, so that no compilation is timed)."""
     model, loaded = build(LLAMA3_8B, max(contexts) + 1024, torch.bfloat16, device, layers)
     rows = []
-    for context in contexts:
-        ids = torch.randint(10, 1000, (1, context), device=device)
-        spec = long_spec()
-        gc.collect()
-        result = generate(loaded, ids, spec)
-        row = {
-            "context": context,
-            "prefill_s": round(result.prefill_seconds, 2),
-            "prefill_tokens_per_s": round(context / result.prefill_seconds),
-            "peak_gpu_gib": _gib(result.peak_gpu_bytes),
-            "kv_reserved_gib": _gib(result.kv_reserved_bytes),
-            "weight_gib": _gib(weight_bytes(model)),
-        }
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-        del ids, result
+    for chunk in chunks:
+        spec = long_spec(chunk)
+        warming = min(8 * chunk + 4096, max(contexts))
+        generate(loaded, torch.randint(10, 1000, (1, warming), device=device), spec)
+        for context in contexts:
+            ids = torch.randint(10, 1000, (1, context), device=device)
+            gc.collect()
+            result = generate(loaded, ids, spec)
+            row = {
+                "context": context,
+                "chunk": chunk,
+                "prefill_s": round(result.prefill_seconds, 2),
+                "prefill_tokens_per_s": round(context / result.prefill_seconds),
+                "peak_gpu_gib": _gib(result.peak_gpu_bytes),
+                "kv_reserved_gib": _gib(result.kv_reserved_bytes),
+                "weight_gib": _gib(weight_bytes(model)),
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            del ids, result
     return {"rows": rows}
 
 
@@ -736,6 +748,7 @@ def main() -> None:
     parser.add_argument("--policy", default="streaming", help="the policy --part profile profiles")
     parser.add_argument("--contexts", default="8192,32768")
     parser.add_argument("--long-contexts", default="131072,4194304")
+    parser.add_argument("--long-chunks", default="4096", help="--part long: the chunk sizes to stream with")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers (for checking the script)")
     parser.add_argument("--hf", action="store_true", help="also time transformers' own generate")
     parser.add_argument("--compiled", action="store_true", help="also transformers' static cache with torch.compile")
@@ -794,7 +807,8 @@ def main() -> None:
     elif args.part == "profile":
         body = part_profile(device, int(args.contexts.split(",")[0]), args.layers, args.policy)
     else:
-        body = part_long(device, [int(c) for c in args.long_contexts.split(",")], args.layers)
+        contexts = [int(c) for c in args.long_contexts.split(",")]
+        body = part_long(device, contexts, args.layers, [int(c) for c in args.long_chunks.split(",")])
     if args.out is not None:
         args.out.write_text(json.dumps({**header, "part": args.part, **body}, indent=1) + "\n")
 

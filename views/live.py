@@ -11,7 +11,7 @@ from kvlab.budget import Budget
 from kvlab.cache.layouts import DEFAULT_COMPACT_AT, DEFAULT_LAYOUT, LAYOUT_HELP, LAYOUTS
 from kvlab.dashboard import live_figures as figures
 from kvlab.dashboard.allocation_figures import ALLOCATION_GUIDE, allocation_figure
-from kvlab.dashboard.chart_view import how_to_read, load_3d_script, show_chart
+from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.inputs import (
     CACHE_OPTIONS_TITLE,
     cache_option_fields,
@@ -58,7 +58,6 @@ BROWSER_INT = (1 << 53) - 1  # the largest whole number a browser's number field
 REDRAW_EVERY_DECODED = 4
 REDRAW_INTERVAL_S = 1.0
 
-load_3d_script()
 st.title("Live run")
 source = st.radio(
     "Show",

@@ -40,22 +40,17 @@
     };
   }
 
-  function placeholder(number) {
-    return "#" + String(number).padStart(6, "0");
-  }
-
-  // The figure with the placeholders of Streamlit's template replaced by the theme's colours.
+  // The figure with the placeholders of Streamlit's template (#000001 to #000040) replaced by the theme's colours, in
+  // one pass over its JSON.
   function themed(figure, colours) {
-    let text = JSON.stringify(figure);
-    const replace = (first, palette) =>
-      palette.forEach((colour, index) => {
-        text = text.replaceAll(placeholder(first + index), colour);
-      });
-    replace(1, colours.palette.categorical);
-    replace(11, colours.palette.sequential);
-    replace(21, DIVERGING);
+    const { categorical, sequential } = colours.palette;
     const singles = { 32: "#29b09d", 33: "#ff2b2b", 34: "#0068c9", 36: colours.text, 37: colours.text, 38: colours.background, 39: colours.grid, 40: colours.background };
-    for (const [number, colour] of Object.entries(singles)) text = text.replaceAll(placeholder(Number(number)), colour);
+    const colour = (number) =>
+      number <= 10 ? categorical[number - 1] : number <= 20 ? sequential[number - 11] : number <= 30 ? DIVERGING[number - 21] : singles[number];
+    const text = JSON.stringify(figure).replace(/"#0000([0-4]\d)"/g, (found, digits) => {
+      const replacement = colour(Number(digits));
+      return replacement === undefined ? found : JSON.stringify(replacement);
+    });
     return JSON.parse(text);
   }
 

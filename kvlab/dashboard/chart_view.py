@@ -27,8 +27,6 @@ PLOTLY_JS_VERSION = get_plotlyjs_version()
 LIGHT_BUNDLE = Path(__file__).resolve().parents[2] / "static" / f"plotly-cartesian-{PLOTLY_JS_VERSION}.min.js"
 #: Its address from a page's (every page's address is one level below the app's).
 LIGHT_BUNDLE_URL = f"./app/static/{LIGHT_BUNDLE.name}"
-#: Where Streamlit's frontend keeps its scripts, served under ``static/js/`` beside every page's address.
-FRONTEND_SCRIPTS = Path(st.__file__).parent / "static" / "static" / "js"
 #: The script that draws kvlab's charts with that bundle, run once per page (:func:`load_chart_script`).
 CHART_SCRIPT = Path(__file__).with_name("chart_component.js").read_text(encoding="utf-8")
 
@@ -57,26 +55,6 @@ def load_chart_script() -> None:
     if bool(st.get_option("server.enableStaticServing")) and LIGHT_BUNDLE.is_file():
         st.sidebar.html(
             f'<script data-bundle="{LIGHT_BUNDLE_URL}">{CHART_SCRIPT}</script>', unsafe_allow_javascript=True
-        )
-
-
-@functools.cache
-def full_plotly_script() -> str | None:
-    """The file name of Streamlit's Plotly chart element (the full Plotly) in this Streamlit's frontend (its name
-    carries a content hash), ``None`` where it has none."""
-    found = sorted(FRONTEND_SCRIPTS.glob("PlotlyChart.*.js"))
-    return found[0].name if found else None
-
-
-def load_3d_script() -> None:
-    """For a page with a 3D view: have the browser load Streamlit's Plotly element once the page is idle, so that the
-    3D view draws promptly when it comes without delaying the page's first charts (the element, about 5 MB of
-    JavaScript, takes a 2-core machine's browser about 0.75 s to run)."""
-    name = full_plotly_script()
-    if name is not None:
-        st.sidebar.html(
-            f'<script>(window.requestIdleCallback || setTimeout)(() => import("./static/js/{name}"))</script>',
-            unsafe_allow_javascript=True,
         )
 
 

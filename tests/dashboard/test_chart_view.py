@@ -16,13 +16,11 @@ from streamlit import config
 from streamlit.testing.v1 import AppTest
 
 from kvlab.dashboard.chart_view import (
-    FRONTEND_SCRIPTS,
     LIGHT_BUNDLE,
     LIGHT_BUNDLE_URL,
     PLOTLY_JS_VERSION,
     chart_html,
     drawn_light,
-    full_plotly_script,
     light_traces,
 )
 from kvlab.dashboard.guides import chart_config
@@ -77,16 +75,3 @@ def test_every_session_loads_the_bundle_from_the_sidebar_and_the_overview_draws_
     charts = drawn_charts(app)
     assert charts and all(chart.key for chart in charts)
     assert not app.get("plotly_chart")  # the Overview has no 3D view: Streamlit's 5 MB Plotly stays unloaded
-
-
-@pytest.mark.slow
-def test_the_live_page_loads_streamlits_plotly_for_its_3d_view_once_idle(db):
-    name = full_plotly_script()
-    assert name is not None and (FRONTEND_SCRIPTS / name).is_file()  # the file this Streamlit's frontend serves
-    app = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
-    app.run()
-    app.switch_page("views/live.py")
-    app.run()
-    assert not app.exception, app.exception
-    bodies = [element.proto.body for element in app.sidebar if element.type == "html"]
-    assert f'<script>(window.requestIdleCallback || setTimeout)(() => import("./static/js/{name}"))</script>' in bodies
