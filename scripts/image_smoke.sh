@@ -152,6 +152,9 @@ grep -q "h2o" "$work/runs.log" || { cat "$work/runs.log"; fail "the run is not i
 say "after the restart the volume still holds the run:"
 sed 's/^/[image-smoke]   /' "$work/runs.log"
 curl -fsS "http://127.0.0.1:$port/" | grep -qi "<html" || fail "the server did not serve the dashboard."
+# The charts draw with Plotly's cartesian bundle, which the server serves from static/ beside app.py.
+curl -fsSI "http://127.0.0.1:$port/app/static/plotly-cartesian-$(in_image python -c 'from plotly.offline import get_plotlyjs_version; print(get_plotlyjs_version())').min.js" \
+    | grep -qiE "^content-type: (text|application)/javascript" || fail "the server did not serve Plotly's cartesian bundle."
 # The server answers with its page shell; the pages' own code runs only for a browser's session. Streamlit's AppTest
 # runs it in the image as a session would: the Overview must show the shipped runs, the Runs page the stored run.
 in_image python -c '
@@ -159,8 +162,9 @@ from streamlit.testing.v1 import AppTest
 app = AppTest.from_file("/app/app.py", default_timeout=120)
 app.run()
 assert not app.exception and app.title[0].value == "Overview", app.exception
-assert len(app.get("plotly_chart")) >= 4, "the Overview has no shipped runs to show"
-print("the Overview shows", len(app.get("plotly_chart")), "charts of the shipped runs")
+charts = [element for element in app.get("html") if 'class="kvlab-chart"' in element.proto.body]
+assert len(charts) >= 4, "the Overview has no shipped runs to show"
+print("the Overview shows", len(charts), "charts of the shipped runs")
 app.switch_page("views/runs.py")
 app.run()
 assert not app.exception, app.exception
