@@ -4,7 +4,8 @@
 // kvlab.dashboard.chart_view runs this script once per page, from the sidebar, with the bundle's address in
 // ``data-bundle``; it starts loading the bundle at once. Each chart is a ``div`` followed by a script that pushes
 // it onto ``window.kvlabCharts`` with its figure and configuration (``chart_html``); a chart that arrives before
-// this script waits in that list. Both reach the page as soon as Streamlit receives them, while the page's script still runs.
+// this script waits in that list. Both reach the page as soon as Streamlit receives them, while the page's script
+// still runs.
 (() => {
   if (window.kvlabCharts && !Array.isArray(window.kvlabCharts)) return; // this page already runs it
   const bundle = document.currentScript.dataset.bundle;

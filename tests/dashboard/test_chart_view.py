@@ -15,6 +15,7 @@ from drawn_charts import drawn_charts
 from streamlit import config
 from streamlit.testing.v1 import AppTest
 
+from kvlab.dashboard import chart_view
 from kvlab.dashboard.chart_view import (
     LIGHT_BUNDLE,
     LIGHT_BUNDLE_URL,
@@ -49,6 +50,12 @@ def test_with_static_serving_off_every_chart_is_streamlits():
         assert not drawn_light(go.Figure(go.Scatter(y=[1, 2])))
     finally:
         config.set_option("server.enableStaticServing", serving)
+
+
+def test_without_the_bundle_file_every_chart_is_streamlits(monkeypatch, tmp_path):
+    monkeypatch.setattr(chart_view, "LIGHT_BUNDLE", tmp_path / LIGHT_BUNDLE.name)  # a checkout without static/
+    assert not chart_view.light_bundle_served()
+    assert not drawn_light(go.Figure())  # not even a figure without traces, which no script would draw
 
 
 def test_a_charts_html_carries_its_figure_whatever_text_it_holds():
