@@ -32,7 +32,7 @@ from kvlab.attention.context import ForwardContext, current
 from kvlab.attention.flex import flex_decode_attention, layer_tables, stacked_block_tables
 from kvlab.attention.flex_chunks import flex_chunk_attention
 from kvlab.attention.kernels import blocked_attention, decode_attention, sdpa
-from kvlab.attention.masks import allowed_keys, ordered_mask
+from kvlab.attention.masks import allowed_keys, needs_ordered_mask, ordered_mask
 from kvlab.cache.layer import AttentionShape, HeapLayer, Slots
 
 #: The name kvlab's attention is registered under with transformers.
@@ -100,9 +100,10 @@ def _attend(
         return decode_attention(query, layer, attended, live, context, layer_idx)
     chunk_by_flex = _flex_chunks(context, layer, keys)
     if in_order:
-        mask = ordered_mask(layer, query_positions, context.cache.positions.last)
-        if mask is not None and chunk_by_flex:
-            return flex_chunk_attention(query, layer, query_positions)
+        last_position = context.cache.positions.last
+        if chunk_by_flex and needs_ordered_mask(layer, query_positions.shape[0], last_position):
+            return flex_chunk_attention(query, layer, query_positions)  # its block mask, no mask built whole
+        mask = ordered_mask(layer, query_positions, last_position)
     elif chunk_by_flex:
         return flex_chunk_attention(query, layer, query_positions)
     else:

@@ -31,15 +31,26 @@ def slot_causal_mask(n_queries: int, n_keys: int, device: torch.device) -> torch
     return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_queries)
 
 
+def sliding_window_hides(layer: HeapLayer, last_position: int) -> bool:
+    """Whether the layer's sliding window can hide some of its cached tokens from a forward up to ``last_position``."""
+    window = layer.sliding_window
+    return window is not None and last_position >= window
+
+
+def needs_ordered_mask(layer: HeapLayer, n_queries: int, last_position: int) -> bool:
+    """Whether a forward of ``n_queries`` over slots in position order, its queries the last slots, needs a mask
+    (:func:`ordered_mask` is not ``None``): decided without building one."""
+    return sliding_window_hides(layer, last_position) or n_queries not in (1, layer.used)
+
+
 def ordered_mask(layer: HeapLayer, query_positions: torch.Tensor, last_position: int) -> torch.Tensor | None:
     """The mask of a forward over slots in position order whose queries are the last slots: ``None`` (everything
     visible, or causal by slot order when the forward has no past), ``(q, keys)`` shared by all heads, or
     ``(batch, kv_heads, q, keys)`` once a sliding window can hide some cached tokens. Decided from host-side
     integers only, so that building it never waits for the GPU."""
     n_queries, n_keys = query_positions.shape[0], layer.used
-    window = layer.sliding_window
-    if window is None or last_position < window:
-        if n_queries == 1 or n_queries == n_keys:
-            return None
-        return slot_causal_mask(n_queries, n_keys, query_positions.device)
-    return allowed_keys(layer.slots(n_keys)[2], query_positions, window)
+    if not needs_ordered_mask(layer, n_queries, last_position):
+        return None
+    if sliding_window_hides(layer, last_position):
+        return allowed_keys(layer.slots(n_keys)[2], query_positions, layer.sliding_window)
+    return slot_causal_mask(n_queries, n_keys, query_positions.device)

@@ -83,7 +83,7 @@ def evict_stacked(heap: KVHeap, policy: Policy, views: Sequence[LayerView]) -> b
     stacked = heap.stacked_layer()
     if stacked is None:
         return False
-    votes = stacked_window_attention(heap.layers, first.span) if policy.query_window() else None
+    votes = stacked_window_attention(heap.layers, first.span, heap.stack) if policy.query_window() else None
     view = dataclasses.replace(first, layer_idx=0, cache=stacked, window_votes=votes)
     heap.cut_every_layer(count, eviction_scores(policy, view, heap))
     return True

@@ -50,7 +50,7 @@ from kvlab.engine.spec import RunSpec
 from kvlab.engine.static import StaticSteps
 from kvlab.engine.stopping import StopTokens, eos_token_ids
 from kvlab.errors import KvlabError, shown_name
-from kvlab.models.compiled import compile_layers, layer_stance
+from kvlab.models.compiled import CHUNK, EAGER, STEP, LayerForward, compile_layers, layer_stance
 from kvlab.models.loading import LoadedModel, device_name
 from kvlab.models.rope import layer_ropes
 from kvlab.modes import PREFILL, STREAMING
@@ -102,6 +102,10 @@ class Generation:
         self.rope = layer_ropes(loaded.model)
         #: The backend static decode steps attend with on this device (:mod:`kvlab.attention.backends`).
         self.attention = spec.attention_on(loaded.device)
+        chunk = spec.chunk_size(self.context_tokens)
+        #: The prefill chunk whose passes run the layers compiled (:data:`~kvlab.models.compiled.CHUNK`): the run's
+        #: chunk where the ``flex`` backend reads the context in several, else 0 (none).
+        self.fused_chunk = chunk if self.attention == FLEX and self.context_tokens >= 2 * chunk else 0
         self.cache = self._heap(prefilled)
         #: The run's random draws (noise floor, random eviction), one seeded generator per device a layer runs on.
         self.generators = {device: torch.Generator(device=device).manual_seed(spec.seed) for device in loaded.devices}
@@ -167,6 +171,8 @@ class Generation:
         """Read tokens in chunks, evicting after each in streaming mode; each event carries its chunk's last
         logits."""
         chunk = self.spec.chunk_size(self.context_tokens)
+        if self.fused_chunk:
+            self.fuse_layers()
         for index, start in enumerate(range(0, ids.shape[1], chunk)):
             logits, stats = self.forward(ids[:, start : start + chunk])
             self.evict()
@@ -268,11 +274,18 @@ class Generation:
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
         heap.begin_pass(positions, last_position)
-        fused = decoding and heap.static and self.attention == FLEX
-        with forward_context(context), sdpa_backends(self.loaded.device), layer_stance(self.loaded.model, fused):
+        stance = layer_stance(self.loaded.model, self.layer_forward(int(ids.shape[1]), decoding, heap))
+        with forward_context(context), sdpa_backends(self.loaded.device), stance:
             output = self.loaded.model(input_ids=ids, **kwargs)
         heap.end_pass(int(ids.shape[1]))
         return output.logits[:, -1, :].to(self.loaded.device)  # from the last layer's device, where split
+
+    def layer_forward(self, tokens: int, decoding: bool, heap: KVHeap) -> LayerForward:
+        """Which of the layers' forwards a pass of ``tokens`` runs (:mod:`kvlab.models.compiled`): compiled for the
+        ``flex`` backend's static decode steps and its full prefill chunks, eager for every other pass."""
+        if decoding:
+            return STEP if heap.static and self.attention == FLEX else EAGER
+        return CHUNK if tokens == self.fused_chunk else EAGER
 
     def step_done(self, decoding: bool) -> None:
         """After a forward pass, before eviction: note the bytes held if they are the most so far, and count a decode
@@ -292,8 +305,9 @@ class Generation:
         self.decode_graphs += 1
 
     def fuse_layers(self) -> None:
-        """Before the first captured step: under the ``flex`` backend where it compiles (CUDA with Triton), compile
-        the model's layers, so that its static steps run them fused (:mod:`kvlab.models.compiled`)."""
+        """Before the first full prefill chunk or captured step: under the ``flex`` backend where it compiles (CUDA
+        with Triton), compile the model's layers, so that those passes run them fused
+        (:mod:`kvlab.models.compiled`)."""
         if self.attention == FLEX and flex_compiles():
             compile_layers(self.loaded.model)
 

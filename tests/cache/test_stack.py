@@ -7,10 +7,11 @@ import pytest
 import torch
 from tiny_models import prompt, small_policy, tiny_model
 
-from kvlab.attention.observe import stacked_window_attention, window_attention
+from kvlab.attention import observe
+from kvlab.attention.observe import stacked_window_attention, votes, window_attention
 from kvlab.budget import Budget
 from kvlab.cache.heap import KVHeap
-from kvlab.cache.layer import FREE, HeapLayer
+from kvlab.cache.layer import FREE, AttentionShape, HeapLayer
 from kvlab.cache.spec import CacheSpec
 from kvlab.cache.stack import LayerStack
 from kvlab.engine.generation import generate
@@ -52,21 +53,45 @@ def test_layers_that_differ_are_not_stacked():
     assert stack is None  # accumulated attention in one layer only
 
 
-def test_each_layers_window_is_scored_over_its_own_keys_and_stacked_in_layer_order():
-    layers = [layer(8, seed) for seed in range(2)]
+def windowed_layers(count: int) -> list[HeapLayer]:
+    layers = [layer(8, seed) for seed in range(count)]
     generator = torch.Generator().manual_seed(3)
     for held in layers:
         held.keys = torch.randn(2, 3, 8, 4, generator=generator)
         held.recent_queries = torch.randn(2, 6, 3, 4, generator=generator)
         held.recent_query_positions = torch.tensor([8, 9, 10])
-    stacked = stacked_window_attention(layers, 8)
+    return layers
+
+
+def test_every_layers_window_is_scored_over_its_own_keys_at_once_and_stacked_in_layer_order():
+    layers = windowed_layers(2)
+    expected = [window_attention(held, 8) for held in layers]
+    stack = LayerStack.of(layers)
+    assert stack is not None and stack.keys is not None and stack.queries is not None
+    assert stack.keys.shape == (2, 2, 3, 8, 4) and stack.queries.shape == (2, 2, 6, 3, 4)
+    remembered = layers[1].recent_queries.clone()
+    layers[1].recent_queries.fill_(7.0)  # the layers hold views: what a static step remembers lands in the stack
+    assert torch.equal(stack.queries[1], torch.full_like(remembered, 7.0))
+    layers[1].recent_queries.copy_(remembered)
+    stacked = stacked_window_attention(layers, 8, stack)
     assert stacked.shape == (4, 3, 8)
-    for index, held in enumerate(layers):
-        assert torch.allclose(stacked[2 * index : 2 * index + 2], window_attention(held, 8))
+    for index, layer_votes in enumerate(expected):
+        assert torch.allclose(stacked[2 * index : 2 * index + 2], layer_votes)
     assert torch.allclose(stacked.sum(dim=-1), torch.full((4, 3), 6.0))  # 3 queries x 2 query heads per KV head
-    layers[1].recent_queries = layers[1].recent_queries[:, :, -1:]
-    layers[1].received = torch.rand(2, 3, 8)  # a window of one query: what the kernel gave each slot
-    assert torch.equal(stacked_window_attention(layers, 8)[2:], layers[1].received)
+    assert torch.allclose(stacked_window_attention(layers, 8, None), stacked)  # layer by layer, the same
+
+
+def test_layers_that_attend_differently_or_whose_kernel_gave_the_votes_are_scored_layer_by_layer():
+    layers = windowed_layers(2)
+    stack = LayerStack.of(layers)
+    layers[1].shape = AttentionShape(scaling=0.5)
+    assert torch.allclose(stacked_window_attention(layers, 8, stack)[2:], window_attention(layers[1], 8))
+    for held in layers:
+        held.shape = None
+        held.recent_queries = held.recent_queries[:, :, -1:]
+        held.received = torch.rand(2, 3, 8)  # a window of one query: what the kernel gave each slot
+    assert torch.equal(stacked_window_attention(layers, 8, stack)[2:], layers[1].received)
+    assert not stack.holds(layers)  # the remembered queries were replaced
 
 
 @pytest.mark.parametrize(
@@ -99,8 +124,15 @@ def test_static_steps_evict_every_layer_at_once_and_keep_the_tokens_of_eager_evi
         calls["every layer"] += 1
         return every_layer(heap, *args, **kwargs)
 
+    scored_batches = set()
+
+    def scored(queries, *args):
+        scored_batches.add(queries.shape[0])
+        return votes(queries, *args)
+
     monkeypatch.setattr(KVHeap, "cut", cut)
     monkeypatch.setattr(KVHeap, "cut_every_layer", cut_every)
+    monkeypatch.setattr(observe, "votes", scored)
     common = dict(mode="streaming", chunk=7, max_new_tokens=10, stop_token_ids=(), cache=CacheSpec(layout))
     runs = {
         static: generate(
@@ -113,6 +145,9 @@ def test_static_steps_evict_every_layer_at_once_and_keep_the_tokens_of_eager_evi
     assert runs[True].tokens == runs[False].tokens
     assert runs[True].kept_per_layer == runs[False].kept_per_layer
     assert runs[True].tie_share == runs[False].tie_share
+    layers = loaded.model.config.num_hidden_layers
+    windows_at_once = stacked and (policy == "snapkv" or (policy == "tova" and attention == "sdpa"))
+    assert (layers * 2 in scored_batches) == windows_at_once  # every layer's window scored in one call
     if stacked:
         assert calls == {"one layer": 0, "every layer": 9}  # every decoded token but the last evicts
     else:
