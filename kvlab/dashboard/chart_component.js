@@ -116,6 +116,15 @@
   // the new one's place and is updated in place, which costs Plotly less than drawing it anew.
   const drawn = new Map();
 
+  // Resolves once the browser has painted what was drawn before (at once in a hidden tab, which paints nothing).
+  const painted = () =>
+    new Promise((resolve) => (document.hidden ? setTimeout(resolve) : requestAnimationFrame(() => setTimeout(resolve))));
+
+  // Charts are drawn one at a time, in the order they arrive, each after the one before it has been painted: charts
+  // that arrive together (or while the bundle loads) would otherwise be drawn in one task, and the page's first
+  // chart would show only once every one of them is drawn.
+  let turn = plotly;
+
   function draw({ element, chart: { figure, config } }) {
     const earlier = drawn.get(element.dataset.key);
     if (earlier && earlier !== element && !earlier.isConnected) {
@@ -127,7 +136,7 @@
     const colours = theme(element);
     const { data, layout } = themed(figure, colours);
     const full = under(themeLayout(colours), layout || {});
-    plotly
+    const drawing = turn
       .then((Plotly) => Plotly.react(element, data || [], full, config))
       .then(() => {
         element.kvlabWidth = element.getBoundingClientRect().width;
@@ -136,6 +145,7 @@
       .catch((error) => {
         element.textContent = `The chart could not be drawn: ${error.message}.`;
       });
+    turn = drawing.then(painted).then(() => plotly);
   }
 
   const waiting = window.kvlabCharts || [];

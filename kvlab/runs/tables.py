@@ -323,7 +323,9 @@ def run_shares(trials: pd.DataFrame) -> pd.DataFrame:
     as the mean over the trials that have it, with its 95 % interval (``accuracy``, ``accuracy_low``,
     ``accuracy_high``..., fractions) and the mean ``tie_share`` at the eviction cut; NaN where no trial has one."""
     rows = {}
-    for run_id, group in trials.groupby("run_id"):
+    # Only the columns read: grouping slices every column of each run's rows, and the trials frame has many.
+    read = [column for column in ("run_id", *SHARE_COLUMNS.values(), "tie_share") if column in trials]
+    for run_id, group in trials[read].groupby("run_id"):
         row: dict[str, float] = {}
         for metric, column in SHARE_COLUMNS.items():
             values = trial_values(group, column)
