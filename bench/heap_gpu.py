@@ -20,6 +20,8 @@ Parts (each fits one call of ten minutes):
   accumulated scores;
 * ``flex-configs``: one layer's flex decode attention in a captured step under each option of flex_attention's
   decoding kernel tried (tile, pipeline stages, warps, splits), against flex's own defaults;
+* ``chunk-configs``: one layer's flex attention over a prefill chunk of the fixed-budget stream under each option
+  of flex_attention's main kernel tried, with and without H2O's second pass;
 * ``long``: StreamingLLM in streaming mode with a fixed budget of 4,096 tokens over ``--long-contexts`` tokens, in
   chunks of each of ``--long-chunks`` tokens (4,096 by default), each size warmed first: prefill rate and peak memory.
 
@@ -30,6 +32,7 @@ Usage: ``python bench/heap_gpu.py --part decode --contexts 8192,32768 --hf --out
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -37,7 +40,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -417,33 +420,37 @@ def long_spec(chunk: int = 4096) -> RunSpec:
     )
 
 
-def part_long(device: str, contexts: list[int], layers: int | None, chunks: list[int]) -> dict[str, Any]:
+def part_long(
+    device: str, contexts: list[int], layers: int | None, chunks: list[int], options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """StreamingLLM, streaming mode, a fixed budget of 4,096 tokens, for each chunk size of ``chunks``: prefill rate
     and peak memory over each of ``contexts``, after a warming stream of eight chunks at that size (which compiles
-    the chunks' attention kernels, so that no compilation is timed)."""
+    the chunks' attention kernels, so that no compilation is timed); the chunks' flex kernel under ``options`` where
+    given (:func:`chunk_options`), else as kvlab chooses."""
     model, loaded = build(LLAMA3_8B, max(contexts) + 1024, torch.bfloat16, device, layers)
     rows = []
-    for chunk in chunks:
-        spec = long_spec(chunk)
-        warming = min(8 * chunk + 4096, max(contexts))
-        generate(loaded, torch.randint(10, 1000, (1, warming), device=device), spec)
-        for context in contexts:
-            ids = torch.randint(10, 1000, (1, context), device=device)
-            gc.collect()
-            result = generate(loaded, ids, spec)
-            row = {
-                "context": context,
-                "chunk": chunk,
-                "prefill_s": round(result.prefill_seconds, 2),
-                "prefill_tokens_per_s": round(context / result.prefill_seconds),
-                "peak_gpu_gib": _gib(result.peak_gpu_bytes),
-                "kv_reserved_gib": _gib(result.kv_reserved_bytes),
-                "weight_gib": _gib(weight_bytes(model)),
-            }
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-            del ids, result
-    return {"rows": rows}
+    with chunk_options(options):
+        for chunk in chunks:
+            spec = long_spec(chunk)
+            warming = min(8 * chunk + 4096, max(contexts))
+            generate(loaded, torch.randint(10, 1000, (1, warming), device=device), spec)
+            for context in contexts:
+                ids = torch.randint(10, 1000, (1, context), device=device)
+                gc.collect()
+                result = generate(loaded, ids, spec)
+                row = {
+                    "context": context,
+                    "chunk": chunk,
+                    "prefill_s": round(result.prefill_seconds, 2),
+                    "prefill_tokens_per_s": round(context / result.prefill_seconds),
+                    "peak_gpu_gib": _gib(result.peak_gpu_bytes),
+                    "kv_reserved_gib": _gib(result.kv_reserved_bytes),
+                    "weight_gib": _gib(weight_bytes(model)),
+                }
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                del ids, result
+    return {"rows": rows, "chunk_options": "kvlab's" if options is None else options}
 
 
 def prefill_configs() -> list[tuple[str, RunSpec]]:
@@ -477,6 +484,88 @@ def kernel_table(prof: Any) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["cuda_us"])
 
 
+#: The steps of a generation marked in a profile (method of :class:`~kvlab.engine.generation.Generation`, label), so
+#: that the device's idle time can be put down to what the host was doing.
+GENERATION_MARKS = {"forward": "kvlab: forward", "evict": "kvlab: eviction", "event": "kvlab: event"}
+
+
+@contextlib.contextmanager
+def marked(marks: dict[str, str]) -> Iterator[None]:
+    """Run with the generation's methods named in ``marks`` wrapped in the profiler's ``record_function``."""
+    from torch.profiler import record_function
+
+    from kvlab.engine.generation import Generation
+
+    originals = {name: getattr(Generation, name) for name in marks}
+
+    def wrapped(name: str) -> Callable[..., Any]:
+        def method(*args: Any, **kwargs: Any) -> Any:
+            with record_function(marks[name]):
+                return originals[name](*args, **kwargs)
+
+        return method
+
+    for name in marks:
+        setattr(Generation, name, wrapped(name))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(Generation, name, original)
+
+
+#: Idle stretches of the device, by length (microseconds), for :func:`idle_table`.
+IDLE_BUCKETS = (10, 100, 1000, 10000)
+
+
+def idle_table(prof: Any) -> dict[str, Any]:
+    """Where the device waited during a profiled run: its kernels' span and busy time (their union), its idle
+    stretches by length, the host step (a :data:`GENERATION_MARKS` label, the innermost running just before the
+    stretch ended, when the host launched the kernel that ended it) each stretch is put down to, and the CUDA
+    runtime calls by total host time (a synchronisation shows there)."""
+    from torch.autograd import DeviceType
+
+    events = prof.events()
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+    if not kernels:  # a CPU run
+        return {}
+    marks = [
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in events
+        if e.device_type == DeviceType.CPU and e.name.startswith("kvlab: ")
+    ]
+    runtime: dict[str, list[float]] = {}
+    for e in events:
+        if e.device_type == DeviceType.CPU and e.name.startswith("cuda"):
+            runtime.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+    busy, reach, stretches = 0.0, kernels[0][0], []
+    for start, end in kernels:
+        if start > reach:
+            stretches.append((reach, start))
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    by_length = {f"<{bound} us": 0.0 for bound in IDLE_BUCKETS} | {f">={IDLE_BUCKETS[-1]} us": 0.0}
+    by_step: dict[str, float] = {}
+    for start, end in stretches:
+        length = end - start
+        bucket = next((f"<{b} us" for b in IDLE_BUCKETS if length < b), f">={IDLE_BUCKETS[-1]} us")
+        by_length[bucket] += length
+        launched = end - 5.0
+        running = [m for m in marks if m[0] <= launched <= m[1]]
+        step = min(running, key=lambda m: m[1] - m[0])[2] if running else "between steps"
+        by_step[step] = by_step.get(step, 0.0) + length
+    return {
+        "span_ms": round((reach - kernels[0][0]) / 1000, 1),
+        "busy_ms": round(busy / 1000, 1),
+        "idle_ms_by_stretch": {k: round(v / 1000, 1) for k, v in by_length.items()},
+        "idle_ms_by_host_step": {k: round(v / 1000, 1) for k, v in sorted(by_step.items(), key=lambda kv: -kv[1])},
+        "runtime_calls": [
+            {"name": name, "count": len(times), "host_ms": round(sum(times) / 1000, 1)}
+            for name, times in sorted(runtime.items(), key=lambda item: -sum(item[1]))[:12]
+        ],
+    }
+
+
 def part_prefill(
     device: str, contexts: list[int], layers: int | None, only: list[str] | None, profiled: bool
 ) -> dict[str, Any]:
@@ -506,12 +595,17 @@ def part_prefill(
             print(json.dumps({"context": context, **row}), flush=True)
             rows.append(row)
             if profiled and context == contexts[0]:
-                activity = ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU
-                with profile(activities=[activity]) as prof:
+                activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+                with marked(GENERATION_MARKS), profile(activities=activities) as prof:
                     generate(loaded, ids, spec)
                     synchronize()
                 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20), flush=True)
-                table["profiles"][label] = {"context": context, "kernels": kernel_table(prof)[:40]}
+                table["profiles"][label] = {
+                    "context": context,
+                    "kernels": kernel_table(prof)[:40],
+                    "device_idle": idle_table(prof),
+                }
+                print(json.dumps(table["profiles"][label]["device_idle"]), flush=True)
         table["contexts"][str(context)] = rows
         del ids
     return table
@@ -741,9 +835,101 @@ def part_flex_configs(device: str) -> dict[str, Any]:
     return {"rows": rows}
 
 
+#: Options of flex_attention's main kernel tried for a prefill chunk (``{}``: flex's own defaults for the device).
+CHUNK_GRID: list[dict[str, Any]] = [
+    {},
+    {"USE_TMA": True},
+    {"BLOCK_N": 128},
+    {"BLOCK_N": 128, "num_stages": 2},
+    {"BLOCK_N": 128, "num_stages": 2, "USE_TMA": True},
+    {"num_stages": 2},
+    {"num_stages": 4},
+    {"num_warps": 4},
+    {"BLOCK_M": 64},
+]
+
+
+def chunk_layer(budget: int, chunk: int, device: str, scored: bool) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """A heap layer as a fixed-budget stream holds it when a chunk is read: its first ``budget`` slots the kept
+    tokens (four sinks and the most recent), the next ``chunk`` the chunk's own, 8 KV heads of 128, bf16; the chunk's
+    queries (32 heads) and their positions. H2O's scores accumulate where ``scored``."""
+    start = 1 << 20
+    kept = torch.cat((torch.arange(4), torch.arange(start - budget + 4, start)))
+    positions = torch.cat((kept, torch.arange(start, start + chunk))).to(device=device, dtype=torch.int32)
+    slots = budget + chunk
+    keys, values = (torch.randn(1, 8, slots, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
+    layer = decode_layer(keys, values, positions.expand(1, 8, slots).clone(), scored)
+    query = torch.randn(1, 32, chunk, 128, device=device, dtype=torch.bfloat16)
+    return layer, query, torch.arange(start, start + chunk, device=device)
+
+
+@contextlib.contextmanager
+def chunk_options(options: dict[str, Any] | None) -> Iterator[None]:
+    """Run prefill chunks' flex kernels under ``options`` added to kvlab's
+    (:data:`~kvlab.attention.flex_chunks.CHUNK_KERNEL`; ``{}``: as kvlab runs them, with flex's own tiles and
+    stages), or as kvlab runs them where ``None``."""
+    from kvlab.attention import flex_chunks
+
+    chosen = flex_chunks.CHUNK_KERNEL
+    if options is not None:
+        flex_chunks.CHUNK_KERNEL = {**chosen, **options}  # type: ignore[typeddict-item]
+    try:
+        yield
+    finally:
+        flex_chunks.CHUNK_KERNEL = chosen
+
+
+def chunk_option_row(
+    layer: Any, query: torch.Tensor, query_positions: torch.Tensor, options: dict[str, Any], reference: Any
+) -> dict[str, Any]:
+    """One layer's chunk attention under ``options`` of flex_attention's main kernel (:func:`chunk_options`):
+    microseconds (the median of 20 after warm-up, the block mask built each time as in a run) and its output's
+    largest difference from ``reference`` (or why the kernel could not take the options)."""
+    from kvlab.attention import flex_chunks
+
+    row: dict[str, Any] = {"scored": layer.scores is not None, "options": options}
+    try:
+        with chunk_options(options):
+            run = partial(flex_chunks.flex_chunk_attention, query, layer, query_positions)
+            output = run()
+            row["max_diff"] = 0.0 if reference is None else (output.float() - reference.float()).abs().max().item()
+            for _ in range(3):
+                run()
+            times = []
+            for _ in range(20):
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                run()
+                end.record()
+                end.synchronize()
+                times.append(begin.elapsed_time(end) * 1000)
+        row["us"] = round(statistics.median(times), 1)
+        row["output"] = output
+    except Exception as failure:  # an option the kernel cannot take: recorded, not fatal
+        row["failed"] = str(failure)[:200]
+    print(json.dumps({k: v for k, v in row.items() if k != "output"}), flush=True)
+    return row
+
+
+def part_chunk_configs(device: str) -> dict[str, Any]:
+    """One layer's attention over a prefill chunk of 4,096 queries (32 heads) and a kept budget of 4,096 slots, as
+    the fixed-budget stream reads it (:func:`chunk_layer`), under each of :data:`CHUNK_GRID`'s options of
+    flex_attention's main kernel; then flex's defaults and the fastest options with H2O's second pass."""
+    torch._dynamo.config.recompile_limit = 4096
+    layer, query, query_positions = chunk_layer(4096, 4096, device, scored=False)
+    rows = [chunk_option_row(layer, query, query_positions, {}, None)]
+    rows += [chunk_option_row(layer, query, query_positions, o, rows[0].get("output")) for o in CHUNK_GRID[1:]]
+    best = min((row for row in rows if "us" in row), key=lambda row: row["us"])
+    layer, query, query_positions = chunk_layer(4096, 4096, device, scored=True)
+    scored = [chunk_option_row(layer, query, query_positions, {}, None)]
+    if best["options"]:
+        scored.append(chunk_option_row(layer, query, query_positions, best["options"], scored[0].get("output")))
+    return {"rows": [{k: v for k, v in row.items() if k != "output"} for row in rows + scored]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parts = ("check", "decode", "prefill", "long", "profile", "attention", "backends", "flex-configs")
+    parts = ("check", "decode", "prefill", "long", "profile", "attention", "backends", "flex-configs", "chunk-configs")
     parser.add_argument("--part", choices=parts, required=True)
     parser.add_argument("--policy", default="streaming", help="the policy --part profile profiles")
     parser.add_argument("--contexts", default="8192,32768")
@@ -765,6 +951,12 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=2, help="runs per configuration at the same shapes")
     parser.add_argument("--profiled", action="store_true", help="--part prefill: also profile each configuration")
+    parser.add_argument(
+        "--chunk-options",
+        type=json.loads,
+        default=None,
+        help="--part long: options added to the chunks' flex kernel's, as JSON (as chunk-configs tries them)",
+    )
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -801,6 +993,8 @@ def main() -> None:
         body = part_backends(device)
     elif args.part == "flex-configs":
         body = part_flex_configs(device)
+    elif args.part == "chunk-configs":
+        body = part_chunk_configs(device)
     elif args.part == "prefill":
         only = args.only.split("|") if args.only is not None else None
         body = part_prefill(device, [int(c) for c in args.contexts.split(",")], args.layers, only, args.profiled)
@@ -808,7 +1002,8 @@ def main() -> None:
         body = part_profile(device, int(args.contexts.split(",")[0]), args.layers, args.policy)
     else:
         contexts = [int(c) for c in args.long_contexts.split(",")]
-        body = part_long(device, contexts, args.layers, [int(c) for c in args.long_chunks.split(",")])
+        chunks = [int(c) for c in args.long_chunks.split(",")]
+        body = part_long(device, contexts, args.layers, chunks, args.chunk_options)
     if args.out is not None:
         args.out.write_text(json.dumps({**header, "part": args.part, **body}, indent=1) + "\n")
 

@@ -268,28 +268,43 @@ class KVHeap:
         self.evict(layer_idx, chosen.slots + start if start else chosen.slots)
 
     def stacked_layer(self) -> HeapLayer | None:
-        """Every layer as one layer whose sequences are all layers' (:meth:`LayerStack.as_layer`), for a static
-        step's eviction of all layers at once; ``None`` where the layers are not stacked or their noise floor draws
-        per layer."""
+        """Every layer as one layer whose sequences are all layers' (``layers x batch``), for an eviction of all
+        layers at once: in a static step the stack's views (:meth:`LayerStack.as_layer`), otherwise a copy of every
+        layer's positions and scores over the slots in use (:meth:`LayerStack.copied`); ``None`` where the layers are
+        not stacked or differ, or their noise floor draws per layer."""
+        if self.noise.kind != "none":
+            return None
+        if not self.static:
+            return LayerStack.copied(self.layers)
         stack = self.stack
-        if stack is None or self.noise.kind != "none" or not stack.holds(self.layers):
+        if stack is None or not stack.holds(self.layers):
             return None
         return stack.as_layer(self.layers)
 
-    def cut_every_layer(self, count: int, scores: torch.Tensor) -> None:
+    def cut_every_layer(
+        self, count: int, scores: torch.Tensor, stacked: HeapLayer, clock: DeviceClock | None = None
+    ) -> None:
         """Evict the ``count`` lowest-ranked slots of every layer at once, ``scores`` being the eviction scores of
-        :meth:`stacked_layer`'s slots (``(layers x batch, kv_heads, capacity)``): one ranking, one tie count and one
-        scatter for all layers, the victims those layer-by-layer eviction chooses (:meth:`cut`)."""
-        assert self.stack is not None
-        positions = self.stack.flat(self.stack.positions)
+        ``stacked``'s slots (:meth:`stacked_layer`, ``(layers x batch, kv_heads, span)``): one ranking and one tie
+        count for all layers, the victims those layer-by-layer eviction chooses (:meth:`cut`), timed since ``clock``
+        started. A static step frees them in one scatter into the stack; otherwise each layer frees its own
+        (:meth:`evict`, which compacts as the layout says)."""
+        positions = stacked.positions
+        assert positions is not None
         chosen = self._victims(self.layers[0], scores, positions, count)
+        if clock is not None:
+            self._ranking_time.add(clock.stop())
         if chosen.tied is not None:
             self._count_ties(chosen.tied)
-        positions.scatter_(2, chosen.slots, FREE)
-        for layer in self.layers:
+        if self.static:
+            positions.scatter_(2, chosen.slots, FREE)  # the stack's own positions: every layer's views
+        batch = chosen.slots.shape[0] // len(self.layers)
+        for index, layer in enumerate(self.layers):
             self.account_ranking(layer, scores.shape[-1])
             self.account_cut(layer)
-            if self.account_evict(layer, count):
+            if not self.static:
+                self.evict(index, chosen.slots[index * batch : (index + 1) * batch])
+            elif self.account_evict(layer, count):
                 self._compact(layer)
 
     def _victims(self, layer: HeapLayer, scores: torch.Tensor, positions: torch.Tensor, count: int) -> Victims:

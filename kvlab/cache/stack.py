@@ -7,7 +7,10 @@ device), :meth:`LayerStack.of` moves their positions and accumulated scores into
 capacity)`` tensor each and gives every layer its view, so that a policy that scores each slot from these alone
 (or from each layer's window attention) ranks all layers as one layer whose batch is ``layers x batch``
 (:meth:`LayerStack.as_layer`), and the heap frees every layer's victims in one scatter. Ranking row by row, the
-victims are exactly those of layer-by-layer eviction.
+victims are exactly those of layer-by-layer eviction. Outside static steps (after a prefill chunk, an eager decode
+step) the layers' tensors are their own, so an eviction ranks a copy of their positions and scores stacked the same
+way (:meth:`LayerStack.copied`), and each layer frees its own victims: for a stream of 4,096-token chunks, one
+top-k over 256 rows in place of 32 over 8 rows each took an H200 from 28,854 to 30,839 tokens per second.
 
 Where the layers remember a window of queries (SnapKV, TOVA), their keys and remembered queries are stacked too, so
 that the window's attention over every layer's keys is one product and one fused softmax
@@ -93,6 +96,35 @@ class LayerStack:
             positions=self.flat(self.positions),
             scores=None if self.scores is None else self.flat(self.scores),
             used=first.used,
+            live=first.live,
+            ordered=False,
+            shape=first.shape,
+        )
+
+    @staticmethod
+    def copied(layers: list[HeapLayer]) -> HeapLayer | None:
+        """Every layer's positions and (where attention accumulates them) scores over the slots in use, copied into
+        one layer whose sequences are every layer's (``layers x batch``), as :meth:`as_layer` gives them in a static
+        step: what an eviction of all layers at once ranks outside static steps (a prefill chunk's, an eager decode
+        step's), where each layer then frees its own victims. ``None`` where the layers differ (as :meth:`of`), or
+        hold different numbers of slots in use."""
+        if not layers or any(type(layer) is not HeapLayer or layer.positions is None for layer in layers):
+            return None
+        first = layers[0]
+        span = first.used
+        held = [layer.slots(span)[2] for layer in layers]
+        if any(layer.used != span or positions.shape != held[0].shape for layer, positions in zip(layers, held)):
+            return None
+        if any(positions.device != held[0].device for positions in held):
+            return None
+        kept_scores = [layer.scores[..., :span] for layer in layers if layer.scores is not None]
+        if kept_scores and len(kept_scores) < len(layers):
+            return None
+        return HeapLayer(
+            planned=first.planned,
+            positions=torch.cat(held),
+            scores=torch.cat(kept_scores) if kept_scores else None,
+            used=span,
             live=first.live,
             ordered=False,
             shape=first.shape,

@@ -83,9 +83,12 @@ def evict_stacked(heap: KVHeap, policy: Policy, views: Sequence[LayerView]) -> b
     stacked = heap.stacked_layer()
     if stacked is None:
         return False
-    votes = stacked_window_attention(heap.layers, first.span, heap.stack) if policy.query_window() else None
+    clock = heap.ranking_clock(0)
+    votes = None
+    if policy.query_window():
+        votes = stacked_window_attention(heap.layers, first.span, heap.stack if heap.static else None, heap.static)
     view = dataclasses.replace(first, layer_idx=0, cache=stacked, window_votes=votes)
-    heap.cut_every_layer(count, eviction_scores(policy, view, heap))
+    heap.cut_every_layer(count, eviction_scores(policy, view, heap), stacked, clock)
     return True
 
 

@@ -14,6 +14,7 @@ from kvlab.cache.heap import KVHeap
 from kvlab.cache.layer import FREE, AttentionShape, HeapLayer
 from kvlab.cache.spec import CacheSpec
 from kvlab.cache.stack import LayerStack
+from kvlab.engine import eviction
 from kvlab.engine.generation import generate
 from kvlab.engine.spec import RunSpec
 from kvlab.models.loading import wrap_model
@@ -107,21 +108,21 @@ def test_layers_that_attend_differently_or_whose_kernel_gave_the_votes_are_score
         ("h2o", "sdpa", "gemma2", False),  # sliding-window layers evict what their window no longer sees
     ],
 )
-@pytest.mark.parametrize("layout", ["bitmask", "threshold"])
-def test_static_steps_evict_every_layer_at_once_and_keep_the_tokens_of_eager_eviction(
+@pytest.mark.parametrize("layout", ["bitmask", "threshold", "compact"])
+def test_every_layer_evicted_at_once_keeps_the_tokens_of_layer_by_layer_eviction(
     policy, attention, architecture, stacked, layout, monkeypatch
 ):
     loaded = wrap_model(tiny_model(architecture))
     ids = prompt(batch=2, length=40, seed=5)
-    calls = {"one layer": 0, "every layer": 0}
+    calls = {"one layer, static": 0, "every layer, static": 0, "every layer": 0}
     one_layer, every_layer = KVHeap.cut, KVHeap.cut_every_layer
 
     def cut(heap, *args, **kwargs):
-        calls["one layer"] += heap.static
+        calls["one layer, static"] += heap.static
         return one_layer(heap, *args, **kwargs)
 
     def cut_every(heap, *args, **kwargs):
-        calls["every layer"] += 1
+        calls["every layer, static" if heap.static else "every layer"] += 1
         return every_layer(heap, *args, **kwargs)
 
     scored_batches = set()
@@ -130,28 +131,44 @@ def test_static_steps_evict_every_layer_at_once_and_keep_the_tokens_of_eager_evi
         scored_batches.add(queries.shape[0])
         return votes(queries, *args)
 
+    common = dict(mode="streaming", chunk=7, max_new_tokens=10, stop_token_ids=(), cache=CacheSpec(layout))
+
+    def run(static: bool):
+        spec = RunSpec(small_policy(policy), Budget(tokens=14), static=static, attention=attention, **common)
+        return generate(loaded, ids, spec)
+
+    with monkeypatch.context() as layer_by_layer:
+        layer_by_layer.setattr(eviction, "evict_stacked", lambda *args: False)
+        reference = run(static=False)
     monkeypatch.setattr(KVHeap, "cut", cut)
     monkeypatch.setattr(KVHeap, "cut_every_layer", cut_every)
     monkeypatch.setattr(observe, "votes", scored)
-    common = dict(mode="streaming", chunk=7, max_new_tokens=10, stop_token_ids=(), cache=CacheSpec(layout))
-    runs = {
-        static: generate(
-            loaded,
-            ids,
-            RunSpec(small_policy(policy), Budget(tokens=14), static=static, attention=attention, **common),
-        )
-        for static in (False, True)
-    }
-    assert runs[True].tokens == runs[False].tokens
-    assert runs[True].kept_per_layer == runs[False].kept_per_layer
-    assert runs[True].tie_share == runs[False].tie_share
+    for static in (False, True):
+        result = run(static)
+        assert result.tokens == reference.tokens
+        assert result.kept_per_layer == reference.kept_per_layer
+        assert result.tie_share == reference.tie_share
+        assert result.compactions == reference.compactions
     layers = loaded.model.config.num_hidden_layers
     windows_at_once = stacked and (policy == "snapkv" or (policy == "tova" and attention == "sdpa"))
     assert (layers * 2 in scored_batches) == windows_at_once  # every layer's window scored in one call
-    if stacked:
-        assert calls == {"one layer": 0, "every layer": 9}  # every decoded token but the last evicts
+    if stacked:  # every decoded token but the last evicts; the prefill chunks and eager steps at once too
+        assert calls["one layer, static"] == 0 and calls["every layer, static"] == 9 and calls["every layer"] >= 9
     else:
-        assert calls["every layer"] == 0 and calls["one layer"] > 0
+        assert calls["every layer, static"] == calls["every layer"] == 0 and calls["one layer, static"] > 0
+
+
+def test_layers_holding_different_numbers_of_slots_are_not_ranked_as_one():
+    layers = [layer(8, seed) for seed in range(2)]
+    for held in layers:
+        held.used = held.live = 8
+    copied = LayerStack.copied(layers)
+    assert copied is not None and copied.positions.shape == (4, 3, 8)
+    assert torch.equal(copied.scores[2:], layers[1].scores)
+    copied.positions.fill_(FREE)  # a copy: the layers keep theirs
+    assert bool((layers[0].positions >= 0).all())
+    layers[1].used = 7
+    assert LayerStack.copied(layers) is None
 
 
 @pytest.mark.parametrize("policy", ["full", "h2o"])
