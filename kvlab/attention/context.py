@@ -13,10 +13,21 @@ import torch
 from kvlab.attention.backends import SDPA, AttentionBackend
 from kvlab.attention.stats import StatsAccumulator
 from kvlab.cache.heap import KVHeap
+from kvlab.cache.layer import HeapLayer
 from kvlab.cache.sparse import ReadCount, SparseRead
 
 #: What observes a forward's attention probabilities block by block (see :attr:`ForwardContext.observe`).
 Observer = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class PendingReceived:
+    """One layer's decoded query and its kernel's log-sum-exp, whose received attention (H2O's scores, TOVA's votes)
+    is computed for every layer at once after the pass (:func:`kvlab.attention.flex.settle_received`)."""
+
+    layer: HeapLayer
+    query: torch.Tensor
+    lse: torch.Tensor
 
 
 @dataclass
@@ -41,6 +52,10 @@ class ForwardContext:
     #: The ``flex`` backend's block tables of every layer, built once per pass where the heap placed the pass's token
     #: in every layer at its start (:func:`kvlab.attention.flex.stacked_block_tables`).
     block_tables: tuple[torch.Tensor, ...] | None = None
+    #: The ``flex`` backend's decoded queries whose received attention every layer put off to the end of the pass, to
+    #: be computed for all layers at once (:func:`kvlab.attention.function.finish_pass`); ``None`` until the pass's
+    #: first layer decides whether its layers do.
+    received_later: list[PendingReceived] | None = None
 
 
 _CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("kvlab_forward", default=None)

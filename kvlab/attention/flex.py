@@ -12,7 +12,9 @@ reference implementation gives the same numbers slowly, which is how the tests c
 What H2O accumulates and what TOVA scores by (the attention each slot received from the query, summed over the query
 heads of its KV head) comes from the kernel's log-sum-exp: ``exp(q.k * scale - lse)`` is exactly the probability
 the kernel used, so one product of the query with the keys gives it, without a softmax or a second product with the
-values, and without TOVA's second pass over the keys at eviction.
+values, and without TOVA's second pass over the keys at eviction. Where the layers are stacked with their keys
+(:mod:`kvlab.cache.stack`), each layer puts that product off and one product after the pass computes it for every
+layer (:func:`settle_received`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
+from kvlab.attention.context import PendingReceived
 from kvlab.attention.kernels import scaled_logits
 from kvlab.attention.masks import allowed_keys
 from kvlab.cache.layer import AttentionShape, HeapLayer
+from kvlab.cache.stack import LayerStack
 from kvlab.fusion import fused, fuses
 
 #: Slots per block of the block mask: flex_attention's default tile, so that a block is one tile of the kernel.
@@ -181,20 +185,22 @@ def flex_decode_attention(
     query_position: torch.Tensor,
     tables: tuple[torch.Tensor, ...] | None = None,
     kernel_options: dict[str, int] | None = None,
+    later: list[PendingReceived] | None = None,
 ) -> torch.Tensor:
     """One query's attention ``(batch, q_heads, 1, head_dim)`` at ``query_position`` over ``keys`` and ``values``
     (``(batch, kv_heads, slots, head_dim)``, read in place) holding the tokens at ``positions``, through the block
     mask of ``tables`` (built here from ``positions`` where not given); the attention each slot received is added to
-    the layer's accumulated scores where it keeps them. ``kernel_options`` are flex_attention's (its decoding
-    kernel's tile, stages, warps and splits), :func:`decode_kernel`'s where not given."""
+    the layer's accumulated scores where it keeps them, and kept as its last-query attention where it remembers a
+    window of one query; or, where ``later`` is given, that is put off to :func:`settle_received`, for every layer
+    at once. ``kernel_options`` are flex_attention's (its decoding kernel's tile, stages, warps and splits),
+    :func:`decode_kernel`'s where not given."""
     device, slots = query.device.type, keys.shape[2]
     groups = query.shape[1] // keys.shape[1]
     shape = layer.attention
     if tables is None:
         tables = fused(device, block_tables)(positions, query_position, shape.sliding_window)
     score_mod = None if shape.softcap is None else softcap_mod(shape.softcap)
-    one_query_window = layer.recent_queries is not None and layer.recent_queries.shape[2] == 1
-    observed = layer.scores is not None or one_query_window
+    observed = layer.scores is not None or _one_query_window(layer)
     with warnings.catch_warnings():  # the CPU's reference path warns that it is not compiled: it is meant not to be
         warnings.filterwarnings("ignore", message=".*flex_attention.*without torch.compile.*")
         found = fused(device, flex_attention)(
@@ -211,11 +217,52 @@ def flex_decode_attention(
     if not observed:
         return found
     output, aux = found
-    visible = tables[0][..., :slots]
-    if layer.scores is not None:  # a static step's layer: its scores span the slots read
-        received = fused(device, accumulated_attention)(query, keys, aux.lse, visible, shape, layer.scores)
+    if later is not None:
+        later.append(PendingReceived(layer, query, aux.lse))
     else:
-        received = fused(device, received_attention)(query, keys, aux.lse, visible, shape)
-    if one_query_window:
-        layer.note_received(received)
+        _note_received(layer, _received(layer, query, keys, aux.lse, tables[0][..., :slots]))
     return output
+
+
+def settle_received(stack: LayerStack, pending: list[PendingReceived], tables: tuple[torch.Tensor, ...]) -> None:
+    """What each slot received from the pass's query in every layer (``pending``, in layer order: every layer of the
+    ``stack`` put it off), from the stacked keys and the pass's stacked block tables: one product and one fused
+    kernel for all layers, where each layer would run its own (at 32k tokens, 32 layers' small kernels cost more than
+    the second reading of the keys they do). Added to the stacked accumulated scores (H2O), or noted as each layer's
+    last-query attention (TOVA)."""
+    assert stack.keys is not None and len(pending) == stack.keys.shape[0]
+    first = pending[0].layer
+    device, batch, slots = first.device.type, stack.keys.shape[1], stack.keys.shape[3]
+    query = torch.cat([entry.query for entry in pending])
+    lse = torch.cat([entry.lse for entry in pending])
+    keys, visible, shape = stack.flat(stack.keys), tables[0][..., :slots], first.attention
+    if stack.scores is not None:
+        received = fused(device, accumulated_attention)(query, keys, lse, visible, shape, stack.flat(stack.scores))
+    else:
+        received = fused(device, received_attention)(query, keys, lse, visible, shape)
+    for entry, part in zip(pending, received.split(batch)):
+        if _one_query_window(entry.layer):
+            entry.layer.note_received(part)
+    pending.clear()
+
+
+def _one_query_window(layer: HeapLayer) -> bool:
+    """Whether the layer remembers a window of one query (TOVA): the pass's own, whose attention its kernel gives."""
+    return layer.recent_queries is not None and layer.recent_queries.shape[2] == 1
+
+
+def _received(
+    layer: HeapLayer, query: torch.Tensor, keys: torch.Tensor, lse: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
+    """What each of a layer's slots received from ``query`` (:func:`received_attention`), added to its accumulated
+    scores where it keeps them (a static step's layer: its scores span the slots read)."""
+    device, shape = query.device.type, layer.attention
+    if layer.scores is not None:
+        return fused(device, accumulated_attention)(query, keys, lse, visible, shape, layer.scores)
+    return fused(device, received_attention)(query, keys, lse, visible, shape)
+
+
+def _note_received(layer: HeapLayer, received: torch.Tensor) -> None:
+    """Keep what a layer's slots received as its last-query attention where it remembers a window of one query."""
+    if _one_query_window(layer):
+        layer.note_received(received)

@@ -28,8 +28,13 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvlab.attention.backends import FLEX
-from kvlab.attention.context import ForwardContext, current
-from kvlab.attention.flex import flex_decode_attention, layer_tables, stacked_block_tables
+from kvlab.attention.context import ForwardContext, PendingReceived, current
+from kvlab.attention.flex import (
+    flex_decode_attention,
+    layer_tables,
+    settle_received,
+    stacked_block_tables,
+)
 from kvlab.attention.flex_chunks import flex_chunk_attention
 from kvlab.attention.kernels import blocked_attention, decode_attention, sdpa
 from kvlab.attention.masks import allowed_keys, needs_ordered_mask, ordered_mask
@@ -93,7 +98,8 @@ def _attend(
     if query.shape[2] == 1 and (observed or layer.softcap is not None or not in_order or sparse):
         if not sparse and _flex_decodes(context, layer, keys):
             tables = _stacked_tables(context, layer_idx, query_positions)
-            return flex_decode_attention(query, layer, keys, values, positions, query_positions, tables)
+            later = _received_later(context) if tables is not None else None
+            return flex_decode_attention(query, layer, keys, values, positions, query_positions, tables, later=later)
         live = allowed_keys(positions, query_positions, layer.sliding_window)
         if sparse:
             live = _sparse_selection(context, query, attended, live, in_order)
@@ -159,6 +165,30 @@ def _stacked_tables(
     if context.block_tables is None:
         context.block_tables = stacked_block_tables(heap.stack.positions, query_positions)
     return layer_tables(context.block_tables, layer_idx, heap.stack.positions.shape[1])
+
+
+def _received_later(context: ForwardContext) -> list[PendingReceived] | None:
+    """Where the layers of a static step put off what each slot received to the end of the pass (every layer
+    stacked with its keys, attending alike, its block tables stacked): the list they add to, else ``None``."""
+    if context.received_later is not None:
+        return context.received_later
+    heap = context.cache
+    first = heap.layers[0]
+    if (
+        heap.stack is None
+        or heap.stack.keys is None
+        or any(layer.attention != first.attention for layer in heap.layers)
+    ):
+        return None
+    context.received_later = []
+    return context.received_later
+
+
+def finish_pass(context: ForwardContext) -> None:
+    """After a forward pass: what each slot received in every layer that put it off
+    (:func:`~kvlab.attention.flex.settle_received`)."""
+    if context.received_later and context.block_tables is not None and context.cache.stack is not None:
+        settle_received(context.cache.stack, context.received_later, context.block_tables)
 
 
 def _sparse_selection(

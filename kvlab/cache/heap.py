@@ -550,17 +550,18 @@ class KVHeap:
         would not advance."""
         return self.noise.kind == "none"
 
-    def make_static(self) -> None:
+    def make_static(self, received_at_once: bool = False) -> None:
         """Switch to static mode for captured decode steps: every layer at its planned capacity and every tensor
         owned, so that nothing is allocated while steps run (the generation decodes statically only once an
-        observation window is full, see :meth:`kvlab.engine.static.StaticDecoder.for_generation`)."""
+        observation window is full, see :meth:`kvlab.engine.static.StaticSteps.for_loop`); the layers stacked
+        (:meth:`LayerStack.of`, told whether the steps compute what each slot received for every layer at once)."""
         for layer in self.layers:
             if layer.keys is not None and layer.capacity < layer.planned:
                 self._grow(layer, layer.planned)  # a fork still at its source's size
             self._own(layer, *list(layer.shared))
         if self._tied_cuts is None:  # a captured eviction adds to it in place: it must exist before the capture
             self._tied_cuts = torch.zeros((), device=self.layers[0].device)
-        self.stack = LayerStack.of(self.layers)
+        self.stack = LayerStack.of(self.layers, received_at_once)
         self.static = True
 
     def windows_full(self) -> bool:

@@ -15,7 +15,9 @@ top-k over 256 rows in place of 32 over 8 rows each took an H200 from 28,854 to 
 Where the layers remember a window of queries (SnapKV, TOVA), their keys and remembered queries are stacked too, so
 that the window's attention over every layer's keys is one product and one fused softmax
 (:func:`kvlab.attention.observe.stacked_window_attention`) rather than a product and three small kernels per layer,
-which took 1.2 ms of a 7.6 ms SnapKV step at 32k on an H200.
+which took 1.2 ms of a 7.6 ms SnapKV step at 32k on an H200. Under the ``flex`` backend the keys of layers that
+accumulate attention (H2O) are stacked too, so that what every slot received in a step is one product for all
+layers (:func:`kvlab.attention.flex.settle_received`).
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ class LayerStack:
     queries: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, layers: list[HeapLayer]) -> LayerStack | None:
+    def of(cls, layers: list[HeapLayer], received_at_once: bool = False) -> LayerStack | None:
         """Stack the layers' positions and scores and hand each layer its views, or ``None`` where the layers differ
         (a layer type that holds more than dense slots, another capacity, another device, a layer not allocated,
-        accumulated attention in some layers only)."""
+        accumulated attention in some layers only). Their keys are stacked too where every layer remembers a window
+        of queries, and where the layers accumulate attention and ``received_at_once`` says that what each slot
+        received in a step is computed for every layer at once (:func:`kvlab.attention.flex.settle_received`)."""
         if not layers or any(type(layer) is not HeapLayer or layer.positions is None for layer in layers):
             return None
         held = [layer.held_positions() for layer in layers]
@@ -57,13 +61,14 @@ class LayerStack:
             return None
         positions = torch.stack(held)
         scores = torch.stack(kept_scores) if kept_scores else None
-        keys, queries = _stacked_window(layers)
+        queries = _stacked_queries(layers)
+        keys = _stacked_keys(layers) if queries is not None or (received_at_once and scores is not None) else None
         for index, layer in enumerate(layers):
             layer.positions = positions[index]
             if scores is not None:
                 layer.scores = scores[index]
-            if keys is not None and queries is not None:
-                layer.keys, layer.recent_queries = keys[index], queries[index]
+            if queries is not None:
+                layer.recent_queries = queries[index]
         stack = cls(positions, scores, (), keys, queries)
         return dataclasses.replace(stack, held=tuple(stack._views(layer) for layer in layers))
 
@@ -79,7 +84,9 @@ class LayerStack:
         if self.scores is not None:
             stacked.append(layer.scores)
         if self.keys is not None:
-            stacked += [layer.keys, layer.recent_queries]
+            stacked.append(layer.keys)
+        if self.queries is not None:
+            stacked.append(layer.recent_queries)
         return tuple(-1 if tensor is None else tensor.data_ptr() for tensor in stacked)
 
     def flat(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -131,13 +138,31 @@ class LayerStack:
         )
 
 
-def _stacked_window(layers: list[HeapLayer]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Every layer's keys and remembered queries stacked, where every layer remembers a window of the same shape;
-    ``(None, None)`` otherwise."""
-    keys = [layer.keys for layer in layers if layer.keys is not None]
-    queries = [layer.recent_queries for layer in layers if layer.recent_queries is not None]
-    if len(keys) < len(layers) or len(queries) < len(layers):
-        return None, None
-    if len({(key.shape, query.shape) for key, query in zip(keys, queries)}) != 1:
-        return None, None
-    return torch.stack(keys), torch.stack(queries)
+def _stacked_queries(layers: list[HeapLayer]) -> torch.Tensor | None:
+    """Every layer's remembered queries stacked, where every layer remembers a window of the same shape and holds
+    keys of one shape; ``None`` otherwise."""
+    queries = [layer.recent_queries for layer in layers]
+    keys = [layer.keys for layer in layers]
+    if any(query is None for query in queries) or any(key is None for key in keys):
+        return None
+    if (
+        len({(key.shape, query.shape) for key, query in zip(keys, queries) if key is not None and query is not None})
+        != 1
+    ):
+        return None
+    return torch.stack(queries)  # type: ignore[arg-type]
+
+
+def _stacked_keys(layers: list[HeapLayer]) -> torch.Tensor | None:
+    """Every layer's keys moved into one tensor, each layer's own freed as soon as it is copied (so that the move
+    costs one layer's keys at its peak, not every layer's), and each layer given its view; ``None`` where a layer
+    holds none or keys of another shape."""
+    first = layers[0].keys
+    if first is None or any(layer.keys is None or layer.keys.shape != first.shape for layer in layers):
+        return None
+    stacked = first.new_empty((len(layers), *first.shape))
+    for index, layer in enumerate(layers):
+        assert layer.keys is not None
+        stacked[index].copy_(layer.keys)
+        layer.keys = stacked[index]
+    return stacked

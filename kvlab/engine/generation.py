@@ -30,7 +30,7 @@ import torch
 from kvlab.attention.backends import FLEX
 from kvlab.attention.context import ForwardContext, Observer, forward_context
 from kvlab.attention.flex import flex_compiles
-from kvlab.attention.function import install_attention
+from kvlab.attention.function import finish_pass, install_attention
 from kvlab.attention.kernels import sdpa_backends
 from kvlab.attention.observe import window_probabilities
 from kvlab.attention.stats import StatsAccumulator, StatsRequest
@@ -277,6 +277,7 @@ class Generation:
         stance = layer_stance(self.loaded.model, self.layer_forward(int(ids.shape[1]), decoding, heap))
         with forward_context(context), sdpa_backends(self.loaded.device), stance:
             output = self.loaded.model(input_ids=ids, **kwargs)
+        finish_pass(context)
         heap.end_pass(int(ids.shape[1]))
         return output.logits[:, -1, :].to(self.loaded.device)  # from the last layer's device, where split
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from kvlab.attention.backends import FLEX
 from kvlab.engine.decoding import Loop
 from kvlab.modes import STREAMING
 
@@ -101,7 +102,7 @@ class StaticSteps:
         """The device tensors the steps advance: the current token of each sequence and its position."""
         loop = self.loop
         device = loop.loaded.device
-        loop.cache.make_static()
+        loop.cache.make_static(received_at_once=loop.spec.attention_on(device) == FLEX)
         if self.capture:
             loop.fuse_layers()
         self.ids = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(1)

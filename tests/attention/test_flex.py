@@ -104,7 +104,9 @@ def test_static_steps_under_flex_give_the_tokens_and_kept_sets_of_kvlabs_kernels
     ids = prompt(batch=2, length=40, seed=5)
     calls: list[str] = []
     counted = function.flex_decode_attention
-    monkeypatch.setattr(function, "flex_decode_attention", lambda *args: calls.append(policy) or counted(*args))
+    monkeypatch.setattr(
+        function, "flex_decode_attention", lambda *args, **kwargs: calls.append(policy) or counted(*args, **kwargs)
+    )
     for policy in ["full", *evicting()]:
         for mode in runs_in(policy):
             for layout in ("bitmask", "threshold"):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_models import prompt, small_policy, tiny_model
 
-from kvlab.attention import observe
+from kvlab.attention import function, observe
 from kvlab.attention.observe import stacked_window_attention, votes, window_attention
 from kvlab.budget import Budget
 from kvlab.cache.heap import KVHeap
@@ -100,7 +100,8 @@ def test_layers_that_attend_differently_or_whose_kernel_gave_the_votes_are_score
     [
         ("streaming", "sdpa", "llama", True),
         ("h2o", "sdpa", "llama", True),
-        ("tova", "flex", "llama", True),  # scored by what the flex kernel gave each slot
+        ("h2o", "flex", "llama", True),  # what each slot received, computed for every layer at once after the pass
+        ("tova", "flex", "llama", True),  # scored by what the flex kernel gave each slot, likewise
         ("tova", "sdpa", "llama", True),  # scored by a second pass over each layer's keys, ranked at once
         ("snapkv", "sdpa", "llama", True),  # a window of several queries, likewise
         ("snapkv", "flex", "llama", True),
@@ -140,9 +141,17 @@ def test_every_layer_evicted_at_once_keeps_the_tokens_of_layer_by_layer_eviction
     with monkeypatch.context() as layer_by_layer:
         layer_by_layer.setattr(eviction, "evict_stacked", lambda *args: False)
         reference = run(static=False)
+    settled = []
+    settle = function.settle_received
+
+    def settle_every_layer(stack, pending, tables):
+        settled.append(len(pending))
+        return settle(stack, pending, tables)
+
     monkeypatch.setattr(KVHeap, "cut", cut)
     monkeypatch.setattr(KVHeap, "cut_every_layer", cut_every)
     monkeypatch.setattr(observe, "votes", scored)
+    monkeypatch.setattr(function, "settle_received", settle_every_layer)
     for static in (False, True):
         result = run(static)
         assert result.tokens == reference.tokens
@@ -152,6 +161,8 @@ def test_every_layer_evicted_at_once_keeps_the_tokens_of_layer_by_layer_eviction
     layers = loaded.model.config.num_hidden_layers
     windows_at_once = stacked and (policy == "snapkv" or (policy == "tova" and attention == "sdpa"))
     assert (layers * 2 in scored_batches) == windows_at_once  # every layer's window scored in one call
+    received_at_once = stacked and attention == "flex" and policy in ("h2o", "tova")
+    assert settled == ([layers] * 9 if received_at_once else [])  # every static step, for all layers at once
     if stacked:  # every decoded token but the last evicts; the prefill chunks and eager steps at once too
         assert calls["one layer, static"] == 0 and calls["every layer, static"] == 9 and calls["every layer"] >= 9
     else:
@@ -181,9 +192,9 @@ def test_a_static_step_places_its_token_and_builds_its_masks_for_every_layer_at_
     tables, attention = flex.block_tables, function.flex_decode_attention
 
     def counted(name, wrapped):
-        def call(*args):
+        def call(*args, **kwargs):
             calls[name] += 1
-            return wrapped(*args)
+            return wrapped(*args, **kwargs)
 
         return call
 
