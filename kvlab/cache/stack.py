@@ -141,16 +141,14 @@ class LayerStack:
 def _stacked_queries(layers: list[HeapLayer]) -> torch.Tensor | None:
     """Every layer's remembered queries stacked, where every layer remembers a window of the same shape and holds
     keys of one shape; ``None`` otherwise."""
-    queries = [layer.recent_queries for layer in layers]
-    keys = [layer.keys for layer in layers]
-    if any(query is None for query in queries) or any(key is None for key in keys):
+    shapes = set()
+    for layer in layers:
+        if layer.recent_queries is None or layer.keys is None:
+            return None
+        shapes.add((layer.keys.shape, layer.recent_queries.shape))
+    if len(shapes) != 1:
         return None
-    if (
-        len({(key.shape, query.shape) for key, query in zip(keys, queries) if key is not None and query is not None})
-        != 1
-    ):
-        return None
-    return torch.stack(queries)  # type: ignore[arg-type]
+    return torch.stack([layer.recent_queries for layer in layers if layer.recent_queries is not None])
 
 
 def _stacked_keys(layers: list[HeapLayer]) -> torch.Tensor | None:
