@@ -551,13 +551,18 @@ class KVHeap:
         return self.noise.kind == "none"
 
     def make_static(self, received_at_once: bool = False) -> None:
-        """Switch to static mode for captured decode steps: every layer at its planned capacity and every tensor
-        owned, so that nothing is allocated while steps run (the generation decodes statically only once an
-        observation window is full, see :meth:`kvlab.engine.static.StaticSteps.for_loop`); the layers stacked
-        (:meth:`LayerStack.of`, told whether the steps compute what each slot received for every layer at once)."""
+        """Switch to static mode for captured decode steps: every layer with the slots the rest of the run needs
+        and every tensor owned, so that nothing is allocated while steps run (the generation decodes statically
+        only once an observation window is full, see :meth:`kvlab.engine.static.StaticSteps.for_loop`); the layers
+        stacked (:meth:`LayerStack.of`, told whether the steps compute what each slot received for every layer at
+        once). The slots needed are the plan's in streaming mode (its steady size), and elsewhere those in use plus
+        the :attr:`room` for the tokens still to come, at most the plan's: a layer compacted by prefill mode's
+        compression keeps its survivors' size, as eager decoding does, rather than growing back to the whole
+        context (at 128k tokens and keep 10%, 16 GiB reserved where 1.6 GiB is held)."""
         for layer in self.layers:
-            if layer.keys is not None and layer.capacity < layer.planned:
-                self._grow(layer, layer.planned)  # a fork still at its source's size
+            needed = layer.planned if self.keep_planned else min(layer.planned, layer.used + self.room)
+            if layer.keys is not None and layer.capacity < needed:
+                self._grow(layer, needed)  # a fork still at its source's size
             self._own(layer, *list(layer.shared))
         if self._tied_cuts is None:  # a captured eviction adds to it in place: it must exist before the capture
             self._tied_cuts = torch.zeros((), device=self.layers[0].device)

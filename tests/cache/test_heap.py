@@ -73,6 +73,9 @@ def test_static_decode_steps_give_the_tokens_of_eager_decoding(arch, policy, lay
         assert static == eager, (policy, mode, layout)
         assert static_kept == eager_kept
         assert static_run.peak_kv_bytes == eager_run.peak_kv_bytes
+        assert static_run.peak_kv_reserved_bytes == eager_run.peak_kv_reserved_bytes
+        # no growing back to the plan (eager decoding may reserve more: it resizes a layer at every compaction)
+        assert static_run.cache.reserved_bytes() <= eager_run.cache.reserved_bytes()
         assert static_run.cache.compactions == eager_run.cache.compactions
         assert static_run.decode_graphs == 0  # a CPU runs static steps eagerly
 
