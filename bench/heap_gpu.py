@@ -682,20 +682,26 @@ def part_attention(device: str) -> dict[str, Any]:
         }
         row: dict[str, Any] = {"slots": slots}
         for name, way in ways.items():
-            for _ in range(5):
-                way()
-            times = []
-            for _ in range(50):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                way()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1000)
-            row[name] = round(statistics.median(times), 1)
+            row[name] = round(event_us(way, warmups=5, repeats=50), 1)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return {"rows": rows}
+
+
+def event_us(run: Callable[[], object], warmups: int, repeats: int) -> float:
+    """Microseconds per call of ``run`` launched from the host (its launches included), the median of ``repeats``
+    calls timed by CUDA events after ``warmups`` untimed ones."""
+    for _ in range(warmups):
+        run()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return statistics.median(times)
 
 
 def graph_us(step: Callable[[], object], replays: int = 50) -> float:
@@ -893,17 +899,7 @@ def chunk_option_row(
             run = partial(flex_chunks.flex_chunk_attention, query, layer, query_positions)
             output = run()
             row["max_diff"] = 0.0 if reference is None else (output.float() - reference.float()).abs().max().item()
-            for _ in range(3):
-                run()
-            times = []
-            for _ in range(20):
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                run()
-                end.record()
-                end.synchronize()
-                times.append(begin.elapsed_time(end) * 1000)
-        row["us"] = round(statistics.median(times), 1)
+            row["us"] = round(event_us(run, warmups=3, repeats=20), 1)
         row["output"] = output
     except Exception as failure:  # an option the kernel cannot take: recorded, not fatal
         row["failed"] = str(failure)[:200]

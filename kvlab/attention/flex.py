@@ -220,7 +220,8 @@ def flex_decode_attention(
     if later is not None:
         later.append(PendingReceived(layer, query, aux.lse))
     else:
-        _note_received(layer, _received(layer, query, keys, aux.lse, tables[0][..., :slots]))
+        received = _received(query, keys, aux.lse, tables[0][..., :slots], shape, layer.scores)
+        _note_received(layer, received)
     return output
 
 
@@ -232,17 +233,13 @@ def settle_received(stack: LayerStack, pending: list[PendingReceived], tables: t
     last-query attention (TOVA)."""
     assert stack.keys is not None and len(pending) == stack.keys.shape[0]
     first = pending[0].layer
-    device, batch, slots = first.device.type, stack.keys.shape[1], stack.keys.shape[3]
+    batch, slots = stack.keys.shape[1], stack.keys.shape[3]
     query = torch.cat([entry.query for entry in pending])
     lse = torch.cat([entry.lse for entry in pending])
-    keys, visible, shape = stack.flat(stack.keys), tables[0][..., :slots], first.attention
-    if stack.scores is not None:
-        received = fused(device, accumulated_attention)(query, keys, lse, visible, shape, stack.flat(stack.scores))
-    else:
-        received = fused(device, received_attention)(query, keys, lse, visible, shape)
+    scores = None if stack.scores is None else stack.flat(stack.scores)
+    received = _received(query, stack.flat(stack.keys), lse, tables[0][..., :slots], first.attention, scores)
     for entry, part in zip(pending, received.split(batch)):
-        if _one_query_window(entry.layer):
-            entry.layer.note_received(part)
+        _note_received(entry.layer, part)
     pending.clear()
 
 
@@ -252,13 +249,18 @@ def _one_query_window(layer: HeapLayer) -> bool:
 
 
 def _received(
-    layer: HeapLayer, query: torch.Tensor, keys: torch.Tensor, lse: torch.Tensor, visible: torch.Tensor
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    lse: torch.Tensor,
+    visible: torch.Tensor,
+    shape: AttentionShape,
+    scores: torch.Tensor | None,
 ) -> torch.Tensor:
-    """What each of a layer's slots received from ``query`` (:func:`received_attention`), added to its accumulated
-    scores where it keeps them (a static step's layer: its scores span the slots read)."""
-    device, shape = query.device.type, layer.attention
-    if layer.scores is not None:
-        return fused(device, accumulated_attention)(query, keys, lse, visible, shape, layer.scores)
+    """What each slot received from ``query`` (:func:`received_attention`), added to the accumulated ``scores``
+    where the layers keep them (a static step's: they span the slots read)."""
+    device = query.device.type
+    if scores is not None:
+        return fused(device, accumulated_attention)(query, keys, lse, visible, shape, scores)
     return fused(device, received_attention)(query, keys, lse, visible, shape)
 
 

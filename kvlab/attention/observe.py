@@ -68,20 +68,19 @@ def window_attention(layer: HeapLayer, span: int, static: bool = False) -> torch
     return summed(layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention)
 
 
-def stacked_window_attention(
-    layers: Sequence[HeapLayer], span: int, stack: LayerStack | None, static: bool = True
-) -> torch.Tensor:
+def stacked_window_attention(layers: Sequence[HeapLayer], span: int, stack: LayerStack | None) -> torch.Tensor:
     """Every layer's :func:`window_attention`, stacked as the layers' stack folds them into the batch (``(layers x
-    batch, kv_heads, span)``, :mod:`kvlab.cache.stack`). In a static step where the stack holds every layer's keys
-    and remembered queries and the layers attend alike, that is one fused scoring of all layers at once; a window of
-    one query whose kernel gave what each slot received, layers that differ, and passes outside ``static`` steps
-    (whose spans change, so nothing is fused for them) are scored layer by layer."""
+    batch, kv_heads, span)``, :mod:`kvlab.cache.stack`). In a static step (``stack``, the heap's; ``None`` outside
+    static steps) where the stack holds every layer's keys and remembered queries and the layers attend alike, that
+    is one fused scoring of all layers at once; a window of one query whose kernel gave what each slot received,
+    layers that differ, and passes outside static steps (whose spans change, so nothing is fused for them) are
+    scored layer by layer."""
     first = layers[0]
     assert first.recent_queries is not None and first.recent_query_positions is not None
     one_query = first.received is not None and first.recent_queries.shape[2] == 1
     alike = all(layer.attention == first.attention for layer in layers)
     if stack is None or stack.keys is None or stack.queries is None or one_query or not alike:
-        return torch.cat([window_attention(layer, span, static=static) for layer in layers])
+        return torch.cat([window_attention(layer, span, static=stack is not None) for layer in layers])
     keys = stack.flat(stack.keys)[:, :, :span]
     positions = stack.flat(stack.positions)[..., :span]
     summed = fused(keys.device.type, votes)

@@ -51,13 +51,11 @@ class LayerStack:
         accumulated attention in some layers only). Their keys are stacked too where every layer remembers a window
         of queries, and where the layers accumulate attention and ``received_at_once`` says that what each slot
         received in a step is computed for every layer at once (:func:`kvlab.attention.flex.settle_received`)."""
-        if not layers or any(type(layer) is not HeapLayer or layer.positions is None for layer in layers):
+        if not _dense(layers):
             return None
         held = [layer.held_positions() for layer in layers]
-        if any(positions.shape != held[0].shape or positions.device != held[0].device for positions in held):
-            return None
-        kept_scores = [layer.scores for layer in layers if layer.scores is not None]
-        if kept_scores and len(kept_scores) < len(layers):
+        kept_scores = _alike(held, [layer.scores for layer in layers])
+        if kept_scores is None:
             return None
         positions = torch.stack(held)
         scores = torch.stack(kept_scores) if kept_scores else None
@@ -115,17 +113,15 @@ class LayerStack:
         step: what an eviction of all layers at once ranks outside static steps (a prefill chunk's, an eager decode
         step's), where each layer then frees its own victims. ``None`` where the layers differ (as :meth:`of`), or
         hold different numbers of slots in use."""
-        if not layers or any(type(layer) is not HeapLayer or layer.positions is None for layer in layers):
+        if not _dense(layers):
             return None
         first = layers[0]
         span = first.used
+        if any(layer.used != span for layer in layers):
+            return None
         held = [layer.slots(span)[2] for layer in layers]
-        if any(layer.used != span or positions.shape != held[0].shape for layer, positions in zip(layers, held)):
-            return None
-        if any(positions.device != held[0].device for positions in held):
-            return None
-        kept_scores = [layer.scores[..., :span] for layer in layers if layer.scores is not None]
-        if kept_scores and len(kept_scores) < len(layers):
+        kept_scores = _alike(held, [None if layer.scores is None else layer.scores[..., :span] for layer in layers])
+        if kept_scores is None:
             return None
         return HeapLayer(
             planned=first.planned,
@@ -136,6 +132,24 @@ class LayerStack:
             ordered=False,
             shape=first.shape,
         )
+
+
+def _dense(layers: list[HeapLayer]) -> bool:
+    """Whether there are layers and each holds dense slots only, allocated (a layer type that holds more, frozen
+    parts or pages on the host, is never stacked)."""
+    return bool(layers) and all(type(layer) is HeapLayer and layer.positions is not None for layer in layers)
+
+
+def _alike(held: list[torch.Tensor], scores: list[torch.Tensor | None]) -> list[torch.Tensor] | None:
+    """The layers' accumulated ``scores`` to stack beside their ``held`` positions (none where no layer keeps them),
+    or ``None`` where the layers differ: positions of another shape or on another device, or scores in some layers
+    only."""
+    if any(positions.shape != held[0].shape or positions.device != held[0].device for positions in held):
+        return None
+    kept = [layer_scores for layer_scores in scores if layer_scores is not None]
+    if kept and len(kept) < len(scores):
+        return None
+    return kept
 
 
 def _stacked_queries(layers: list[HeapLayer]) -> torch.Tensor | None:

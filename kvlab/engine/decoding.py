@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from kvlab.attention.backends import AttentionBackend
 from kvlab.cache.heap import KVHeap
 from kvlab.engine.events import Event
 from kvlab.engine.spec import RunSpec
@@ -27,6 +28,7 @@ class Loop(Protocol):
     spec: RunSpec
     loaded: LoadedModel
     cache: KVHeap
+    attention: AttentionBackend
     forced_ids: torch.Tensor | None
     stops: StopTokens
 

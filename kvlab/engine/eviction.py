@@ -86,7 +86,7 @@ def evict_stacked(heap: KVHeap, policy: Policy, views: Sequence[LayerView]) -> b
     clock = heap.ranking_clock(0)
     votes = None
     if policy.query_window():
-        votes = stacked_window_attention(heap.layers, first.span, heap.stack if heap.static else None, heap.static)
+        votes = stacked_window_attention(heap.layers, first.span, heap.stack if heap.static else None)
     view = dataclasses.replace(first, layer_idx=0, cache=stacked, window_votes=votes)
     heap.cut_every_layer(count, eviction_scores(policy, view, heap), stacked, clock)
     return True

@@ -102,7 +102,7 @@ class StaticSteps:
         """The device tensors the steps advance: the current token of each sequence and its position."""
         loop = self.loop
         device = loop.loaded.device
-        loop.cache.make_static(received_at_once=loop.spec.attention_on(device) == FLEX)
+        loop.cache.make_static(received_at_once=loop.attention == FLEX)
         if self.capture:
             loop.fuse_layers()
         self.ids = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(1)

@@ -3,26 +3,17 @@ down to the host's steps, and the stream's chunk kernel options switched for a t
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from bench_scripts import bench_script
 from torch.autograd import DeviceType
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "heap_gpu.py"
 
 
 @pytest.fixture(scope="module")
 def heap_gpu():
-    spec = importlib.util.spec_from_file_location("heap_gpu", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["heap_gpu"] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["heap_gpu"]
+    with bench_script("heap_gpu") as module:
+        yield module
 
 
 def event(name: str, device: DeviceType, start: float, end: float) -> SimpleNamespace:

@@ -3,25 +3,15 @@ category, the summaries and the table. kvpress itself is not needed."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "kvpress_parity.py"
+from bench_scripts import bench_script
 
 
 @pytest.fixture(scope="module")
 def parity():
-    spec = importlib.util.spec_from_file_location("kvpress_parity", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kvpress_parity"] = module  # dataclasses resolve their module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["kvpress_parity"]
+    with bench_script("kvpress_parity") as module:
+        yield module
 
 
 def test_kept_positions_are_found_from_gathered_keys(parity):
