@@ -786,6 +786,120 @@ def part_backends(device: str) -> dict[str, Any]:
     return {"rows": rows}
 
 
+#: Every layer's slots at keep 10% in streaming mode (budget + chunk room, ``bench`` contexts 8k, 32k, 128k): what
+#: the stacked scoring of a static decode step reads.
+SUMS_SLOTS = (1843, 4301, 14131)
+
+
+def sums_case(slots: int, window: int, device: str) -> tuple[Any, ...]:
+    """Stacked operands of a decode step's scoring over 32 layers (8 KV heads, 4 query heads each, head dim 128,
+    bf16): queries of a ``window``, keys and positions over ``slots`` slots (the last quarter free), each query
+    head's log-sum-exp over them, and H2O's accumulated scores."""
+    from kvlab.attention.masks import allowed_keys
+
+    keys = torch.randn(32, 8, slots, 128, device=device, dtype=torch.bfloat16)
+    queries = torch.randn(32, 32, window, 128, device=device, dtype=torch.bfloat16)
+    positions = torch.arange(slots, device=device, dtype=torch.int32).expand(32, 8, slots).clone()
+    positions[..., int(0.75 * slots) :] = -1
+    query_positions = torch.arange(slots, slots + window, device=device)
+    logits = torch.matmul(queries.view(32, 8, 4 * window, 128), keys.transpose(-1, -2)).float() * 128**-0.5
+    visible = allowed_keys(positions, query_positions[-1:], None)
+    lse = logits.masked_fill(~visible, float("-inf")).logsumexp(dim=-1).view(32, 32, window)
+    scores = torch.zeros(32, 8, slots, device=device)
+    return queries, query_positions, keys, positions, lse, scores
+
+
+def agreement(found: torch.Tensor, expected: torch.Tensor) -> dict[str, float]:
+    """How near two scorings are: the largest difference relative to the largest score, and the share of the
+    slots each ranks in its top 10% (per KV head) that the other ranks there too."""
+    top = max(1, found.shape[-1] // 10)
+    picked = torch.zeros_like(found, dtype=torch.bool).scatter_(-1, found.topk(top).indices, True)
+    wanted = torch.zeros_like(found, dtype=torch.bool).scatter_(-1, expected.topk(top).indices, True)
+    return {
+        "largest difference / largest score": float((found - expected).abs().max() / expected.abs().max()),
+        "top 10% in common": round(float((picked & wanted).sum() / wanted.sum()), 4),
+    }
+
+
+def part_sums(device: str) -> dict[str, Any]:
+    """What each slot received, for 32 stacked layers in a captured step, by PyTorch's fused product and by
+    kvlab's Triton kernels (:mod:`kvlab.attention.slot_sums`): H2O's one query with the decoding kernel's
+    log-sum-exp, added to its scores, and SnapKV's window of 32 queries without one; microseconds per step, and how
+    near the two scorings are."""
+    from kvlab.attention.flex import accumulated_attention
+    from kvlab.attention.observe import votes
+    from kvlab.attention.slot_sums import slot_sums
+    from kvlab.cache.layer import AttentionShape
+    from kvlab.fusion import fused
+
+    shape = AttentionShape(None, 128**-0.5, None)
+    rows = []
+    for slots in SUMS_SLOTS:
+        row: dict[str, Any] = {"slots": slots}
+        queries, query_positions, keys, positions, lse, scores = sums_case(slots, 1, device)
+        position = query_positions[-1:]
+        accumulated = fused("cuda", accumulated_attention)
+        torch_h2o = partial(accumulated, queries, position, keys, positions, lse, shape, scores)
+        kernel_h2o = partial(slot_sums, queries, position, keys, positions, shape, lse, scores)
+        row["h2o: pytorch us"] = round(graph_us(torch_h2o), 1)
+        row["h2o: kernel us"] = round(graph_us(kernel_h2o), 1)
+        row["h2o: agreement"] = agreement(kernel_h2o(), torch_h2o())
+        queries, query_positions, keys, positions, lse, scores = sums_case(slots, 32, device)
+        torch_votes = partial(fused("cuda", votes), queries, query_positions, keys, positions, shape)
+        kernel_votes = partial(slot_sums, queries, query_positions, keys, positions, shape)
+        row["snapkv window 32: pytorch us"] = round(graph_us(torch_votes), 1)
+        row["snapkv window 32: kernel us"] = round(graph_us(kernel_votes), 1)
+        summing = partial(slot_sums, queries, query_positions, keys, positions, shape, lse)
+        row["snapkv window 32: kernel's summing pass alone us"] = round(graph_us(summing), 1)
+        row["snapkv window 32: agreement"] = agreement(kernel_votes(), torch_votes())
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return {"rows": rows}
+
+
+SUMS_TILES = [
+    {"sum_slots": sum_slots, "max_rows": max_rows, "warps": warps, "lse_split": lse_split}
+    for sum_slots in (64, 128)
+    for max_rows in (64, 128)
+    for warps in (4, 8)
+    for lse_split in (512, 2048)
+]
+
+
+def part_sums_tiles(device: str) -> dict[str, Any]:
+    """:func:`part_sums`' kernels under each of :data:`SUMS_TILES` (:class:`kvlab.attention.slot_sums.Tiles`), for
+    the window of 32 (both passes, and the summing pass alone) and H2O's one query: microseconds per step of 32
+    stacked layers in a captured graph, or why a tiling could not run."""
+    from kvlab.attention import slot_sums
+    from kvlab.cache.layer import AttentionShape
+
+    shape = AttentionShape(None, 128**-0.5, None)
+    rows = []
+    for slots in SUMS_SLOTS[1:]:
+        window = sums_case(slots, 32, device)
+        one = sums_case(slots, 1, device)
+        for options in SUMS_TILES:
+            row: dict[str, Any] = {"slots": slots, **options}
+            slot_sums.TILES = dataclasses.replace(slot_sums.Tiles(), **options)
+            queries, query_positions, keys, positions, lse, scores = window
+            steps = {
+                "window 32 us": partial(slot_sums.slot_sums, queries, query_positions, keys, positions, shape),
+                "window 32 summing alone us": partial(
+                    slot_sums.slot_sums, queries, query_positions, keys, positions, shape, lse
+                ),
+                "h2o us": partial(slot_sums.slot_sums, one[0], one[1][-1:], one[2], one[3], shape, one[4], one[5]),
+            }
+            for name, step in steps.items():
+                try:
+                    row[name] = round(graph_us(step), 1)
+                except Exception as error:  # a tiling the chip cannot hold: recorded, the others go on
+                    row[name] = f"{type(error).__name__}: {str(error)[:120]}"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    slot_sums.TILES = slot_sums.Tiles()
+    return {"rows": rows}
+
+
 FLEX_GRID = [
     {"BLOCK_N": block_n, "num_stages": stages, "num_warps": warps}
     for block_n in (64, 128)
@@ -925,7 +1039,8 @@ def part_chunk_configs(device: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parts = ("check", "decode", "prefill", "long", "profile", "attention", "backends", "flex-configs", "chunk-configs")
+    parts: tuple[str, ...] = ("check", "decode", "prefill", "long", "profile", "attention", "backends")
+    parts = (*parts, "flex-configs", "chunk-configs", "sums", "sums-tiles")
     parser.add_argument("--part", choices=parts, required=True)
     parser.add_argument("--policy", default="streaming", help="the policy --part profile profiles")
     parser.add_argument("--contexts", default="8192,32768")
@@ -991,6 +1106,10 @@ def main() -> None:
         body = part_flex_configs(device)
     elif args.part == "chunk-configs":
         body = part_chunk_configs(device)
+    elif args.part == "sums":
+        body = part_sums(device)
+    elif args.part == "sums-tiles":
+        body = part_sums_tiles(device)
     elif args.part == "prefill":
         only = args.only.split("|") if args.only is not None else None
         body = part_prefill(device, [int(c) for c in args.contexts.split(",")], args.layers, only, args.profiled)

@@ -32,6 +32,14 @@ if "KVLAB_MODEL_CACHE" not in os.environ:
     os.environ["KVLAB_MODEL_CACHE"] = _models
     atexit.register(shutil.rmtree, _models, ignore_errors=True)
 
+import torch  # noqa: E402  (imports no Triton)
+
+# Without CUDA, kvlab's own Triton kernels (kvlab.attention.slot_kernels) run in Triton's interpreter, on CPU tensors,
+# so that the tests check them where CI runs. Triton reads the switch as it defines a kernel, its own library's too,
+# so it is set before anything imports Triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("kvlab", database=None)

@@ -28,6 +28,7 @@ from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attent
 from kvlab.attention.context import PendingReceived
 from kvlab.attention.kernels import scaled_logits
 from kvlab.attention.masks import allowed_keys
+from kvlab.attention.slot_sums import slot_sums, sums_by_kernel
 from kvlab.cache.layer import AttentionShape, HeapLayer
 from kvlab.cache.stack import LayerStack
 from kvlab.fusion import fused, fuses
@@ -128,32 +129,40 @@ def block_mask(tables: tuple[torch.Tensor, ...], slots: int, groups: int) -> Blo
 
 
 def received_attention(
-    query: torch.Tensor, keys: torch.Tensor, lse: torch.Tensor, visible: torch.Tensor, shape: AttentionShape
+    query: torch.Tensor,
+    query_position: torch.Tensor,
+    keys: torch.Tensor,
+    positions: torch.Tensor,
+    lse: torch.Tensor,
+    shape: AttentionShape,
 ) -> torch.Tensor:
-    """The attention each slot received from one query, summed over the query heads of its KV head ``(batch,
-    kv_heads, slots)``: ``exp(logit - lse)`` with the kernel's log-sum-exp ``lse`` (``(batch, q_heads, 1)``), zero
-    where the slot was not ``visible``. The products are one batched matrix product of the query heads of each KV
-    head with its keys (written as a sum over the head dimension per query head instead, compiled, it ran 4-8%
-    slower at 32k and 128k: the keys were read once per query head)."""
+    """The attention each slot received from one query at ``query_position``, summed over the query heads of its KV
+    head ``(batch, kv_heads, slots)``: ``exp(logit - lse)`` with the kernel's log-sum-exp ``lse`` (``(batch, q_heads,
+    1)``), zero where the slot's token at ``positions`` was not visible. PyTorch's path (CUDA takes
+    :func:`kvlab.attention.slot_sums.slot_sums`): one batched matrix product of the query heads of each KV head with
+    its keys (written as a sum over the head dimension per query head instead, compiled, it ran 4-8% slower at 32k
+    and 128k: the keys were read once per query head)."""
     batch, q_heads, _, head_dim = query.shape
     kv_heads = keys.shape[1]
     grouped = query.reshape(batch, kv_heads, q_heads // kv_heads, head_dim)
     logits = scaled_logits(grouped, keys.transpose(-1, -2), shape)
     probs = (logits - lse.reshape(batch, kv_heads, -1, 1).float()).exp()
-    return probs.masked_fill(~visible.unsqueeze(2), 0.0).sum(dim=2)
+    visible = allowed_keys(positions, query_position, shape.sliding_window)
+    return probs.masked_fill(~visible, 0.0).sum(dim=2)
 
 
 def accumulated_attention(
     query: torch.Tensor,
+    query_position: torch.Tensor,
     keys: torch.Tensor,
+    positions: torch.Tensor,
     lse: torch.Tensor,
-    visible: torch.Tensor,
     shape: AttentionShape,
     scores: torch.Tensor,
 ) -> torch.Tensor:
     """:func:`received_attention`, added in place to a layer's accumulated ``scores`` (``(batch, kv_heads, slots)``,
     H2O) in the same fused kernel: one launch per layer, not two."""
-    received = received_attention(query, keys, lse, visible, shape)
+    received = received_attention(query, query_position, keys, positions, lse, shape)
     scores.add_(received)
     return received
 
@@ -220,24 +229,25 @@ def flex_decode_attention(
     if later is not None:
         later.append(PendingReceived(layer, query, aux.lse))
     else:
-        received = _received(query, keys, aux.lse, tables[0][..., :slots], shape, layer.scores)
+        received = _received(query, query_position, keys, positions, aux.lse, shape, layer.scores)
         _note_received(layer, received)
     return output
 
 
-def settle_received(stack: LayerStack, pending: list[PendingReceived], tables: tuple[torch.Tensor, ...]) -> None:
-    """What each slot received from the pass's query in every layer (``pending``, in layer order: every layer of the
-    ``stack`` put it off), from the stacked keys and the pass's stacked block tables: one product and one fused
-    kernel for all layers, where each layer would run its own (at 32k tokens, 32 layers' small kernels cost more than
-    the second reading of the keys they do). Added to the stacked accumulated scores (H2O), or noted as each layer's
-    last-query attention (TOVA)."""
+def settle_received(stack: LayerStack, pending: list[PendingReceived], query_position: torch.Tensor) -> None:
+    """What each slot received from the pass's query at ``query_position`` in every layer (``pending``, in layer
+    order: every layer of the ``stack`` put it off), from the stacked keys and positions: one reading of every
+    layer's keys in one kernel, where each layer would run its own (at 32k tokens, 32 layers' small kernels cost more
+    than the second reading of the keys they do). Added to the stacked accumulated scores (H2O), or noted as each
+    layer's last-query attention (TOVA)."""
     assert stack.keys is not None and len(pending) == stack.keys.shape[0]
     first = pending[0].layer
-    batch, slots = stack.keys.shape[1], stack.keys.shape[3]
+    batch = stack.keys.shape[1]
     query = torch.cat([entry.query for entry in pending])
     lse = torch.cat([entry.lse for entry in pending])
     scores = None if stack.scores is None else stack.flat(stack.scores)
-    received = _received(query, stack.flat(stack.keys), lse, tables[0][..., :slots], first.attention, scores)
+    positions = stack.flat(stack.positions)
+    received = _received(query, query_position, stack.flat(stack.keys), positions, lse, first.attention, scores)
     for entry, part in zip(pending, received.split(batch)):
         _note_received(entry.layer, part)
     pending.clear()
@@ -250,18 +260,22 @@ def _one_query_window(layer: HeapLayer) -> bool:
 
 def _received(
     query: torch.Tensor,
+    query_position: torch.Tensor,
     keys: torch.Tensor,
+    positions: torch.Tensor,
     lse: torch.Tensor,
-    visible: torch.Tensor,
     shape: AttentionShape,
     scores: torch.Tensor | None,
 ) -> torch.Tensor:
-    """What each slot received from ``query`` (:func:`received_attention`), added to the accumulated ``scores``
-    where the layers keep them (a static step's: they span the slots read)."""
+    """What each slot received from ``query`` (:func:`received_attention`; on CUDA, the kernel of
+    :func:`kvlab.attention.slot_sums.slot_sums`), added to the accumulated ``scores`` where the layers keep them (a
+    static step's: they span the slots read)."""
     device = query.device.type
+    if sums_by_kernel(device):
+        return slot_sums(query, query_position, keys, positions, shape, lse, scores)
     if scores is not None:
-        return fused(device, accumulated_attention)(query, keys, lse, visible, shape, scores)
-    return fused(device, received_attention)(query, keys, lse, visible, shape)
+        return fused(device, accumulated_attention)(query, query_position, keys, positions, lse, shape, scores)
+    return fused(device, received_attention)(query, query_position, keys, positions, lse, shape)
 
 
 def _note_received(layer: HeapLayer, received: torch.Tensor) -> None:

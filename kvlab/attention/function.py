@@ -187,8 +187,9 @@ def _received_later(context: ForwardContext) -> list[PendingReceived] | None:
 def finish_pass(context: ForwardContext) -> None:
     """After a forward pass: what each slot received in every layer that put it off
     (:func:`~kvlab.attention.flex.settle_received`)."""
-    if context.received_later and context.block_tables is not None and context.cache.stack is not None:
-        settle_received(context.cache.stack, context.received_later, context.block_tables)
+    heap = context.cache
+    if context.received_later and heap.stack is not None:
+        settle_received(heap.stack, context.received_later, heap.positions.on(heap.stack.positions.device))
 
 
 def _sparse_selection(

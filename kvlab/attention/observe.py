@@ -1,16 +1,18 @@
 """The attention of an observation window (the last queries a layer remembers, :meth:`kvlab.cache.layer.HeapLayer.
 remember_queries`) over the cache, which observation-window policies (SnapKV, PyramidKV, TOVA, CAKE's allocation)
-score by, computed as the model's own attention computes it."""
+score by, computed as the model's own attention computes it (on CUDA, summed per slot by the kernels of
+:mod:`kvlab.attention.slot_sums`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from kvlab.attention.kernels import scaled
 from kvlab.attention.masks import allowed_keys
+from kvlab.attention.slot_sums import slot_sums, sums_by_kernel
 from kvlab.cache.layer import AttentionShape, HeapLayer
 from kvlab.cache.stack import LayerStack
 from kvlab.fusion import fused
@@ -64,8 +66,9 @@ def window_attention(layer: HeapLayer, span: int, static: bool = False) -> torch
     if layer.received is not None and layer.recent_queries.shape[2] == 1:
         return layer.received[..., :span]
     keys, _, positions = layer.slots(span)
-    summed = fused(keys.device.type, votes) if static else votes
-    return summed(layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention)
+    return _summed(keys.device.type, static)(
+        layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention
+    )
 
 
 def stacked_window_attention(layers: Sequence[HeapLayer], span: int, stack: LayerStack | None) -> torch.Tensor:
@@ -83,5 +86,13 @@ def stacked_window_attention(layers: Sequence[HeapLayer], span: int, stack: Laye
         return torch.cat([window_attention(layer, span, static=stack is not None) for layer in layers])
     keys = stack.flat(stack.keys)[:, :, :span]
     positions = stack.flat(stack.positions)[..., :span]
-    summed = fused(keys.device.type, votes)
+    summed = _summed(keys.device.type, static=True)
     return summed(stack.flat(stack.queries), first.recent_query_positions, keys, positions, first.attention)
+
+
+def _summed(device_type: str, static: bool) -> Callable[..., torch.Tensor]:
+    """What computes :func:`votes` on a ``device_type`` device: the kernels of :mod:`kvlab.attention.slot_sums`
+    where they run (each key read twice, no logits written), else PyTorch's product, fused in a ``static`` step."""
+    if sums_by_kernel(device_type):
+        return slot_sums
+    return fused(device_type, votes) if static else votes

@@ -1,5 +1,5 @@
 """The pure parts of ``bench/heap_gpu.py`` that its GPU figures rest on: where the device waited in a profile, put
-down to the host's steps, and the stream's chunk kernel options switched for a trial and put back."""
+down to the host's steps, and the stream's chunk kernel options switched for a trial and put back, and how near two scorings of the slots are."""
 
 from __future__ import annotations
 
@@ -50,3 +50,18 @@ def test_a_trials_chunk_options_are_added_to_kvlabs_and_put_back(heap_gpu):
     assert flex_chunks.CHUNK_KERNEL == shipped
     with heap_gpu.chunk_options(None):
         assert flex_chunks.CHUNK_KERNEL == shipped
+
+
+def test_two_scorings_agree_when_they_rank_the_same_top_tenth(heap_gpu):
+    """How near the kernels' sums are to PyTorch's (``--part sums``): the largest difference relative to the largest
+    score, and the share of each KV head's top 10% that both rank there."""
+    import torch
+
+    scores = torch.arange(40.0).view(1, 2, 20)
+    same = heap_gpu.agreement(scores + 1e-3, scores)
+    assert same["top 10% in common"] == 1.0 and same["largest difference / largest score"] == pytest.approx(
+        1e-3 / 39, rel=0.01
+    )
+    swapped = scores.clone()
+    swapped[0, 0, [0, 19]] = swapped[0, 0, [19, 0]]  # the first head ranks slots 0 and 18 first, not 19 and 18
+    assert heap_gpu.agreement(swapped, scores)["top 10% in common"] == 0.75

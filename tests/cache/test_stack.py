@@ -144,9 +144,9 @@ def test_every_layer_evicted_at_once_keeps_the_tokens_of_layer_by_layer_eviction
     settled = []
     settle = function.settle_received
 
-    def settle_every_layer(stack, pending, tables):
+    def settle_every_layer(stack, pending, query_position):
         settled.append(len(pending))
-        return settle(stack, pending, tables)
+        return settle(stack, pending, query_position)
 
     monkeypatch.setattr(KVHeap, "cut", cut)
     monkeypatch.setattr(KVHeap, "cut_every_layer", cut_every)

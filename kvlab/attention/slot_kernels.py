@@ -1,0 +1,139 @@
+"""The Triton kernels of :mod:`kvlab.attention.slot_sums` (what each slot received from a window of queries): a
+module of their own because Triton resolves the functions a kernel calls among its module's globals, and imports only
+where they run."""
+
+import os
+
+import triton
+import triton.language as tl
+
+#: Whether the kernels below were defined for Triton's interpreter (which reads the switch as it defines them).
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _logits(a, b, scale, softcap, HAS_SOFTCAP: tl.constexpr, WIDE: tl.constexpr):
+    """Scaled logits of ``a``'s rows with ``b``'s (queries with keys, or keys with queries) in float32, rounded to the
+    inputs' dtype first, soft-capped if asked. ``WIDE``
+    products are taken in float32 as WIDE says (float32 inputs, which TF32 would round; and Triton's interpreter,
+    which multiplies bfloat16 blocks wrongly): exact products of the same values, summed in float32 as the tensor
+    cores sum them."""
+    if WIDE:
+        products = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+    else:
+        products = tl.dot(a, tl.trans(b))
+    logits = products.to(a.dtype).to(tl.float32) * scale
+    if HAS_SOFTCAP:
+        logits = softcap * (2.0 * tl.sigmoid(2.0 * logits / softcap) - 1.0)  # tanh
+    return logits
+
+
+@triton.jit
+def _rows(
+    Q, s_qb, s_qh, s_qw, QPOS, b, kv_head, first, WINDOW, ROWS, HEAD_DIM, D: tl.constexpr, BLOCK_ROWS: tl.constexpr
+):
+    """A block of rows of the window: their queries ``(BLOCK_ROWS, D)``, positions, and where they exist."""
+    row = first + tl.arange(0, BLOCK_ROWS)
+    exists = row < ROWS
+    groups = ROWS // WINDOW
+    head = kv_head * groups + row // WINDOW
+    step = row % WINDOW
+    dims = tl.arange(0, D)
+    q = tl.load(
+        Q + b * s_qb + head[:, None] * s_qh + step[:, None] * s_qw + dims[None, :],
+        mask=exists[:, None] & (dims[None, :] < HEAD_DIM),
+        other=0.0,
+    )
+    query_position = tl.load(QPOS + step, mask=exists, other=-1).to(tl.int32)
+    return q, query_position, exists, head, step
+
+
+@triton.jit
+def _slots(
+    K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps, b, kv_head, first, SLOTS, HEAD_DIM, D: tl.constexpr, BLOCK: tl.constexpr
+):
+    """A block of slots: their keys ``(BLOCK, D)`` and positions (-1 past the slots)."""
+    slot = first + tl.arange(0, BLOCK)
+    inside = slot < SLOTS
+    dims = tl.arange(0, D)
+    k = tl.load(
+        K + b * s_kb + kv_head * s_kh + slot[:, None] * s_ks + dims[None, :],
+        mask=inside[:, None] & (dims[None, :] < HEAD_DIM),
+        other=0.0,
+    )
+    position = tl.load(P + b * s_pb + kv_head * s_ph + slot * s_ps, mask=inside, other=-1).to(tl.int32)
+    return k, position, slot, inside
+
+
+@triton.jit
+def _allowed(query_position, position, exists, sliding_window, HAS_WINDOW: tl.constexpr):
+    """Which slots each row may see (:func:`kvlab.attention.masks.allowed_keys`), from the rows' and the slots'
+    positions and the rows' existence broadcast against each other (32-bit: positions past two billion tokens are
+    not kept)."""
+    allowed = (position >= 0) & (position <= query_position) & exists
+    if HAS_WINDOW:
+        allowed = allowed & ((query_position - position) < sliding_window)
+    return allowed
+
+
+@triton.jit
+def lse_kernel(
+    Q, s_qb, s_qh, s_qw, QPOS, K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps,
+    KV_HEADS, SLOTS, WINDOW, ROWS, scale, softcap, sliding_window, HEAD_DIM,
+    HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    WIDE: tl.constexpr, PARTS, s_lb, s_lh, s_lw, SPLIT, BLOCK_SLOTS: tl.constexpr,
+):  # fmt: skip
+    """Each row's log-sum-exp over the slots it may see in the program's ``SPLIT`` slots (the third axis of the grid
+    says which), online over blocks of slots (-inf where it sees none): one part of ``PARTS``' last axis."""
+    b = tl.program_id(0) // KV_HEADS
+    kv_head = tl.program_id(0) % KV_HEADS
+    q, query_position, exists, head, step = _rows(
+        Q, s_qb, s_qh, s_qw, QPOS, b, kv_head, tl.program_id(1) * BLOCK_ROWS, WINDOW, ROWS, HEAD_DIM, D, BLOCK_ROWS
+    )
+    highest = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
+    total = tl.zeros((BLOCK_ROWS,), tl.float32)
+    start = tl.program_id(2) * SPLIT
+    for first in range(start, tl.minimum(start + SPLIT, SLOTS), BLOCK_SLOTS):
+        k, position, _, _ = _slots(
+            K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps, b, kv_head, first, SLOTS, HEAD_DIM, D, BLOCK_SLOTS
+        )
+        logits = _logits(q, k, scale, softcap, HAS_SOFTCAP, WIDE)
+        allowed = _allowed(query_position[:, None], position[None, :], exists[:, None], sliding_window, HAS_WINDOW)
+        logits = tl.where(allowed, logits, float("-inf"))
+        new_highest = tl.maximum(highest, tl.max(logits, axis=1))
+        shift = tl.where(new_highest == float("-inf"), 0.0, new_highest)
+        total = total * tl.exp(highest - shift) + tl.sum(tl.exp(logits - shift[:, None]), axis=1)
+        highest = new_highest
+    lse = tl.where(highest == float("-inf"), 0.0, highest) + tl.log(total)
+    tl.store(PARTS + b * s_lb + head * s_lh + step * s_lw + tl.program_id(2), lse, mask=exists)
+
+
+@triton.jit
+def sums_kernel(
+    Q, s_qb, s_qh, s_qw, QPOS, K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps,
+    KV_HEADS, SLOTS, WINDOW, ROWS, scale, softcap, sliding_window, HEAD_DIM,
+    HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    WIDE: tl.constexpr, LSE, s_lb, s_lh, s_lw, OUT, TARGET, s_tb, s_th, s_ts,
+    ACCUMULATE: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
+):  # fmt: skip
+    """One block of slots: ``exp(logit - lse)`` summed over every row that may see them, written to ``OUT`` and,
+    where ``ACCUMULATE``, added to ``TARGET``."""
+    b = tl.program_id(0) // KV_HEADS
+    kv_head = tl.program_id(0) % KV_HEADS
+    k, position, slot, inside = _slots(
+        K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps, b, kv_head, tl.program_id(1) * BLOCK_SLOTS, SLOTS, HEAD_DIM, D,
+        BLOCK_SLOTS,
+    )  # fmt: skip
+    received = tl.zeros((BLOCK_SLOTS,), tl.float32)
+    for first in range(0, ROWS, BLOCK_ROWS):
+        q, query_position, exists, head, step = _rows(
+            Q, s_qb, s_qh, s_qw, QPOS, b, kv_head, first, WINDOW, ROWS, HEAD_DIM, D, BLOCK_ROWS
+        )
+        lse = tl.load(LSE + b * s_lb + head * s_lh + step * s_lw, mask=exists, other=0.0)
+        logits = _logits(k, q, scale, softcap, HAS_SOFTCAP, WIDE)  # slots x rows: summed along a warp's own rows
+        allowed = _allowed(query_position[None, :], position[:, None], exists[None, :], sliding_window, HAS_WINDOW)
+        received += tl.sum(tl.where(allowed, tl.exp(logits - lse[None, :]), 0.0), axis=1)
+    tl.store(OUT + (b * KV_HEADS + kv_head) * SLOTS + slot, received, mask=inside)
+    if ACCUMULATE:
+        at = TARGET + b * s_tb + kv_head * s_th + slot * s_ts
+        tl.store(at, tl.load(at, mask=inside, other=0.0) + received, mask=inside)

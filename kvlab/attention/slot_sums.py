@@ -1,0 +1,156 @@
+"""What each slot received from a window of queries, summed over the window and over the query heads of its KV head,
+by two Triton kernels that read each key once per pass: the scoring of H2O, TOVA and the window-voting policies on
+CUDA.
+
+PyTorch gives these sums only through a product whose output is the whole block of logits (``queries x slots`` per
+KV head), written and read again by the softmax and the sums: at 32k tokens, H2O's product of every layer's query
+heads with their keys ran at about 0.45 TB/s in cuBLAS (256 products of 4 rows), and SnapKV's window of 32 queries
+wrote logits as large as the keys at every decoded token. Here one program loads a block of slots' keys once and
+takes their products with every row of the window (the query heads of their KV head times the window's queries), so
+the logits never leave the chip:
+
+- :func:`slot_sums` with the rows' log-sum-exp given (a decoding kernel's, as flex_attention returns it: H2O, TOVA)
+  is one pass over the keys;
+- without it, a first pass computes each row's log-sum-exp over the visible slots (online, as flash attention does,
+  in parts of :attr:`Tiles.lse_split` slots added up after), and the second sums ``exp(logit - lse)`` per slot:
+  two readings of the keys in all, none of the logits.
+
+The logits are rounded to the model's dtype before they are scaled, as PyTorch's product in that dtype rounds them
+(:func:`kvlab.attention.kernels.scaled`), so that both paths rank the slots alike. Triton's interpreter runs the same
+kernels on a CPU (``TRITON_INTERPRET=1``), which is how the tests check them against the PyTorch path.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvlab.cache.layer import AttentionShape
+from kvlab.fusion import fuses
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """How the kernels cut their work: slots per program of the summing pass (``sum_slots``); slots per step and
+    per program of the log-sum-exp pass (``lse_slots``, ``lse_split``: each program's part of a row's sum is added
+    to the others' after, since one program per block of rows looping over every slot left most of an H200 idle);
+    the most rows of the window per step (at least 16, the smallest side of a Triton product); warps per program.
+    The defaults were the fastest of 16 tilings on an H200 for a window of 32 at 32k and 128k tokens, and within 2%
+    of the fastest for one query (``bench/results/heap_gpu/sums_tiles_slot_sums_h200.json``)."""
+
+    sum_slots: int = 128
+    lse_slots: int = 64
+    lse_split: int = 2048
+    max_rows: int = 64
+    warps: int = 8
+
+
+#: The tiles the kernels run with.
+TILES = Tiles()
+MIN_ROWS = 16
+
+
+def sums_by_kernel(device_type: str) -> bool:
+    """Whether :func:`slot_sums` serves a ``device_type`` device: CUDA with Triton (PyTorch's products elsewhere)."""
+    return fuses(device_type)
+
+
+def slot_sums(
+    queries: torch.Tensor,
+    query_positions: torch.Tensor,
+    keys: torch.Tensor,
+    positions: torch.Tensor,
+    shape: AttentionShape,
+    lse: torch.Tensor | None = None,
+    scores: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """What each slot received ``(batch, kv_heads, slots)`` (float32) from ``queries`` ``(batch, q_heads, window,
+    head_dim)`` at ``query_positions`` ``(window,)``, over ``keys`` ``(batch, kv_heads, slots, head_dim)`` holding
+    the tokens at ``positions`` ``(batch, kv_heads, slots)``: the softmax probabilities of each query head over the
+    slots it may see (:func:`kvlab.attention.masks.allowed_keys`), summed over the window and the query heads of each
+    KV head. ``lse`` ``(batch, q_heads, window)`` is each row's log-sum-exp where a kernel already gave it (computed
+    here otherwise); the sums are also added in place to ``scores`` (H2O's accumulated attention) where given."""
+    batch, q_heads, window, head_dim = queries.shape
+    kv_heads, slots = keys.shape[1], keys.shape[2]
+    rows = q_heads // kv_heads * window
+    tiles = TILES
+    block_rows = min(tiles.max_rows, max(MIN_ROWS, next_power_of_2(rows)))
+    received = torch.empty(batch, kv_heads, slots, dtype=torch.float32, device=keys.device)
+    lse_kernel, sums_kernel, interpreted = _kernels()
+    common = _common(queries, query_positions, keys, positions, shape, rows, block_rows, interpreted)
+    if lse is None:
+        splits = -(-slots // tiles.lse_split)
+        parts = torch.empty(batch, q_heads, window, splits, dtype=torch.float32, device=keys.device)
+        grid = (batch * kv_heads, -(-rows // block_rows), splits)
+        lse_kernel[grid](
+            *common, parts, *parts.stride()[:3], tiles.lse_split, BLOCK_SLOTS=tiles.lse_slots, num_warps=tiles.warps
+        )
+        lse = parts.logsumexp(dim=-1)
+    target = received if scores is None else scores
+    sums_kernel[(batch * kv_heads, -(-slots // tiles.sum_slots))](
+        *common,
+        lse,
+        *lse.stride(),
+        received,
+        target,
+        *target.stride(),
+        ACCUMULATE=scores is not None,
+        BLOCK_SLOTS=tiles.sum_slots,
+        num_warps=tiles.warps,
+    )
+    return received
+
+
+def next_power_of_2(number: int) -> int:
+    """The smallest power of two at least ``number`` (Triton's blocks have power-of-two sides)."""
+    return 1 << max(0, number - 1).bit_length()
+
+
+def _common(
+    queries: torch.Tensor,
+    query_positions: torch.Tensor,
+    keys: torch.Tensor,
+    positions: torch.Tensor,
+    shape: AttentionShape,
+    rows: int,
+    block_rows: int,
+    interpreted: bool,
+) -> tuple[Any, ...]:
+    """The arguments both kernels start with: the tensors, their strides, the sizes and the attention's shape (and
+    products in float32 for float32 inputs and under the interpreter)."""
+    head_dim = queries.shape[-1]
+    assert queries.stride(-1) == 1 and keys.stride(-1) == 1, "the head dimension must be contiguous"
+    return (
+        queries,
+        *queries.stride()[:3],
+        query_positions.to(torch.int64),
+        keys,
+        *keys.stride()[:3],
+        positions,
+        *positions.stride(),
+        keys.shape[1],
+        keys.shape[2],
+        queries.shape[2],
+        rows,
+        shape.scaling,
+        shape.softcap or 0.0,
+        shape.sliding_window or 0,
+        head_dim,
+        shape.softcap is not None,
+        shape.sliding_window is not None,
+        next_power_of_2(max(16, head_dim)),
+        block_rows,
+        queries.dtype == torch.float32 or interpreted,
+    )
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any, bool]:
+    """The two kernels (:mod:`kvlab.attention.slot_kernels`), imported on first use: Triton is imported only where
+    they run (and, under its interpreter, after the tests have asked for it)."""
+    from kvlab.attention import slot_kernels
+
+    return slot_kernels.lse_kernel, slot_kernels.sums_kernel, slot_kernels.INTERPRETED
