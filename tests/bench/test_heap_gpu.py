@@ -1,5 +1,6 @@
 """The pure parts of ``bench/heap_gpu.py`` that its GPU figures rest on: where the device waited in a profile, put
-down to the host's steps, and the stream's chunk kernel options switched for a trial and put back, and how near two scorings of the slots are."""
+down to the host's steps; the stream's chunk kernel options switched for a trial and put back; how near two scorings
+of the slots are."""
 
 from __future__ import annotations
 
