@@ -1,13 +1,14 @@
 """The Triton kernels of :mod:`kvlab.attention.slot_sums` (what each slot received from a window of queries): a
-module of their own because Triton resolves the functions a kernel calls among its module's globals, and imports only
-where they run."""
+module of their own, which fails to import without Triton, because Triton resolves the functions a kernel calls among
+its module's globals, so the kernels and their helpers are defined at its top level."""
 
 import os
 
 import triton
 import triton.language as tl
 
-#: Whether the kernels below were defined for Triton's interpreter (which reads the switch as it defines them).
+#: Whether the kernels below were defined for Triton's interpreter (which reads the switch as it defines them: the
+#: tests set it before anything imports Triton).
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 

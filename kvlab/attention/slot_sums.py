@@ -22,14 +22,22 @@ kernels on a CPU (``TRITON_INTERPRET=1``), which is how the tests check them aga
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
 
 from kvlab.cache.layer import AttentionShape
 from kvlab.fusion import fuses
+
+kernels: ModuleType | None
+try:
+    from kvlab.attention import slot_kernels as kernels
+except ModuleNotFoundError as missing:  # Triton comes with CUDA builds of torch; without it PyTorch's products serve
+    if missing.name != "triton":
+        raise
+    kernels = None
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ MIN_ROWS = 16
 
 def sums_by_kernel(device_type: str) -> bool:
     """Whether :func:`slot_sums` serves a ``device_type`` device: CUDA with Triton (PyTorch's products elsewhere)."""
-    return fuses(device_type)
+    return fuses(device_type) and kernels is not None
 
 
 def slot_sums(
@@ -79,18 +87,18 @@ def slot_sums(
     tiles = TILES
     block_rows = min(tiles.max_rows, max(MIN_ROWS, next_power_of_2(rows)))
     received = torch.empty(batch, kv_heads, slots, dtype=torch.float32, device=keys.device)
-    lse_kernel, sums_kernel, interpreted = _kernels()
-    common = _common(queries, query_positions, keys, positions, shape, rows, block_rows, interpreted)
+    assert kernels is not None, "the kernels need Triton"
+    common = _common(queries, query_positions, keys, positions, shape, rows, block_rows, kernels.INTERPRETED)
     if lse is None:
         splits = -(-slots // tiles.lse_split)
         parts = torch.empty(batch, q_heads, window, splits, dtype=torch.float32, device=keys.device)
         grid = (batch * kv_heads, -(-rows // block_rows), splits)
-        lse_kernel[grid](
+        kernels.lse_kernel[grid](
             *common, parts, *parts.stride()[:3], tiles.lse_split, BLOCK_SLOTS=tiles.lse_slots, num_warps=tiles.warps
         )
         lse = parts.logsumexp(dim=-1)
     target = received if scores is None else scores
-    sums_kernel[(batch * kv_heads, -(-slots // tiles.sum_slots))](
+    kernels.sums_kernel[(batch * kv_heads, -(-slots // tiles.sum_slots))](
         *common,
         lse,
         *lse.stride(),
@@ -145,12 +153,3 @@ def _common(
         block_rows,
         queries.dtype == torch.float32 or interpreted,
     )
-
-
-@functools.cache
-def _kernels() -> tuple[Any, Any, bool]:
-    """The two kernels (:mod:`kvlab.attention.slot_kernels`), imported on first use: Triton is imported only where
-    they run (and, under its interpreter, after the tests have asked for it)."""
-    from kvlab.attention import slot_kernels
-
-    return slot_kernels.lse_kernel, slot_kernels.sums_kernel, slot_kernels.INTERPRETED
