@@ -12,9 +12,10 @@ reference implementation gives the same numbers slowly, which is how the tests c
 What H2O accumulates and what TOVA scores by (the attention each slot received from the query, summed over the query
 heads of its KV head) comes from the kernel's log-sum-exp: ``exp(q.k * scale - lse)`` is exactly the probability
 the kernel used, so one product of the query with the keys gives it, without a softmax or a second product with the
-values, and without TOVA's second pass over the keys at eviction. Where the layers are stacked with their keys
-(:mod:`kvlab.cache.stack`), each layer puts that product off and one product after the pass computes it for every
-layer (:func:`settle_received`).
+values, and without TOVA's second pass over the keys at eviction (on CUDA, kvlab's kernel of
+:mod:`kvlab.attention.slot_sums` takes that product, reading each key once). Where the layers are stacked with their
+keys (:mod:`kvlab.cache.stack`), each layer puts that product off and one product after the pass computes it for
+every layer (:func:`settle_received`).
 """
 
 from __future__ import annotations
