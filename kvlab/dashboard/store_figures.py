@@ -11,14 +11,28 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from kvlab.dashboard.guides import ChartGuide
-from kvlab.runs.tables import METRICS, Metric, axis_title, is_byte_axis, memory_text, percent_interval, quality_text
+from kvlab.modes import PREFILL, STREAMING
+from kvlab.policies import is_full_cache
+from kvlab.runs.tables import (
+    METRICS,
+    Metric,
+    axis_title,
+    changed_params,
+    is_byte_axis,
+    memory_text,
+    percent_interval,
+    policy_with,
+    quality_text,
+)
 from kvlab.units import byte_axis, format_bytes
 
 #: How far apart neighbouring lines are drawn on a byte axis, in powers of two (2**0.06: 4.2 %), and on the kept
 #: fraction, in kept fraction: a marker's width apart on a half-screen chart.
 LOG_DODGE = 0.06
 LINEAR_DODGE = 0.015
-#: Marker symbols, one per line of a frontier, so that lines of similar colours are told apart.
+#: Marker symbols, one per parameter setting of a policy (its lines share the policy's colour), so that its
+#: settings are told apart. A policy past the palette's length (:data:`POLICY_COLOURS`) reuses a colour, with the
+#: open form of these symbols.
 SYMBOLS = (
     "circle",
     "square",
@@ -30,19 +44,34 @@ SYMBOLS = (
     "star",
     "pentagon",
     "hexagon",
+    "hourglass",
+    "bowtie",
+    "star-diamond",
+    "hexagram",
+    "triangle-left",
+    "triangle-right",
 )
+#: One colour per policy on a frontier, in the legend's order of policies (the full cache first).
+POLICY_COLOURS = qualitative.Plotly
+#: One dash per mode, so that a policy's prefill and streaming lines are told apart; a mode not listed is dotted.
+MODE_DASHES = {PREFILL: "solid", STREAMING: "dash"}
+#: The Pareto front's colour: a mid grey, seen on a light page and on a dark one alike.
+FRONT_COLOUR = "#888888"
 #: Markers are this opaque, so that a marker under another one still shows.
 MARKER_OPACITY = 0.75
 
 FRONTIER_GUIDE = ChartGuide(
     axes=(
-        "One line per policy and mode (each with its own colour and marker); across, the memory each budget "
-        "kept (measured from the cache tensors, or the kept fraction), up, the quality its trials reached, with "
-        "its 95 % interval as a whisker (Wilson's for right-or-wrong answers, a bootstrap for recall). On the "
-        "bytes-read axis, a run that recorded no reads sits at the bytes it held, and the axis title says so. "
-        "Lines are drawn a little apart (4 % of memory, or 1.5 points of kept fraction, per line) so that points "
-        "at the same budget do not hide one another; the hover gives the measured values and names every line at "
-        "that budget."
+        "One line per policy, parameter setting and mode: a colour per policy, a marker per parameter setting "
+        "and a dash per mode (solid for prefill, dashed for streaming). Across, the memory each budget kept "
+        "(measured from the cache tensors, or the kept fraction), up, the quality its trials reached, with its 95 % "
+        "interval as a whisker (Wilson's for right-or-wrong answers, a bootstrap for recall). On the bytes-read "
+        "axis, a run that recorded no reads sits at the bytes it held, and the axis title says so. Lines are drawn "
+        "a little apart (4 % of memory, or 1.5 points of kept fraction, per line) so that points at the same "
+        "budget do not hide one another; the hover gives the measured values and names every line at that budget. "
+        "The legend lists the lines under their policy, with the parameters all of them changed beside the "
+        "policy's name; it scrolls when it holds more than it shows. Click a line in it to hide or show that "
+        "line; double-click one to see it alone, and again to see them all."
     ),
     good=(
         "A policy whose line stays near the full cache's quality while moving far to the left: the same answers "
@@ -81,8 +110,12 @@ RUN_MEMORY_GUIDE = ChartGuide(
     ),
 )
 
-#: Height added to a frontier per line beyond the eighth (its legend, above the plot, wraps onto more rows).
-LEGEND_ROW_PX = 22
+#: A frontier's height without its legend (the plot, its axes and margins), the height of one row of its legend,
+#: and the most its legend may take: a legend of more rows scrolls inside that height, so the plot keeps its size
+#: however many lines are drawn.
+FRONTIER_PLOT_PX = 490
+LEGEND_ROW_PX = 19
+LEGEND_MAX_PX = 210
 
 
 def _empty(text: str) -> go.Figure:
@@ -140,31 +173,78 @@ def _fraction_axis(drawn: pd.Series) -> dict[str, object]:
     return {"type": "linear", "range": [min(0.0, float(drawn.min()) - 0.02), max(1.05, float(drawn.max()) + 0.03)]}
 
 
+def frontier_legend(points: pd.DataFrame) -> pd.DataFrame:
+    """How each line of a frontier is drawn and listed, one row per line (indexed by ``line``, in the legend's
+    order): its policy's legend ``group``, the group's ``title`` (the policy, with the parameters every one of its
+    lines changed; none for the full cache's line, named in full), the line's ``entry`` under it (the
+    parameters left, and the mode), its ``colour`` (one per policy, :data:`POLICY_COLOURS`), ``symbol`` (one per
+    parameter setting of its policy, :data:`SYMBOLS`) and ``dash`` (one per mode, :data:`MODE_DASHES`).
+
+    Why: the shipped runs draw over 30 lines, most of them settings of a few policies; a legend naming each line in
+    full wrapped onto a row per line and took half the chart. Under their policy's name, with the parameters they
+    share said once, the entries are short, and a line is still named exactly: its group's title and its entry
+    together are its name, which the hover gives in full."""
+    lines = points.drop_duplicates("line").set_index("line")
+    params = lines["policy_params"] if "policy_params" in lines else pd.Series(None, index=lines.index)
+    changed = {line: changed_params(policy, value) for line, policy, value in zip(lines.index, lines["policy"], params)}
+    policies = sorted(lines["policy"].unique(), key=lambda policy: (not is_full_cache(policy), policy))
+    rows = []
+    for order, policy in enumerate(policies):
+        own = lines.index[lines["policy"] == policy]
+        shared = [value for value in changed[own[0]] if all(value in changed[line] for line in own)]
+        left = {line: tuple(value for value in changed[line] if value not in shared) for line in own}
+        settings = sorted(set(left.values()))  # the setting with only the shared parameters first
+        marker_form = "-open" if (order // len(POLICY_COLOURS)) % 2 else ""
+        full = is_full_cache(policy)
+        for line in sorted(own, key=lambda line: (settings.index(left[line]), str(lines.at[line, "mode"]))):
+            mode = str(lines.at[line, "mode"])
+            rows.append(
+                {
+                    "line": line,
+                    "group": policy,
+                    "title": "" if full else policy_with(policy, shared),
+                    "entry": line if full else " · ".join([", ".join(left[line]), mode] if left[line] else [mode]),
+                    "colour": POLICY_COLOURS[order % len(POLICY_COLOURS)],
+                    "symbol": SYMBOLS[settings.index(left[line]) % len(SYMBOLS)] + marker_form,
+                    "dash": MODE_DASHES.get(mode, "dot"),
+                }
+            )
+    return pd.DataFrame(rows).set_index("line")
+
+
 def frontier_figure(
     points: pd.DataFrame, x_title: str, bytes_axis: bool, metric: Metric = METRICS["accuracy"]
 ) -> go.Figure:
-    """Quality against memory, one line per policy and mode (its own colour and marker symbol), the Pareto front
-    circled, each point's 95 % interval a whisker where it has one. Byte axes are logarithmic (budgets span orders
-    of magnitude) with ticks at round binary values; the kept fraction is linear from 0 to 1. Percentages span 0 to
-    100; a perplexity or a KL spans what was measured, its title saying that lower is better.
+    """Quality against memory, one line per policy, parameter setting and mode (drawn and listed as
+    :func:`frontier_legend` says), the Pareto front circled, each point's 95 % interval a whisker where it has one.
+    Byte axes are logarithmic (budgets span orders of magnitude) with ticks at round binary values; the kept
+    fraction is linear from 0 to 1. Percentages span 0 to 100; a perplexity or a KL spans what was measured, its
+    title saying that lower is better.
 
     Lines are drawn a little apart (:data:`LOG_DODGE`, :data:`LINEAR_DODGE`) and their markers a little
     transparent, so that points of different policies at the same budget are all seen; each point's hover names
-    every line at its budget with its measured values.
+    every line at its budget with its measured values. Each trace carries its line's full name as ``meta``.
+
+    The legend sits above the plot, as tall as its tallest group up to :data:`LEGEND_MAX_PX`, and scrolls beyond:
+    the plot keeps its height however many lines there are.
     """
     if points.empty:
         return _empty("No stored runs for this selection.")
     points = points.assign(drawn=_dodged(points, bytes_axis), hover=_same_budget(points, bytes_axis, metric))
-    colours = qualitative.Plotly
+    legend = frontier_legend(points)
+    by_line = dict(tuple(points.groupby("line", sort=False)))
     traces = [
         dict(
             type="scatter",
             x=group["drawn"].to_numpy(),
             y=group["y"].to_numpy(),
             mode="lines+markers",
-            name=line,
-            line=dict(color=colours[index % len(colours)], width=1.5),
-            marker=dict(symbol=SYMBOLS[index % len(SYMBOLS)], size=10, opacity=MARKER_OPACITY),
+            name=shown.entry,
+            meta=line,
+            legendgroup=shown.group,
+            legendgrouptitle=dict(text=f"<b>{shown.title}</b>") if shown.title else None,
+            line=dict(color=shown.colour, dash=shown.dash, width=1.5),
+            marker=dict(symbol=shown.symbol, size=10, opacity=MARKER_OPACITY),
             error_y=dict(
                 type="data",
                 symmetric=False,
@@ -177,7 +257,8 @@ def frontier_figure(
             customdata=group[["label", "hover"]].to_numpy(),
             hovertemplate="<b>%{customdata[0]}</b><br>%{customdata[1]}<extra></extra>",
         )
-        for index, (line, group) in enumerate(points.groupby("line", sort=True))
+        for line, shown in legend.iterrows()
+        for group in (by_line[line],)
     ]
     front = points[points["front"]].sort_values("drawn")
     traces.append(
@@ -187,8 +268,9 @@ def frontier_figure(
             y=front["y"].to_numpy(),
             mode="markers+lines",
             name="Pareto front",
-            line=dict(color="black", dash="dot", shape="hv", width=1),
-            marker=dict(symbol="circle-open", size=18, color="black", line=dict(width=1.5)),
+            meta="Pareto front",
+            line=dict(color=FRONT_COLOUR, dash="dot", shape="hv", width=1),
+            marker=dict(symbol="circle-open", size=18, color=FRONT_COLOUR, line=dict(width=1.5)),
             hoverinfo="skip",
         )
     )
@@ -197,18 +279,28 @@ def frontier_figure(
     # 1.6 times as long for the shipped runs (a page waits for this figure before its first chart).
     figure = go.Figure(data=traces)
     x_axis = _log_byte_axis(points["drawn"]) if bytes_axis else _fraction_axis(points["drawn"])
-    lines = points["line"].nunique()
+    tallest = int(legend.groupby("group").size().max()) + 1  # its lines and its title
     figure.update_layout(
-        # the legend takes the plot's height as it grows (long variant names wrap it onto many rows): the figure
-        # grows with it, so the plot keeps room for its axis title
-        height=470 + LEGEND_ROW_PX * max(0, lines - 8),
+        height=FRONTIER_PLOT_PX + min(LEGEND_MAX_PX, LEGEND_ROW_PX * tallest),
         margin=dict(l=60, r=20, t=20, b=50),
         hovermode="closest",
         xaxis=dict(title=x_title, **x_axis),
         yaxis=dict(title=metric.title, range=[-3, 103] if metric.percent else None),
-        # Above the plot: a legend below it sits a share of the plot's height lower, and the plot shrinks as a
-        # legend of many lines grows, until the legend covers the axis title.
-        legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
+        # Above the plot, where it is read before the lines; groups side by side, each policy's lines under its
+        # name. A click toggles the line clicked, not its policy's every line.
+        legend=dict(
+            orientation="h",
+            yanchor="bottom",
+            y=1.02,
+            x=0,
+            traceorder="grouped",
+            groupclick="toggleitem",
+            maxheight=LEGEND_MAX_PX,
+            tracegroupgap=6,
+            itemwidth=46,  # wide enough for a dashed sample to show its dashes beside the marker
+            font=dict(size=11),
+            grouptitlefont=dict(size=11),
+        ),
     )
     return figure
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -83,16 +83,27 @@ def default_params(policy: str) -> Mapping[str, object]:
     return MappingProxyType(POLICIES[policy]().params())
 
 
-def policy_name(policy: str, params: object = None) -> str:
-    """A policy with the parameters a run set away from the policy's defaults: ``streaming (sinks=0)``. Runs of
-    one policy with other parameters are other lines of a chart, never pooled into one."""
+def changed_params(policy: str, params: object = None) -> tuple[str, ...]:
+    """The parameters a run set away from its policy's defaults, as ``key=value`` in the keys' order (none for a
+    run without parameters, or of a policy no longer registered)."""
     cls = POLICIES.get(policy)
     if cls is None or not present(params):
-        return policy
+        return ()
     values = json.loads(params) if isinstance(params, str) else dict(params)  # type: ignore[call-overload]
     defaults = default_params(policy)
-    changed = ", ".join(f"{key}={value}" for key, value in sorted(values.items()) if defaults.get(key) != value)
-    return f"{policy} ({changed})" if changed else policy
+    return tuple(f"{key}={value}" for key, value in sorted(values.items()) if defaults.get(key) != value)
+
+
+def policy_name(policy: str, params: object = None) -> str:
+    """A policy with the parameters a run set away from the policy's defaults (:func:`changed_params`):
+    ``streaming (sinks=0)``. Runs of one policy with other parameters are other lines of a chart, never pooled into
+    one."""
+    return policy_with(policy, changed_params(policy, params))
+
+
+def policy_with(policy: str, changed: Sequence[str]) -> str:
+    """A policy named with parameters it changed (``key=value``): ``streaming (sinks=0)``, or the policy alone."""
+    return f"{policy} ({', '.join(changed)})" if changed else policy
 
 
 def run_label(policy: str, mode: str, keep: object = None, budget_tokens: object = None, params: object = None) -> str:

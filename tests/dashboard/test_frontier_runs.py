@@ -116,10 +116,11 @@ def test_frontier_in_binary_units_with_every_policy_visible(seeded):
     figure = figures(app)[0]
     assert figure["layout"]["xaxis"]["type"] == "log"
     assert {"512 KiB", "1 MiB", "8 MiB"} <= set(figure["layout"]["xaxis"]["ticktext"])
-    lines = [trace for trace in figure["data"] if trace["name"] != "Pareto front"]
-    assert len({trace["marker"]["symbol"] for trace in lines}) == len(lines) == 3
+    lines = [trace for trace in figure["data"] if trace["meta"] != "Pareto front"]
+    drawn = {(trace["line"]["color"], trace["marker"]["symbol"], trace["line"]["dash"]) for trace in lines}
+    assert len(drawn) == len(lines) == 3
     assert all(trace["marker"]["opacity"] < 1 for trace in lines)
-    h2o, streaming = (next(t for t in lines if t["name"] == name) for name in ("h2o · prefill", "streaming · prefill"))
+    h2o, streaming = (next(t for t in lines if t["meta"] == name) for name in ("h2o · prefill", "streaming · prefill"))
     assert values(h2o["x"])[0] != values(streaming["x"])[0]  # same budget (819.2 KiB), drawn side by side
     hover = h2o["customdata"][0][1]
     assert hover.startswith("At 819 KiB") and "h2o · prefill" in hover and "streaming · prefill" in hover

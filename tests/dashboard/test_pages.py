@@ -280,7 +280,7 @@ def test_the_frontier_from_stored_runs(seeded):
     app = open_page("views/frontier.py")
     figures = [chart.figure for chart in drawn_charts(app)]
     assert len(figures) == 2
-    names = {trace["name"] for trace in figures[0]["data"]}
+    names = {trace["meta"] for trace in figures[0]["data"]}
     assert {"full cache", "h2o · prefill", "streaming · prefill", "Pareto front"} <= names
     assert figures[0]["layout"]["xaxis"]["title"]["text"] == "kept fraction of the context"
     widget(app.radio, "Memory axis").set_value("kv_bytes")

@@ -192,7 +192,7 @@ def test_the_frontier_and_the_runs_page_tell_a_policy_with_options_from_the_plai
     widget(app.radio, "Memory axis").set_value("kv_bytes")
     app.run()
     frontier = drawn_charts(app)[0].figure
-    points = {trace["name"]: xs(trace) for trace in frontier["data"] if trace["name"] != "Pareto front"}
+    points = {trace["meta"]: xs(trace) for trace in frontier["data"] if trace["meta"] != "Pareto front"}
     assert set(points) == {"h2o · prefill", "h2o (hot=0.25, key_bits=4, value_bits=4) · prefill"}
     assert points["h2o (hot=0.25, key_bits=4, value_bits=4) · prefill"] < points["h2o · prefill"]
 

@@ -47,7 +47,7 @@ def test_the_overview_shows_the_shipped_results_without_a_model(db):
     assert model.value == (replayed if replayed in model.options else model.options[0])  # the replay's, if measured
     figures = figure_data(app)
     frontier = figures[0]
-    assert {trace["name"] for trace in frontier["data"]} >= {"h2o · prefill", "streaming · prefill"}
+    assert {trace["meta"] for trace in frontier["data"]} >= {"h2o · prefill", "streaming · prefill"}
     claim = app.dataframe[0].value
     assert any(row.endswith("(article)") for row in claim.index) and any("kvlab" in row for row in claim.index)
     assert len([p for p in app.get("popover") if p.proto.popover.label == GUIDE]) >= 4

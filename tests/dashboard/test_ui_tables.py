@@ -160,14 +160,15 @@ def test_each_point_finds_exactly_its_own_trials(store):
 def test_frontier_lines_at_the_same_fraction_are_drawn_apart_and_named_together(store):
     points = tables.frontier_points(store.accuracy_frontier(), "keep")
     figure = frontier_figure(points, "kept fraction", bytes_axis=False)
-    at_ten = {trace.name: trace.x[0] for trace in figure.data[:-1] if trace.name != "full cache"}
+    at_ten = {trace.meta: trace.x[0] for trace in figure.data[:-1] if trace.meta != "full cache"}
     assert at_ten["h2o · prefill"] != at_ten["streaming · prefill"]  # both keep 10 %
     assert abs(at_ten["h2o · prefill"] - at_ten["streaming · prefill"]) < 0.05
     low, high = figure.layout.xaxis.range
     assert all(low < x < high for trace in figure.data for x in trace.x)
     hover = figure.data[1].customdata[0][1]
     assert hover.startswith("At keep 10%") and "streaming · prefill · 0 % (n=1)" in hover
-    assert len({trace.marker.symbol for trace in figure.data[:-1]}) == len(figure.data) - 1
+    drawn = {(trace.line.color, trace.marker.symbol, trace.line.dash) for trace in figure.data[:-1]}
+    assert len(drawn) == len(figure.data) - 1  # every line drawn its own way
 
 
 def test_runs_table_and_comparison(store):
@@ -345,7 +346,7 @@ def test_frontier_points_carry_intervals_drawn_as_whiskers(store):
     table = tables.frontier_table(points, "kv_bytes", "accuracy").set_index("run")
     assert table.loc["h2o · prefill · keep 10%", "95% CI"] == "23–89"
     figure = frontier_figure(points, "KV bytes", bytes_axis=True)
-    whiskers = {trace.name: trace.error_y for trace in figure.data[:-1]}
+    whiskers = {trace.meta: trace.error_y for trace in figure.data[:-1]}
     assert whiskers["h2o · prefill"].visible and max(whiskers["h2o · prefill"].array) > 0
     assert "95% CI 23–89, n=5" in figure.data[1].customdata[0][1]
     assert tables.frontier_points(frontier, "kv_bytes")["low"].isna().all()  # no trials given: no whiskers
