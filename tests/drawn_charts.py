@@ -29,7 +29,7 @@ def drawn_charts(app: Any) -> list[DrawnChart]:
     """Every chart on the page: kvlab's in the page's order, then Streamlit's."""
     charts = []
     for element in app.get("html"):
-        found = CHART_HTML.match(element.proto.body)
+        found = CHART_HTML.search(element.proto.body)
         if found is not None:
             charts.append(DrawnChart(html.unescape(found.group(1)), json.loads(found.group(2))["figure"]))
     charts += [DrawnChart(chart.key, json.loads(chart.proto.spec)) for chart in app.get("plotly_chart")]

@@ -1,11 +1,11 @@
 // kvlab's charts: Plotly figures drawn with Plotly's cartesian bundle (scatter, bar, heatmap and their kin), which
 // a browser runs in about a third of the full bundle's time, in Streamlit's chart theme.
 //
-// kvlab.dashboard.chart_view runs this script once per page, from the sidebar, with the bundle's address in
-// ``data-bundle``; it starts loading the bundle at once. Each chart is a ``div`` followed by a script that pushes
-// it onto ``window.kvlabCharts`` with its figure and configuration (``chart_html``); a chart that arrives before
-// this script waits in that list. Both reach the page as soon as Streamlit receives them, while the page's script
-// still runs.
+// kvlab.dashboard.chart_view runs this script from the sidebar and again before every chart, with the bundle's
+// address in ``data-bundle``: its first run in a page starts loading the bundle, any later one returns at once.
+// Each chart is a ``div`` followed by a script that pushes it onto ``window.kvlabCharts`` with its figure and
+// configuration (``chart_html``); a chart that arrives before this script has run waits in that list. Both reach
+// the page as soon as Streamlit receives them, while the page's script still runs.
 (() => {
   if (window.kvlabCharts && !Array.isArray(window.kvlabCharts)) return; // this page already runs it
   const bundle = document.currentScript.dataset.bundle;

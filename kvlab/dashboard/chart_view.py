@@ -52,22 +52,32 @@ def drawn_light(figure: go.Figure) -> bool:
     return light_bundle_served() and {trace.type for trace in figure.data} <= light_traces()
 
 
+def chart_script_html() -> str:
+    """The charts' script as a script element, with the bundle's address: its first run in a page starts loading the
+    bundle, and any later run returns at once."""
+    return f'<script data-bundle="{LIGHT_BUNDLE_URL}">{CHART_SCRIPT}</script>'
+
+
 def load_chart_script() -> None:
     """Run the charts' script as soon as a session starts, from the sidebar: it loads the cartesian bundle while the
     page's script runs, so that the first chart draws when it arrives."""
     if light_bundle_served():
-        st.sidebar.html(
-            f'<script data-bundle="{LIGHT_BUNDLE_URL}">{CHART_SCRIPT}</script>', unsafe_allow_javascript=True
-        )
+        st.sidebar.html(chart_script_html(), unsafe_allow_javascript=True)
 
 
 def chart_html(figure: go.Figure, config: dict[str, object], key: str) -> str:
-    """The HTML of one chart drawn by the charts' script: its element (named by ``key``), at the figure's height
-    (Plotly's 450 pixels by default), and the script that hands it over with the figure and its configuration as
-    JSON. Every ``<`` of the JSON is escaped, so no text in the figure can end the script."""
+    """The HTML of one chart drawn by the charts' script: the script itself (:func:`chart_script_html`), its element
+    (named by ``key``), at the figure's height (Plotly's 450 pixels by default), and the script that hands it over
+    with the figure and its configuration as JSON. Every ``<`` of the JSON is escaped, so no text in the figure can
+    end the script.
+
+    Why the charts' script again: in a new tab, Streamlit draws the sidebar's HTML (:func:`load_chart_script`) after
+    the page's first charts at times (the Frontier's first chart element up to 0.9 s before it, in Chromium on a
+    2-core machine), and the bundle only starts loading when the script runs; whichever runs first loads it."""
     height = figure.layout.height or 450
     chart = f'{{"figure": {figure.to_json()}, "config": {json.dumps(config)}}}'.replace("<", "\\u003c")
     return (
+        f"{chart_script_html()}"
         f'<div class="kvlab-chart" data-key="{html.escape(key)}" style="height: {height}px"></div><script>'
         f"(window.kvlabCharts = window.kvlabCharts || []).push("
         f"{{element: document.currentScript.previousElementSibling, chart: {chart}}})</script>"

@@ -1,17 +1,17 @@
 """kvlab's chart script in Chromium, with a stand-in for Plotly that records when each chart is drawn: charts that
 arrive together, or before the bundle has loaded, are drawn one at a time in the order they arrived, each after the
-one before it has been painted, so that a page's first chart shows without waiting for the others."""
+one before it has been painted, so that a page's first chart shows without waiting for the others; every chart
+carries the script, so charts draw before the sidebar's copy of it runs, and the bundle is loaded once."""
 
 from __future__ import annotations
 
-import json
 from urllib.parse import quote
 
 import plotly.graph_objects as go
 import pytest
 from browser import launch, needs_chromium
 
-from kvlab.dashboard.chart_view import CHART_SCRIPT, chart_html
+from kvlab.dashboard.chart_view import CHART_SCRIPT, LIGHT_BUNDLE_URL, chart_html
 from kvlab.dashboard.guides import chart_config
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -34,12 +34,14 @@ window.Plotly = {
 """
 
 
+BUNDLE = "data:text/javascript," + quote(STAND_IN)
+
+
 def page(keys: list[str]) -> str:
-    """A page whose charts (one per key) arrive before the charts' script, as on a page whose sidebar is drawn after
-    its first charts, then the script with the stand-in as its bundle."""
-    charts = "".join(chart_html(go.Figure(go.Scatter(y=[1, 2])), chart_config(key), key) for key in keys)
-    bundle = "data:text/javascript," + quote(STAND_IN)
-    return f"<html><body>{charts}<script data-bundle={json.dumps(bundle)}>{CHART_SCRIPT}</script></body></html>"
+    """A page of charts (one per key) as ``chart_html`` writes them, with the stand-in as their bundle, and no other
+    script: the sidebar's comes after them at times."""
+    charts = (chart_html(go.Figure(go.Scatter(y=[1, 2])), chart_config(key), key) for key in keys)
+    return f"<html><body>{''.join(chart.replace(LIGHT_BUNDLE_URL, BUNDLE) for chart in charts)}</body></html>"
 
 
 def test_charts_are_drawn_one_at_a_time_in_order_each_after_the_last_one_painted():
@@ -57,6 +59,12 @@ def test_charts_are_drawn_one_at_a_time_in_order_each_after_the_last_one_painted
         )
         tab.wait_for_function("window.drawings.length === 4", timeout=10_000)
         assert tab.locator(".kvlab-chart .main-svg").count() == 4
+        tab.evaluate(  # the sidebar's script, drawn after the charts
+            "([bundle, script]) => { const element = document.createElement('script');"
+            " element.dataset.bundle = bundle; element.textContent = script; document.body.append(element); }",
+            [BUNDLE, CHART_SCRIPT],
+        )
+        assert tab.locator("head script").count() == 1  # the bundle, loaded by the first chart's script alone
         browser.close()
     assert [key for key, _ in drawings] == keys
     frames = [frame for _, frame in drawings]
