@@ -225,8 +225,9 @@ def frontier_figure(
     transparent, so that points of different policies at the same budget are all seen; each point's hover names
     every line at its budget with its measured values. Each trace carries its line's full name as ``meta``.
 
-    The legend sits above the plot, as tall as its tallest group up to :data:`LEGEND_MAX_PX`, and scrolls beyond:
-    the plot keeps its height however many lines there are.
+    The legend sits above the plot. The figure leaves it room for one group per row, as on the narrowest charts (a
+    half-width column at 1,280 pixels), up to :data:`LEGEND_MAX_PX`; a longer legend scrolls, so the plot keeps its
+    height however many lines there are.
     """
     if points.empty:
         return _empty("No stored runs for this selection.")
@@ -279,9 +280,9 @@ def frontier_figure(
     # 1.6 times as long for the shipped runs (a page waits for this figure before its first chart).
     figure = go.Figure(data=traces)
     x_axis = _log_byte_axis(points["drawn"]) if bytes_axis else _fraction_axis(points["drawn"])
-    tallest = int(legend.groupby("group").size().max()) + 1  # its lines and its title
+    rows = len(legend) + int((legend["title"] != "").groupby(legend["group"]).any().sum())  # lines and titles
     figure.update_layout(
-        height=FRONTIER_PLOT_PX + min(LEGEND_MAX_PX, LEGEND_ROW_PX * tallest),
+        height=FRONTIER_PLOT_PX + min(LEGEND_MAX_PX, LEGEND_ROW_PX * rows),
         margin=dict(l=60, r=20, t=20, b=50),
         hovermode="closest",
         xaxis=dict(title=x_title, **x_axis),

@@ -13,6 +13,7 @@ from kvlab.claims import EVIDENCE_DB
 from kvlab.dashboard.store_figures import (
     FRONTIER_PLOT_PX,
     LEGEND_MAX_PX,
+    LEGEND_ROW_PX,
     POLICY_COLOURS,
     frontier_figure,
     frontier_legend,
@@ -73,6 +74,7 @@ def test_lines_are_listed_under_their_policy_with_shared_parameters_said_once():
     assert [trace.meta for trace in figure.data] == [*legend.index, "Pareto front"]
     assert [trace.name for trace in figure.data[:-1]] == legend["entry"].tolist()
     assert {trace.legendgrouptitle.text for trace in figure.data[1:5]} == {"<b>snapkv (kernel=7, pooling=max)</b>"}
+    assert figure.layout.height == FRONTIER_PLOT_PX + LEGEND_ROW_PX * (6 + 2)  # a row per line and per group title
 
 
 def test_policies_past_the_palette_keep_lines_told_apart():
