@@ -793,8 +793,9 @@ SUMS_SLOTS = (1843, 4301, 14131)
 
 def sums_case(slots: int, window: int, device: str) -> tuple[Any, ...]:
     """Stacked operands of a decode step's scoring over 32 layers (8 KV heads, 4 query heads each, head dim 128,
-    bf16): queries of a ``window``, keys and positions over ``slots`` slots (the last quarter free), each query
-    head's log-sum-exp over them, and H2O's accumulated scores."""
+    bf16): queries of a ``window``, keys and positions over ``slots`` slots (the last quarter free), each row's
+    log-sum-exp over the slots the last query sees (the decoding kernel's, for a window of one; for a longer window
+    only a stand-in of the right shape, for timing the summing pass alone), and H2O's accumulated scores."""
     from kvlab.attention.masks import allowed_keys
 
     keys = torch.randn(32, 8, slots, 128, device=device, dtype=torch.bfloat16)
@@ -838,14 +839,14 @@ def part_sums(device: str) -> dict[str, Any]:
         row: dict[str, Any] = {"slots": slots}
         queries, query_positions, keys, positions, lse, scores = sums_case(slots, 1, device)
         position = query_positions[-1:]
-        accumulated = fused("cuda", accumulated_attention)
+        accumulated = fused(device, accumulated_attention)
         torch_h2o = partial(accumulated, queries, position, keys, positions, lse, shape, scores)
         kernel_h2o = partial(slot_sums, queries, position, keys, positions, shape, lse, scores)
         row["h2o: pytorch us"] = round(graph_us(torch_h2o), 1)
         row["h2o: kernel us"] = round(graph_us(kernel_h2o), 1)
         row["h2o: agreement"] = agreement(kernel_h2o(), torch_h2o())
         queries, query_positions, keys, positions, lse, scores = sums_case(slots, 32, device)
-        torch_votes = partial(fused("cuda", votes), queries, query_positions, keys, positions, shape)
+        torch_votes = partial(fused(device, votes), queries, query_positions, keys, positions, shape)
         kernel_votes = partial(slot_sums, queries, query_positions, keys, positions, shape)
         row["snapkv window 32: pytorch us"] = round(graph_us(torch_votes), 1)
         row["snapkv window 32: kernel us"] = round(graph_us(kernel_votes), 1)
@@ -878,25 +879,27 @@ def part_sums_tiles(device: str) -> dict[str, Any]:
     for slots in SUMS_SLOTS[1:]:
         window = sums_case(slots, 32, device)
         one = sums_case(slots, 1, device)
-        for options in SUMS_TILES:
-            row: dict[str, Any] = {"slots": slots, **options}
-            slot_sums.TILES = dataclasses.replace(slot_sums.Tiles(), **options)
-            queries, query_positions, keys, positions, lse, scores = window
-            steps = {
-                "window 32 us": partial(slot_sums.slot_sums, queries, query_positions, keys, positions, shape),
-                "window 32 summing alone us": partial(
-                    slot_sums.slot_sums, queries, query_positions, keys, positions, shape, lse
-                ),
-                "h2o us": partial(slot_sums.slot_sums, one[0], one[1][-1:], one[2], one[3], shape, one[4], one[5]),
-            }
-            for name, step in steps.items():
-                try:
-                    row[name] = round(graph_us(step), 1)
-                except Exception as error:  # a tiling the chip cannot hold: recorded, the others go on
-                    row[name] = f"{type(error).__name__}: {str(error)[:120]}"
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    slot_sums.TILES = slot_sums.Tiles()
+        try:
+            for options in SUMS_TILES:
+                row: dict[str, Any] = {"slots": slots, **options}
+                slot_sums.TILES = dataclasses.replace(slot_sums.Tiles(), **options)
+                queries, query_positions, keys, positions, lse, scores = window
+                steps = {
+                    "window 32 us": partial(slot_sums.slot_sums, queries, query_positions, keys, positions, shape),
+                    "window 32 summing alone us": partial(
+                        slot_sums.slot_sums, queries, query_positions, keys, positions, shape, lse
+                    ),
+                    "h2o us": partial(slot_sums.slot_sums, one[0], one[1][-1:], one[2], one[3], shape, one[4], one[5]),
+                }
+                for name, step in steps.items():
+                    try:
+                        row[name] = round(graph_us(step), 1)
+                    except Exception as error:  # a tiling the chip cannot hold: recorded, the others go on
+                        row[name] = f"{type(error).__name__}: {str(error)[:120]}"
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+        finally:
+            slot_sums.TILES = slot_sums.Tiles()
     return {"rows": rows}
 
 

@@ -15,10 +15,10 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 @triton.jit
 def _logits(a, b, scale, softcap, HAS_SOFTCAP: tl.constexpr, WIDE: tl.constexpr):
     """Scaled logits of ``a``'s rows with ``b``'s (queries with keys, or keys with queries) in float32, rounded to the
-    inputs' dtype first, soft-capped if asked. ``WIDE``
-    products are taken in float32 as WIDE says (float32 inputs, which TF32 would round; and Triton's interpreter,
-    which multiplies bfloat16 blocks wrongly): exact products of the same values, summed in float32 as the tensor
-    cores sum them."""
+    inputs' dtype first, as PyTorch's product in that dtype rounds them, and soft-capped if asked. ``WIDE`` takes the
+    products in float32 by IEEE rules, for float32 inputs (which TF32 would round) and under Triton's interpreter
+    (which multiplies bfloat16 blocks wrongly): the exact products of the same values, summed in float32 as the
+    tensor cores sum them."""
     if WIDE:
         products = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
     else:
@@ -53,7 +53,8 @@ def _rows(
 def _slots(
     K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps, b, kv_head, first, SLOTS, HEAD_DIM, D: tl.constexpr, BLOCK: tl.constexpr
 ):
-    """A block of slots: their keys ``(BLOCK, D)`` and positions (-1 past the slots)."""
+    """A block of slots: their keys ``(BLOCK, D)`` and positions (-1 from ``SLOTS`` on, the end of the slots or of
+    a program's part of them)."""
     slot = first + tl.arange(0, BLOCK)
     inside = slot < SLOTS
     dims = tl.arange(0, D)
@@ -86,17 +87,18 @@ def lse_kernel(
 ):  # fmt: skip
     """Each row's log-sum-exp over the slots it may see in the program's ``SPLIT`` slots (the third axis of the grid
     says which), online over blocks of slots (-inf where it sees none): one part of ``PARTS``' last axis."""
-    b = tl.program_id(0) // KV_HEADS
-    kv_head = tl.program_id(0) % KV_HEADS
+    b = (tl.program_id(0) // KV_HEADS).to(tl.int64)  # 64-bit offsets: stacked layers pass 2**31 elements
+    kv_head = (tl.program_id(0) % KV_HEADS).to(tl.int64)
     q, query_position, exists, head, step = _rows(
         Q, s_qb, s_qh, s_qw, QPOS, b, kv_head, tl.program_id(1) * BLOCK_ROWS, WINDOW, ROWS, HEAD_DIM, D, BLOCK_ROWS
     )
     highest = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
     total = tl.zeros((BLOCK_ROWS,), tl.float32)
     start = tl.program_id(2) * SPLIT
-    for first in range(start, tl.minimum(start + SPLIT, SLOTS), BLOCK_SLOTS):
+    end = tl.minimum(start + SPLIT, SLOTS)  # the next part's slots are its own, however the blocks fall
+    for first in range(start, end, BLOCK_SLOTS):
         k, position, _, _ = _slots(
-            K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps, b, kv_head, first, SLOTS, HEAD_DIM, D, BLOCK_SLOTS
+            K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps, b, kv_head, first, end, HEAD_DIM, D, BLOCK_SLOTS
         )
         logits = _logits(q, k, scale, softcap, HAS_SOFTCAP, WIDE)
         allowed = _allowed(query_position[:, None], position[None, :], exists[:, None], sliding_window, HAS_WINDOW)
@@ -119,8 +121,8 @@ def sums_kernel(
 ):  # fmt: skip
     """One block of slots: ``exp(logit - lse)`` summed over every row that may see them, written to ``OUT`` and,
     where ``ACCUMULATE``, added to ``TARGET``."""
-    b = tl.program_id(0) // KV_HEADS
-    kv_head = tl.program_id(0) % KV_HEADS
+    b = (tl.program_id(0) // KV_HEADS).to(tl.int64)  # 64-bit offsets: stacked layers pass 2**31 elements
+    kv_head = (tl.program_id(0) % KV_HEADS).to(tl.int64)
     k, position, slot, inside = _slots(
         K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps, b, kv_head, tl.program_id(1) * BLOCK_SLOTS, SLOTS, HEAD_DIM, D,
         BLOCK_SLOTS,

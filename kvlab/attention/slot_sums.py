@@ -45,7 +45,7 @@ class Tiles:
     """How the kernels cut their work: slots per program of the summing pass (``sum_slots``); slots per step and
     per program of the log-sum-exp pass (``lse_slots``, ``lse_split``: each program's part of a row's sum is added
     to the others' after, since one program per block of rows looping over every slot left most of an H200 idle);
-    the most rows of the window per step (at least 16, the smallest side of a Triton product); warps per program.
+    the most rows of the window per step (at least :data:`MIN_SIDE`); warps per program.
     The defaults were the fastest of 16 tilings on an H200 for a window of 32 at 32k and 128k tokens, and within 2%
     of the fastest for one query (``bench/results/heap_gpu/sums_tiles_slot_sums_h200.json``)."""
 
@@ -58,7 +58,8 @@ class Tiles:
 
 #: The tiles the kernels run with.
 TILES = Tiles()
-MIN_ROWS = 16
+#: The smallest side of a Triton product: a block of rows, or of the head dimension, is never narrower.
+MIN_SIDE = 16
 
 
 def sums_by_kernel(device_type: str) -> bool:
@@ -81,13 +82,13 @@ def slot_sums(
     slots it may see (:func:`kvlab.attention.masks.allowed_keys`), summed over the window and the query heads of each
     KV head. ``lse`` ``(batch, q_heads, window)`` is each row's log-sum-exp where a kernel already gave it (computed
     here otherwise); the sums are also added in place to ``scores`` (H2O's accumulated attention) where given."""
-    batch, q_heads, window, head_dim = queries.shape
+    assert kernels is not None, "the kernels need Triton"
+    batch, q_heads, window, _ = queries.shape
     kv_heads, slots = keys.shape[1], keys.shape[2]
     rows = q_heads // kv_heads * window
     tiles = TILES
-    block_rows = min(tiles.max_rows, max(MIN_ROWS, next_power_of_2(rows)))
+    block_rows = min(tiles.max_rows, max(MIN_SIDE, next_power_of_2(rows)))
     received = torch.empty(batch, kv_heads, slots, dtype=torch.float32, device=keys.device)
-    assert kernels is not None, "the kernels need Triton"
     common = _common(queries, query_positions, keys, positions, shape, rows, block_rows, kernels.INTERPRETED)
     if lse is None:
         splits = -(-slots // tiles.lse_split)
@@ -149,7 +150,7 @@ def _common(
         head_dim,
         shape.softcap is not None,
         shape.sliding_window is not None,
-        next_power_of_2(max(16, head_dim)),
+        next_power_of_2(max(MIN_SIDE, head_dim)),
         block_rows,
         queries.dtype == torch.float32 or interpreted,
     )

@@ -1,7 +1,6 @@
 """The Triton kernels of :mod:`kvlab.attention.slot_sums` (run by Triton's interpreter where there is no CUDA, as
-``tests/conftest.py`` sets), against the
-PyTorch path they replace on CUDA: what each slot received from a window of queries (SnapKV's votes, TOVA's last
-query) and H2O's accumulation from a decoding kernel's log-sum-exp."""
+``tests/conftest.py`` sets), against the PyTorch path they replace on CUDA: what each slot received from a window of
+queries (SnapKV's votes, TOVA's last query) and H2O's accumulation from a decoding kernel's log-sum-exp."""
 
 from __future__ import annotations
 
@@ -44,7 +43,7 @@ def operands(
 CASES = {
     "votes of a window of 8, bf16": (2, 2, 4, 8, 300, 64, torch.bfloat16, AttentionShape(None, 0.125, None)),
     "one query, float32": (1, 3, 2, 1, 200, 32, torch.float32, AttentionShape(None, 32**-0.5, None)),
-    "votes summed over several parts of the slots": (
+    "votes over more slots than one program's block": (
         1,
         1,
         2,
@@ -109,8 +108,22 @@ def test_rows_that_see_nothing_give_nothing() -> None:
     torch.testing.assert_close(found, expected, **tolerance(torch.float32))
 
 
+@pytest.mark.parametrize("case", ["votes of a window of 8, bf16", "votes over more slots than one program's block"])
+def test_log_sum_exps_in_parts_add_up(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's log-sum-exp taken in parts of the slots (here of 100 slots, which blocks of 64 do not divide: each
+    part must stop at its own end) and added up gives the sums of one part."""
+    batch, kv_heads, groups, window, slots, head_dim, dtype, shape = CASES[case]
+    queries, query_positions, keys, positions = operands(batch, kv_heads, groups, window, slots, head_dim, dtype, 4)
+    whole = slot_sums.slot_sums(queries, query_positions, keys, positions, shape)
+    monkeypatch.setattr(slot_sums, "TILES", slot_sums.Tiles(lse_split=100, lse_slots=64))
+    in_parts = slot_sums.slot_sums(queries, query_positions, keys, positions, shape)
+    torch.testing.assert_close(in_parts, whole, **tolerance(torch.float32))
+    torch.testing.assert_close(in_parts, votes(queries, query_positions, keys, positions, shape), **tolerance(dtype))
+
+
 @pytest.mark.parametrize("number, power", [(1, 1), (4, 4), (5, 8), (128, 128), (129, 256)])
 def test_next_power_of_2(number: int, power: int) -> None:
+    """Triton's blocks have power-of-two sides: the one just large enough."""
     assert slot_sums.next_power_of_2(number) == power
 
 
