@@ -1040,10 +1040,20 @@ def part_chunk_configs(device: str) -> dict[str, Any]:
     return {"rows": [{k: v for k, v in row.items() if k != "output"} for row in rows + scored]}
 
 
+#: The parts that time kernels alone, each taking only the device.
+KERNEL_PARTS: dict[str, Callable[[str], dict[str, Any]]] = {
+    "attention": part_attention,
+    "backends": part_backends,
+    "flex-configs": part_flex_configs,
+    "chunk-configs": part_chunk_configs,
+    "sums": part_sums,
+    "sums-tiles": part_sums_tiles,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parts: tuple[str, ...] = ("check", "decode", "prefill", "long", "profile", "attention", "backends")
-    parts = (*parts, "flex-configs", "chunk-configs", "sums", "sums-tiles")
+    parts = ("check", "decode", "prefill", "long", "profile", *KERNEL_PARTS)
     parser.add_argument("--part", choices=parts, required=True)
     parser.add_argument("--policy", default="streaming", help="the policy --part profile profiles")
     parser.add_argument("--contexts", default="8192,32768")
@@ -1101,18 +1111,8 @@ def main() -> None:
             only,
             args.attention.split(","),
         )
-    elif args.part == "attention":
-        body = part_attention(device)
-    elif args.part == "backends":
-        body = part_backends(device)
-    elif args.part == "flex-configs":
-        body = part_flex_configs(device)
-    elif args.part == "chunk-configs":
-        body = part_chunk_configs(device)
-    elif args.part == "sums":
-        body = part_sums(device)
-    elif args.part == "sums-tiles":
-        body = part_sums_tiles(device)
+    elif args.part in KERNEL_PARTS:
+        body = KERNEL_PARTS[args.part](device)
     elif args.part == "prefill":
         only = args.only.split("|") if args.only is not None else None
         body = part_prefill(device, [int(c) for c in args.contexts.split(",")], args.layers, only, args.profiled)
