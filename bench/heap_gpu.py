@@ -859,11 +859,11 @@ def part_sums(device: str) -> dict[str, Any]:
 
 
 SUMS_TILES = [
-    {"sum_slots": sum_slots, "max_rows": max_rows, "warps": warps, "lse_split": lse_split}
-    for sum_slots in (64, 128)
-    for max_rows in (64, 128)
+    {"sum_slots": sum_slots, "sum_split": sum_split, "sum_stages": sum_stages, "warps": warps}
+    for sum_slots in (32, 64)
+    for sum_split in (512, 2048)
+    for sum_stages in (2, 3)
     for warps in (4, 8)
-    for lse_split in (512, 2048)
 ]
 
 

@@ -23,7 +23,8 @@ Observer = Callable[[int, torch.Tensor, torch.Tensor], None]
 @dataclass(frozen=True)
 class PendingReceived:
     """One layer's decoded query and its kernel's log-sum-exp, whose received attention (H2O's scores, TOVA's votes)
-    is computed for every layer at once after the pass (:func:`kvlab.attention.flex.settle_received`)."""
+    is computed, and which join the layer's remembered window (SnapKV, TOVA), for every layer at once after the pass
+    (:func:`kvlab.attention.flex.settle_received`)."""
 
     layer: HeapLayer
     query: torch.Tensor

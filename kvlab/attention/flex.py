@@ -196,13 +196,16 @@ def flex_decode_attention(
     tables: tuple[torch.Tensor, ...] | None = None,
     kernel_options: dict[str, int] | None = None,
     later: list[PendingReceived] | None = None,
+    oldest: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query's attention ``(batch, q_heads, 1, head_dim)`` at ``query_position`` over ``keys`` and ``values``
     (``(batch, kv_heads, slots, head_dim)``, read in place) holding the tokens at ``positions``, through the block
     mask of ``tables`` (built here from ``positions`` where not given); the attention each slot received is added to
     the layer's accumulated scores where it keeps them, and kept as its last-query attention where it remembers a
-    window of one query; or, where ``later`` is given, that is put off to :func:`settle_received`, for every layer
-    at once. ``kernel_options`` are flex_attention's (its decoding kernel's tile, stages, warps and splits),
+    window of one query, and the kernel's log-sum-exp is carried at ``oldest`` (the place the query took in the
+    remembered window, :meth:`kvlab.cache.layer.HeapLayer.remember_lse`) where the layer carries its window's; or,
+    where ``later`` is given, that is put off to :func:`settle_received`, for every layer at once.
+    ``kernel_options`` are flex_attention's (its decoding kernel's tile, stages, warps and splits),
     :func:`decode_kernel`'s where not given."""
     device, slots = query.device.type, keys.shape[2]
     groups = query.shape[1] // keys.shape[1]
@@ -210,7 +213,7 @@ def flex_decode_attention(
     if tables is None:
         tables = fused(device, block_tables)(positions, query_position, shape.sliding_window)
     score_mod = None if shape.softcap is None else softcap_mod(shape.softcap)
-    observed = layer.scores is not None or _one_query_window(layer)
+    observed = _receives(layer) or layer.recent_query_lse is not None
     with warnings.catch_warnings():  # the CPU's reference path warns that it is not compiled: it is meant not to be
         warnings.filterwarnings("ignore", message=".*flex_attention.*without torch.compile.*")
         found = fused(device, flex_attention)(
@@ -229,21 +232,37 @@ def flex_decode_attention(
     output, aux = found
     if later is not None:
         later.append(PendingReceived(layer, query, aux.lse))
-    else:
-        received = _received(query, query_position, keys, positions, aux.lse, shape, layer.scores)
-        _note_received(layer, received)
+        return output
+    if layer.recent_query_lse is not None:
+        assert oldest is not None, "a carried log-sum-exp goes where the query went in the window"
+        layer.remember_lse(aux.lse, oldest)
+    if _receives(layer):
+        _note_received(layer, _received(query, query_position, keys, positions, aux.lse, shape, layer.scores))
     return output
 
 
-def settle_received(stack: LayerStack, pending: list[PendingReceived], query_position: torch.Tensor) -> None:
+def settle_received(
+    stack: LayerStack, pending: list[PendingReceived], query_position: torch.Tensor, oldest: torch.Tensor | None
+) -> None:
     """What each slot received from the pass's query at ``query_position`` in every layer (``pending``, in layer
     order: every layer of the ``stack`` put it off), from the stacked keys and positions: one reading of every
     layer's keys in one kernel, where each layer would run its own (at 32k tokens, 32 layers' small kernels cost more
     than the second reading of the keys they do). Added to the stacked accumulated scores (H2O), or noted as each
-    layer's last-query attention (TOVA)."""
+    layer's last-query attention (TOVA). Where the layers remember a window of queries, every layer's query joins
+    its window at ``oldest`` (in place of the oldest one) in one copy, and where they carry their windows'
+    log-sum-exps, every layer's kernel's is written there too."""
     assert stack.keys is not None and len(pending) == stack.keys.shape[0]
     first = pending[0].layer
     batch = stack.keys.shape[1]
+    if stack.queries is not None:
+        assert oldest is not None, "a static step's query replaces the window's oldest"
+        stack.queries.index_copy_(3, oldest, torch.stack([entry.query for entry in pending]))
+    if stack.lse is not None:
+        assert oldest is not None
+        stack.lse.index_copy_(3, oldest, torch.stack([entry.lse for entry in pending]).float())
+    if not _receives(first):
+        pending.clear()
+        return
     query = torch.cat([entry.query for entry in pending])
     lse = torch.cat([entry.lse for entry in pending])
     scores = None if stack.scores is None else stack.flat(stack.scores)
@@ -252,6 +271,12 @@ def settle_received(stack: LayerStack, pending: list[PendingReceived], query_pos
     for entry, part in zip(pending, received.split(batch)):
         _note_received(entry.layer, part)
     pending.clear()
+
+
+def _receives(layer: HeapLayer) -> bool:
+    """Whether the layer keeps what each slot received from the pass's query: accumulated (H2O), or as the votes of
+    a window of one query (TOVA)."""
+    return layer.scores is not None or _one_query_window(layer)
 
 
 def _one_query_window(layer: HeapLayer) -> bool:

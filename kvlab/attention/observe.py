@@ -6,12 +6,14 @@ score by, computed as the model's own attention computes it (on CUDA, summed per
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 
 from kvlab.attention.kernels import scaled
 from kvlab.attention.masks import allowed_keys
+from kvlab.attention.slot_sums import log_sum_exps as slot_lse
 from kvlab.attention.slot_sums import slot_sums, sums_by_kernel
 from kvlab.cache.layer import AttentionShape, HeapLayer
 from kvlab.cache.stack import LayerStack
@@ -33,20 +35,33 @@ def probabilities(
     keys: torch.Tensor,
     positions: torch.Tensor,
     shape: AttentionShape,
+    lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ``queries`` (``(batch, q_heads, window, head_dim)`` at ``query_positions``) over ``keys``
     holding the tokens at ``positions``, ``(batch, kv_heads, groups, window, span)``: one product per KV head with
     its query heads' window as columns and the slots as rows, so that its output is aligned whatever the span (an
     odd span's rows of slots sent cuBLAS to a kernel four times slower on an H200), and never the keys broadcast over
-    the query heads (which copies them)."""
+    the query heads (which copies them). ``lse`` ``(batch, q_heads, window)``, where carried
+    (:attr:`~kvlab.cache.layer.HeapLayer.recent_query_lse`), normalises the logits in place of a softmax."""
+    batch, _, window, _ = queries.shape
+    kv_heads = keys.shape[1]
+    logits = _masked_logits(queries, query_positions, keys, positions, shape)
+    if lse is None:
+        return torch.softmax(logits, dim=-1).nan_to_num(0.0)
+    return (logits - lse.view(batch, kv_heads, -1, window, 1)).exp()
+
+
+def _masked_logits(*operands: Any) -> torch.Tensor:
+    """The logits of :func:`probabilities` of the same operands (but ``lse``), ``(batch, kv_heads, groups, window,
+    span)``, ``-inf`` where a query may not see a slot."""
+    queries, query_positions, keys, positions, shape = operands
     batch, q_heads, window, head_dim = queries.shape
     kv_heads, span = keys.shape[1], keys.shape[2]
     rows = queries.reshape(batch, kv_heads, q_heads // kv_heads * window, head_dim)
     products = torch.matmul(keys, rows.transpose(-1, -2)).transpose(-1, -2)
     logits = scaled(products, shape).view(batch, kv_heads, -1, window, span)
     allowed = allowed_keys(positions, query_positions, shape.sliding_window)
-    logits = logits.masked_fill(~allowed.unsqueeze(2), float("-inf"))
-    return torch.softmax(logits, dim=-1).nan_to_num(0.0)
+    return logits.masked_fill(~allowed.unsqueeze(2), float("-inf"))
 
 
 def votes(*operands: Any) -> torch.Tensor:
@@ -54,6 +69,78 @@ def votes(*operands: Any) -> torch.Tensor:
     ``(batch, kv_heads, span)``: a pure function, so that a static step fuses it (:func:`kvlab.fusion.fused`) into
     the product and a few kernels."""
     return probabilities(*operands).sum(dim=(2, 3))
+
+
+def window_lse(*operands: Any) -> torch.Tensor:
+    """Each query head's log-sum-exp over the slots it may see, ``(batch, q_heads, window)``, of the operands of
+    :func:`probabilities` (but ``lse``)."""
+    batch, q_heads, window, _ = operands[0].shape
+    logits = _masked_logits(*operands)
+    return logits.logsumexp(dim=-1).reshape(batch, q_heads, window)
+
+
+def carry_window_lse(layers: Sequence[HeapLayer]) -> None:
+    """Start carrying each remembered query's log-sum-exp over the slots held (:attr:`~kvlab.cache.layer.HeapLayer.
+    recent_query_lse`), computed here over each layer's slots in use: what static steps under the ``flex`` backend
+    do where a window of several queries votes, so that each step's votes are one pass over the keys. Not in a
+    sliding window's layers: they evict first what the newest query no longer sees, which may hold most of an older
+    query's attention, and taking most of a sum out of its logarithm leaves few exact digits (4 of 7 after a few
+    steps on a tiny Gemma-2); the lowest-voted slots other layers evict hold a small share."""
+    for layer in layers:
+        assert layer.recent_queries is not None and layer.recent_query_positions is not None
+        if layer.sliding_window is not None:
+            continue
+        keys, _, positions = layer.slots(layer.used)
+        compute = slot_lse if sums_by_kernel(keys.device.type) else window_lse
+        layer.recent_query_lse = compute(
+            layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention
+        )
+
+
+def lse_without(
+    queries: torch.Tensor,
+    query_positions: torch.Tensor,
+    keys: torch.Tensor,
+    positions: torch.Tensor,
+    victims: torch.Tensor,
+    lse: torch.Tensor,
+    shape: AttentionShape,
+) -> torch.Tensor:
+    """The log-sum-exps ``lse`` ``(batch, q_heads, window)`` of ``queries`` with the slots ``victims`` ``(batch,
+    kv_heads, k)`` taken out: ``lse + log(1 - p)``, ``p`` the share of each query's attention those slots held (the
+    lowest-scored slots: a small share, never the whole, since a query always sees its own token, which the window
+    keeps). A pure function, fused in a static step."""
+    batch, q_heads, window, head_dim = queries.shape
+    gone_keys = keys.gather(2, victims.unsqueeze(-1).expand(-1, -1, -1, head_dim))
+    gone_positions = positions.gather(2, victims)
+    share = probabilities(queries, query_positions, gone_keys, gone_positions, shape, lse).sum(dim=-1)
+    return lse + torch.log1p(-share.reshape(batch, q_heads, window))
+
+
+def forget_victims(layer: HeapLayer, victims: torch.Tensor) -> None:
+    """Take the slots an eviction is about to free (``victims``, ``(batch, kv_heads, k)``, still holding their
+    tokens) out of the log-sum-exps the layer carries for its remembered queries (a layer, or every layer stacked as
+    one, :meth:`kvlab.cache.stack.LayerStack.as_layer`)."""
+    assert layer.recent_queries is not None and layer.recent_query_positions is not None
+    assert layer.keys is not None and layer.positions is not None and layer.recent_query_lse is not None
+    without = fused(layer.device.type, lse_without)
+    layer.recent_query_lse.copy_(
+        without(
+            layer.recent_queries,
+            layer.recent_query_positions,
+            layer.keys,
+            layer.positions,
+            victims,
+            layer.recent_query_lse,
+            layer.attention,
+        )
+    )
+
+
+def victims_forgotten(layer: HeapLayer) -> Callable[[torch.Tensor], None] | None:
+    """What an eviction shows its victims to before freeing them, where the layer carries its window's
+    log-sum-exps (:func:`forget_victims`); ``None`` where it carries none."""
+    return None if layer.recent_query_lse is None else partial(forget_victims, layer)
 
 
 def window_attention(layer: HeapLayer, span: int, static: bool = False) -> torch.Tensor:
@@ -67,7 +154,7 @@ def window_attention(layer: HeapLayer, span: int, static: bool = False) -> torch
         return layer.received[..., :span]
     keys, _, positions = layer.slots(span)
     return _summed(keys.device.type, static)(
-        layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention
+        layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention, layer.recent_query_lse
     )
 
 
@@ -86,13 +173,15 @@ def stacked_window_attention(layers: Sequence[HeapLayer], span: int, stack: Laye
         return torch.cat([window_attention(layer, span, static=stack is not None) for layer in layers])
     keys = stack.flat(stack.keys)[:, :, :span]
     positions = stack.flat(stack.positions)[..., :span]
+    lse = None if stack.lse is None else stack.flat(stack.lse)
     summed = _summed(keys.device.type, static=True)
-    return summed(stack.flat(stack.queries), first.recent_query_positions, keys, positions, first.attention)
+    return summed(stack.flat(stack.queries), first.recent_query_positions, keys, positions, first.attention, lse)
 
 
 def _summed(device_type: str, static: bool) -> Callable[..., torch.Tensor]:
     """What computes :func:`votes` on a ``device_type`` device: the kernels of :mod:`kvlab.attention.slot_sums`
-    where they run (each key read twice, no logits written), else PyTorch's product, fused in a ``static`` step."""
+    where they run (each key read twice, once where the log-sum-exps are carried; no logits written), else PyTorch's
+    product, fused in a ``static`` step."""
     if sums_by_kernel(device_type):
         return slot_sums
     return fused(device_type, votes) if static else votes

@@ -12,13 +12,19 @@ import triton.language as tl
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+#: ``log2(e)``, which turns natural logits into base-2 ones (the chips' exponential is base 2), and its inverse.
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
 @triton.jit
 def _logits(a, b, scale, softcap, HAS_SOFTCAP: tl.constexpr, WIDE: tl.constexpr):
     """Scaled logits of ``a``'s rows with ``b``'s (queries with keys, or keys with queries) in float32, rounded to the
-    inputs' dtype first, as PyTorch's product in that dtype rounds them, and soft-capped if asked. ``WIDE`` takes the
-    products in float32 by IEEE rules, for float32 inputs (which TF32 would round) and under Triton's interpreter
-    (which multiplies bfloat16 blocks wrongly): the exact products of the same values, summed in float32 as the
-    tensor cores sum them."""
+    inputs' dtype first, as PyTorch's product in that dtype rounds them, and soft-capped if asked; in base 2 where
+    ``scale`` and ``softcap`` are given times ``log2(e)`` (``c log2(e) tanh(x / c)`` of ``x log2(e)`` is the capped
+    logit times ``log2(e)``), as the kernels below take them. ``WIDE`` takes the products in float32 by IEEE rules,
+    for float32 inputs (which TF32 would round) and under Triton's interpreter (which multiplies bfloat16 blocks
+    wrongly): the exact products of the same values, summed in float32 as the tensor cores sum them."""
     if WIDE:
         products = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
     else:
@@ -82,11 +88,12 @@ def _allowed(query_position, position, exists, sliding_window, HAS_WINDOW: tl.co
 def lse_kernel(
     Q, s_qb, s_qh, s_qw, QPOS, K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps,
     KV_HEADS, SLOTS, WINDOW, ROWS, scale, softcap, sliding_window, HEAD_DIM,
-    HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-    WIDE: tl.constexpr, PARTS, s_lb, s_lh, s_lw, SPLIT, BLOCK_SLOTS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
+    PARTS, s_lb, s_lh, s_lw, SPLIT, BLOCK_ROWS: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
 ):  # fmt: skip
     """Each row's log-sum-exp over the slots it may see in the program's ``SPLIT`` slots (the third axis of the grid
-    says which), online over blocks of slots (-inf where it sees none): one part of ``PARTS``' last axis."""
+    says which), online over blocks of slots in base 2 (``scale`` and ``softcap`` times ``log2(e)``), given back in
+    base e (-inf where it sees none): one part of ``PARTS``' last axis."""
     b = (tl.program_id(0) // KV_HEADS).to(tl.int64)  # 64-bit offsets: stacked layers pass 2**31 elements
     kv_head = (tl.program_id(0) % KV_HEADS).to(tl.int64)
     q, query_position, exists, head, step = _rows(
@@ -105,9 +112,9 @@ def lse_kernel(
         logits = tl.where(allowed, logits, float("-inf"))
         new_highest = tl.maximum(highest, tl.max(logits, axis=1))
         shift = tl.where(new_highest == float("-inf"), 0.0, new_highest)
-        total = total * tl.exp(highest - shift) + tl.sum(tl.exp(logits - shift[:, None]), axis=1)
+        total = total * tl.exp2(highest - shift) + tl.sum(tl.exp2(logits - shift[:, None]), axis=1)
         highest = new_highest
-    lse = tl.where(highest == float("-inf"), 0.0, highest) + tl.log(total)
+    lse = (tl.where(highest == float("-inf"), 0.0, highest) + tl.log2(total)) * LN2
     tl.store(PARTS + b * s_lb + head * s_lh + step * s_lw + tl.program_id(2), lse, mask=exists)
 
 
@@ -115,28 +122,38 @@ def lse_kernel(
 def sums_kernel(
     Q, s_qb, s_qh, s_qw, QPOS, K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps,
     KV_HEADS, SLOTS, WINDOW, ROWS, scale, softcap, sliding_window, HEAD_DIM,
-    HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-    WIDE: tl.constexpr, LSE, s_lb, s_lh, s_lw, OUT, TARGET, s_tb, s_th, s_ts,
-    ACCUMULATE: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
+    LSE, s_lb, s_lh, s_lw, OUT, s_ob, TARGET, s_tb, s_th, s_ts, SPLIT,
+    ACCUMULATE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_SLOTS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    """One block of slots: ``exp(logit - lse)`` summed over every row that may see them, written to ``OUT`` and,
-    where ``ACCUMULATE``, added to ``TARGET``."""
+    """The program's ``SPLIT`` slots (the grid's third axis says which), block by block: ``exp(logit - lse)``
+    summed over the program's block of rows (the second axis) that may see them, written to its part of ``OUT``
+    and, where ``ACCUMULATE``, added to ``TARGET``. The rows' queries and log-sum-exps are loaded once, the next
+    blocks' keys while a block is summed (``STAGES``); a block whose slots every row sees (all but the window's own
+    tokens, for a window over a long context) is summed without the mask."""
     b = (tl.program_id(0) // KV_HEADS).to(tl.int64)  # 64-bit offsets: stacked layers pass 2**31 elements
     kv_head = (tl.program_id(0) % KV_HEADS).to(tl.int64)
-    k, position, slot, inside = _slots(
-        K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps, b, kv_head, tl.program_id(1) * BLOCK_SLOTS, SLOTS, HEAD_DIM, D,
-        BLOCK_SLOTS,
-    )  # fmt: skip
-    received = tl.zeros((BLOCK_SLOTS,), tl.float32)
-    for first in range(0, ROWS, BLOCK_ROWS):
-        q, query_position, exists, head, step = _rows(
-            Q, s_qb, s_qh, s_qw, QPOS, b, kv_head, first, WINDOW, ROWS, HEAD_DIM, D, BLOCK_ROWS
+    q, query_position, exists, head, step = _rows(
+        Q, s_qb, s_qh, s_qw, QPOS, b, kv_head, tl.program_id(1) * BLOCK_ROWS, WINDOW, ROWS, HEAD_DIM, D, BLOCK_ROWS
+    )
+    # rows that do not exist sum exp2(0 - inf) = 0, with no mask
+    lse = tl.load(LSE + b * s_lb + head * s_lh + step * s_lw, mask=exists, other=float("inf")) * LOG2E
+    earliest = tl.min(tl.where(exists, query_position, 2147483647))
+    out = OUT + tl.program_id(1) * s_ob + (b * KV_HEADS + kv_head) * SLOTS
+    start = tl.program_id(2) * SPLIT
+    end = tl.minimum(start + SPLIT, SLOTS)
+    for first in tl.range(start, end, BLOCK_SLOTS, num_stages=STAGES):
+        k, position, slot, inside = _slots(
+            K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps, b, kv_head, first, end, HEAD_DIM, D, BLOCK_SLOTS
         )
-        lse = tl.load(LSE + b * s_lb + head * s_lh + step * s_lw, mask=exists, other=0.0)
-        logits = _logits(k, q, scale, softcap, HAS_SOFTCAP, WIDE)  # slots x rows: summed along a warp's own rows
-        allowed = _allowed(query_position[None, :], position[:, None], exists[None, :], sliding_window, HAS_WINDOW)
-        received += tl.sum(tl.where(allowed, tl.exp(logits - lse[None, :]), 0.0), axis=1)
-    tl.store(OUT + (b * KV_HEADS + kv_head) * SLOTS + slot, received, mask=inside)
-    if ACCUMULATE:
-        at = TARGET + b * s_tb + kv_head * s_th + slot * s_ts
-        tl.store(at, tl.load(at, mask=inside, other=0.0) + received, mask=inside)
+        p = tl.exp2(_logits(k, q, scale, softcap, HAS_SOFTCAP, WIDE) - lse[None, :])  # slots x rows
+        if (tl.max(position) > earliest) | HAS_WINDOW:  # some row may not see some slot
+            allowed = _allowed(query_position[None, :], position[:, None], exists[None, :], sliding_window, HAS_WINDOW)
+            p = tl.where(allowed, p, 0.0)
+        else:
+            p = tl.where(position[:, None] >= 0, p, 0.0)
+        received = tl.sum(p, axis=1)
+        tl.store(out + slot, received, mask=inside)
+        if ACCUMULATE:
+            at = TARGET + b * s_tb + kv_head * s_th + slot * s_ts
+            tl.store(at, tl.load(at, mask=inside, other=0.0) + received, mask=inside)

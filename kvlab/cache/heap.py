@@ -116,6 +116,9 @@ class KVHeap:
         #: Every layer's slot of the token the pass in flight decodes, ``(layers, batch, kv_heads, 1)``, where
         #: :meth:`begin_pass` placed it for all layers at once.
         self.placed: torch.Tensor | None = None
+        #: Where the pass in flight's query goes in every layer's remembered window, ``(1,)``: over the oldest, in a
+        #: static step (:meth:`begin_pass`); ``None`` elsewhere.
+        self.oldest_query: torch.Tensor | None = None
         self.compactions = 0
         self.ranked_slots = 0
         #: Eviction cuts made (one per sequence, KV head and eviction), and on the device those on tied scores.
@@ -178,15 +181,24 @@ class KVHeap:
     # --- the forward pass --------------------------------------------------------------------------------------
 
     def begin_pass(self, positions: torch.Tensor, last: int) -> None:
-        """Before a forward pass that appends the tokens at ``positions`` (:meth:`Positions.begin`): in a static
-        step over one token with the layers stacked (:mod:`kvlab.cache.stack`), find every layer's first free slot
+        """Before a forward pass that appends the tokens at ``positions`` (:meth:`Positions.begin`). In a static step
+        (one token): where the layers remember a window of queries, find the oldest once and write the token's
+        position there (:attr:`oldest_query`; every layer remembers the same positions, in one tensor shared since
+        :meth:`make_static`); with the layers stacked (:mod:`kvlab.cache.stack`), find every layer's first free slot
         in one reduction and write the token's position there (and zero its accumulated attention), so that each
         layer's :meth:`update` writes only its keys and values, and attention may build every layer's mask at once
         (:attr:`placed`)."""
         self.positions.begin(positions, last)
         self.placed = None
+        self.oldest_query = None
+        if not self.static or positions.shape[0] != 1:
+            return
+        window_positions = self.layers[0].recent_query_positions
+        if self.query_window and window_positions is not None:
+            self.oldest_query = window_positions.argmin().view(1)
+            window_positions.index_copy_(0, self.oldest_query, self.positions.on(window_positions.device))
         stack = self.stack
-        if not self.static or positions.shape[0] != 1 or stack is None or not stack.holds(self.layers):
+        if stack is None or not stack.holds(self.layers):
             return
         slots = first_free(stack.positions, 1)
         stack.positions.scatter_(3, slots, self.positions.slot_values(slots.device).expand_as(slots))
@@ -198,6 +210,7 @@ class KVHeap:
         """After a forward pass that appended ``count`` tokens to every layer."""
         self.positions.end(count)
         self.placed = None
+        self.oldest_query = None
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens seen so far (the next token's position), which is what models use to place new tokens."""
@@ -255,17 +268,27 @@ class KVHeap:
         return None if self.static else DeviceClock.start(self.layers[layer_idx].device)
 
     def cut(
-        self, layer_idx: int, count: int, scores: torch.Tensor, start: int, clock: DeviceClock | None = None
+        self,
+        layer_idx: int,
+        count: int,
+        scores: torch.Tensor,
+        start: int,
+        clock: DeviceClock | None = None,
+        before_free: Callable[[torch.Tensor], None] | None = None,
     ) -> None:
         """Evict the ``count`` lowest-ranked slots of a layer among the slots ``[start, start + scores' width)``
         (``scores``: their eviction scores), counting the slots ranked, timing the ranking since ``clock`` started,
-        and counting the cut and whether it fell on a tie."""
+        and counting the cut and whether it fell on a tie. ``before_free`` is shown the victims ``(batch, kv_heads,
+        count)`` while they still hold their tokens."""
         layer = self.layers[layer_idx]
         positions = layer.slots(layer.capacity)[2][..., start : start + scores.shape[-1]]
         chosen = self._victims(layer, scores, positions, count)
         self.account_ranking(layer, scores.shape[-1], clock.stop() if clock is not None else None)
         self.account_cut(layer, chosen.tied)
-        self.evict(layer_idx, chosen.slots + start if start else chosen.slots)
+        slots = chosen.slots + start if start else chosen.slots
+        if before_free is not None:
+            before_free(slots)
+        self.evict(layer_idx, slots)
 
     def stacked_layer(self) -> HeapLayer | None:
         """Every layer as one layer whose sequences are all layers' (``layers x batch``), for an eviction of all
@@ -282,13 +305,19 @@ class KVHeap:
         return stack.as_layer(self.layers)
 
     def cut_every_layer(
-        self, count: int, scores: torch.Tensor, stacked: HeapLayer, clock: DeviceClock | None = None
+        self,
+        count: int,
+        scores: torch.Tensor,
+        stacked: HeapLayer,
+        clock: DeviceClock | None = None,
+        before_free: Callable[[torch.Tensor], None] | None = None,
     ) -> None:
         """Evict the ``count`` lowest-ranked slots of every layer at once, ``scores`` being the eviction scores of
         ``stacked``'s slots (:meth:`stacked_layer`, ``(layers x batch, kv_heads, span)``): one ranking and one tie
         count for all layers, the victims those layer-by-layer eviction chooses (:meth:`cut`), timed since ``clock``
         started. A static step frees them in one scatter into the stack; otherwise each layer frees its own
-        (:meth:`evict`, which compacts as the layout says)."""
+        (:meth:`evict`, which compacts as the layout says). ``before_free`` is shown the victims ``(layers x batch,
+        kv_heads, count)`` while they still hold their tokens."""
         positions = stacked.positions
         assert positions is not None
         chosen = self._victims(self.layers[0], scores, positions, count)
@@ -296,6 +325,8 @@ class KVHeap:
             self._ranking_time.add(clock.stop())
         if chosen.tied is not None:
             self._count_ties(chosen.tied)
+        if before_free is not None:
+            before_free(chosen.slots)
         if self.static:
             positions.scatter_(2, chosen.slots, FREE)  # the stack's own positions: every layer's views
         batch = chosen.slots.shape[0] // len(self.layers)
@@ -558,7 +589,8 @@ class KVHeap:
         once). The slots needed are the plan's in streaming mode (its steady size), and elsewhere those in use plus
         the :attr:`room` for the tokens still to come, at most the plan's: a layer compacted by prefill mode's
         compression keeps its survivors' size, as eager decoding does, rather than growing back to the whole
-        context (at 128k tokens and keep 10%, 16 GiB reserved where 1.6 GiB is held)."""
+        context (at 128k tokens and keep 10%, 16 GiB reserved where 1.6 GiB is held). Every layer's remembered
+        query positions become one tensor, which :meth:`begin_pass` advances once per step."""
         for layer in self.layers:
             needed = layer.planned if self.keep_planned else min(layer.planned, layer.used + self.room)
             if layer.keys is not None and layer.capacity < needed:
@@ -566,6 +598,9 @@ class KVHeap:
             self._own(layer, *list(layer.shared))
         if self._tied_cuts is None:  # a captured eviction adds to it in place: it must exist before the capture
             self._tied_cuts = torch.zeros((), device=self.layers[0].device)
+        window_positions = self.layers[0].recent_query_positions
+        for layer in self.layers:  # every layer remembers the passes' queries at the same positions
+            layer.recent_query_positions = window_positions
         self.stack = LayerStack.of(self.layers, received_at_once)
         self.static = True
 
@@ -588,6 +623,7 @@ class KVHeap:
             layer.shared.discard("scores")
             layer.recent_queries = None
             layer.recent_query_positions = None
+            layer.recent_query_lse = None
 
     def compaction_seconds(self) -> float:
         """Time the compactions outside static decode steps took on the device (read from device events on a GPU,

@@ -94,7 +94,11 @@ class HeapLayer:
     same budget). ``ordered`` says that the live slots are exactly ``[0, used)`` in increasing position order, as
     after a compaction or a run of appends, which lets attention use slot order instead of position masks.
     ``recent_queries`` keeps the last post-RoPE query vectors ``(batch, q_heads, w, head_dim)`` with their positions,
-    for policies that score the cache by an observation window (SnapKV, TOVA). ``planned`` is the capacity the
+    for policies that score the cache by an observation window (SnapKV, TOVA), and in static steps under the ``flex``
+    backend ``recent_query_lse``, each remembered query's log-sum-exp over the slots held now ``(batch, q_heads, w)``
+    (float32): carried from step to step (the new query's from its attention kernel, the others' less what each
+    eviction frees, :func:`kvlab.attention.observe.forget_victims`), so that the window's votes are one pass over the
+    keys instead of two (:mod:`kvlab.attention.slot_sums`). ``planned`` is the capacity the
     engine planned for the layer; ``shared`` names the tensors a fork still shares with its source. ``received`` is
     the attention each slot received from the one query of the pass in flight, summed over each KV head's query
     heads, where the attention kernel gave it (the ``flex`` backend, from its log-sum-exp): what a window of one query
@@ -108,6 +112,7 @@ class HeapLayer:
     scores: torch.Tensor | None = None
     recent_queries: torch.Tensor | None = None
     recent_query_positions: torch.Tensor | None = None
+    recent_query_lse: torch.Tensor | None = None
     used: int = 0
     live: int = 0
     ordered: bool = True
@@ -150,14 +155,18 @@ class HeapLayer:
         than their dense slots add it here."""
         return self.slots(span), self.in_order(static)
 
-    def remember_queries(self, query: torch.Tensor, query_positions: torch.Tensor, window: int, static: bool) -> None:
+    def remember_queries(
+        self, query: torch.Tensor, query_positions: torch.Tensor, window: int, oldest: torch.Tensor | None
+    ) -> None:
         """Keep the last ``window`` post-RoPE queries ``(batch, q_heads, n, head_dim)`` for observation-window
-        policies, as a copy (a view would keep a whole prefill's queries alive). In static mode the full window
-        shifts by one in place."""
-        if static:
-            assert self.recent_queries is not None and self.recent_query_positions is not None
-            self.recent_queries.copy_(torch.cat([self.recent_queries[:, :, 1:], query], dim=2))
-            self.recent_query_positions.copy_(torch.cat([self.recent_query_positions[1:], query_positions]))
+        policies, as a copy (a view would keep a whole prefill's queries alive). In a static step ``oldest`` is where
+        the window's oldest query is (``(1,)``, :meth:`kvlab.cache.heap.KVHeap.begin_pass`, which writes the new
+        position there for every layer): the new query replaces it in place. A window's votes are a sum over its
+        queries, whatever their order; shifting it by one copied every layer's window at every token (~0.1 ms of a
+        32k SnapKV step on an H200)."""
+        if oldest is not None:
+            assert self.recent_queries is not None
+            self.recent_queries.index_copy_(2, oldest, query)
             return
         if self.recent_queries is None or self.recent_query_positions is None:
             queries, positions = query, query_positions
@@ -166,6 +175,12 @@ class HeapLayer:
             positions = torch.cat([self.recent_query_positions, query_positions])
         self.recent_queries = queries[:, :, -window:].detach().clone()
         self.recent_query_positions = positions[-window:].clone()
+
+    def remember_lse(self, lse: torch.Tensor, oldest: torch.Tensor) -> None:
+        """Carry the log-sum-exp ``(batch, q_heads, 1)`` of a static step's query (its attention kernel's) in the
+        place of the window's oldest query, where the query went (:meth:`remember_queries`)."""
+        assert self.recent_query_lse is not None
+        self.recent_query_lse.index_copy_(2, oldest, lse.float())
 
     def add_query_moments(self, query: torch.Tensor, query_positions: torch.Tensor, rope: Rope) -> None:
         """Add a forward's queries, rotated back to before RoPE, to the running moments; queries at the first
@@ -247,9 +262,9 @@ class HeapLayer:
         return self.live * self.slot_bytes()
 
     def aux_bytes(self) -> int:
-        """Bytes of kvlab's bookkeeping for this layer (positions, scores, remembered queries, query moments, what the
-        last decoded query gave each slot)."""
-        tensors = (self.positions, self.scores, self.recent_queries, self.received)
+        """Bytes of kvlab's bookkeeping for this layer (positions, scores, remembered queries and their log-sum-exps,
+        query moments, what the last decoded query gave each slot)."""
+        tensors = (self.positions, self.scores, self.recent_queries, self.recent_query_lse, self.received)
         moments = 0 if self.moments is None else self.moments.nbytes()
         return moments + sum(t.numel() * t.element_size() for t in tensors if t is not None)
 

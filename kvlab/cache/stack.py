@@ -34,15 +34,17 @@ from kvlab.cache.layer import HeapLayer
 class LayerStack:
     """The ``positions`` and (where attention accumulates them) ``scores`` of every layer, ``(layers, batch,
     kv_heads, capacity)``, and (where the layers remember a window of queries) their ``keys`` ``(layers, batch,
-    kv_heads, capacity, head_dim)`` and remembered ``queries`` ``(layers, batch, q_heads, window, head_dim)``, whose
-    slices the layers hold as their own tensors; ``held`` is where each layer's views start in memory, to see that
-    the layers still hold them (a compaction outside static mode would replace them)."""
+    kv_heads, capacity, head_dim)``, remembered ``queries`` ``(layers, batch, q_heads, window, head_dim)`` and, where
+    they carry them, the queries' log-sum-exps ``lse`` ``(layers, batch, q_heads, window)``, whose slices the layers
+    hold as their own tensors; ``held`` is where each layer's views start in memory, to see that the layers still
+    hold them (a compaction outside static mode would replace them)."""
 
     positions: torch.Tensor
     scores: torch.Tensor | None
     held: tuple[tuple[int, ...], ...]
     keys: torch.Tensor | None = None
     queries: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
 
     @classmethod
     def of(cls, layers: list[HeapLayer], received_at_once: bool = False) -> LayerStack | None:
@@ -61,13 +63,16 @@ class LayerStack:
         scores = torch.stack(kept_scores) if kept_scores else None
         queries = _stacked_queries(layers)
         keys = _stacked_keys(layers) if queries is not None or (received_at_once and scores is not None) else None
+        lse = _stacked_lse(layers) if queries is not None else None
         for index, layer in enumerate(layers):
             layer.positions = positions[index]
             if scores is not None:
                 layer.scores = scores[index]
             if queries is not None:
                 layer.recent_queries = queries[index]
-        stack = cls(positions, scores, (), keys, queries)
+            if lse is not None:
+                layer.recent_query_lse = lse[index]
+        stack = cls(positions, scores, (), keys, queries, lse)
         return dataclasses.replace(stack, held=tuple(stack._views(layer) for layer in layers))
 
     def holds(self, layers: list[HeapLayer]) -> bool:
@@ -85,6 +90,8 @@ class LayerStack:
             stacked.append(layer.keys)
         if self.queries is not None:
             stacked.append(layer.recent_queries)
+        if self.lse is not None:
+            stacked.append(layer.recent_query_lse)
         return tuple(-1 if tensor is None else tensor.data_ptr() for tensor in stacked)
 
     def flat(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -93,13 +100,18 @@ class LayerStack:
 
     def as_layer(self, layers: list[HeapLayer]) -> HeapLayer:
         """All layers as one layer whose sequences are every layer's (``layers x batch``): the stacked positions
-        and scores. A window's attention is each layer's own, over its own keys: the eviction scores every layer's
-        window first (:func:`kvlab.attention.observe.stacked_window_attention`)."""
+        and scores, and where they are stacked the keys, remembered queries and their log-sum-exps. A window's
+        attention is each layer's own, over its own keys: the eviction scores every layer's window first
+        (:func:`kvlab.attention.observe.stacked_window_attention`)."""
         first = layers[0]
         return HeapLayer(
             planned=first.planned,
+            keys=None if self.keys is None else self.flat(self.keys),
             positions=self.flat(self.positions),
             scores=None if self.scores is None else self.flat(self.scores),
+            recent_queries=None if self.queries is None else self.flat(self.queries),
+            recent_query_positions=first.recent_query_positions,
+            recent_query_lse=None if self.lse is None else self.flat(self.lse),
             used=first.used,
             live=first.live,
             ordered=False,
@@ -163,6 +175,15 @@ def _stacked_queries(layers: list[HeapLayer]) -> torch.Tensor | None:
     if len(shapes) != 1:
         return None
     return torch.stack([layer.recent_queries for layer in layers if layer.recent_queries is not None])
+
+
+def _stacked_lse(layers: list[HeapLayer]) -> torch.Tensor | None:
+    """Every layer's carried log-sum-exps of its remembered queries stacked, where every layer carries them
+    (:attr:`~kvlab.cache.layer.HeapLayer.recent_query_lse`); ``None`` otherwise."""
+    carried = [layer.recent_query_lse for layer in layers]
+    if any(lse is None for lse in carried):
+        return None
+    return torch.stack([lse for lse in carried if lse is not None])
 
 
 def _stacked_keys(layers: list[HeapLayer]) -> torch.Tensor | None:

@@ -27,7 +27,7 @@ from kvlab.errors import KvlabError
 from kvlab.paths import bench_results
 
 #: The newest side-by-side decode measurement, relative to the benchmark results folder.
-MEASURED_DECODE = "heap_gpu/slot_sums_decode_h200.json"
+MEASURED_DECODE = "heap_gpu/carried_lse_decode_h200.json"
 #: How a time is labelled where the formulas made it (no GPU benchmark measured that scenario).
 COMPUTED = "computed"
 #: How a time is labelled where a GPU benchmark measured it (the device is named beside it).

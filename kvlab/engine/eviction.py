@@ -4,6 +4,8 @@ The policy scores the slots it sees (:class:`~kvlab.policies.base.LayerView`); t
 (:class:`~kvlab.cache.noise.NoiseFloor`); the tokens no query can see any more (outside a sliding window) and those an
 ablation removes go first. The cache then chooses the victims and frees their slots by its own rules
 (:meth:`kvlab.cache.heap.KVHeap.cut`, :meth:`~kvlab.cache.heap.KVHeap.compress`), the same for every policy.
+Where the layers carry their windows' log-sum-exps, the victims are taken out of them before they are freed
+(:func:`kvlab.attention.observe.forget_victims`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvlab.attention.observe import stacked_window_attention
+from kvlab.attention.observe import stacked_window_attention, victims_forgotten
 from kvlab.cache.heap import KVHeap
 from kvlab.cache.ranking import UNHELD, by_score_then_position, eviction_count
 from kvlab.policies.base import LayerView, Policy
@@ -48,7 +50,8 @@ def evict_layer(heap: KVHeap, policy: Policy, view: LayerView) -> None:
         return
     clock = heap.ranking_clock(view.layer_idx)
     start, stop = policy.candidates(view, count) or (0, view.span)
-    heap.cut(view.layer_idx, count, eviction_scores(policy, view, heap)[..., start:stop], start, clock)
+    scores = eviction_scores(policy, view, heap)[..., start:stop]
+    heap.cut(view.layer_idx, count, scores, start, clock, victims_forgotten(view.cache))
 
 
 def evict_layers(heap: KVHeap, policy: Policy, views: Sequence[LayerView]) -> None:
@@ -88,7 +91,7 @@ def evict_stacked(heap: KVHeap, policy: Policy, views: Sequence[LayerView]) -> b
     if policy.query_window():
         votes = stacked_window_attention(heap.layers, first.span, heap.stack if heap.static else None)
     view = dataclasses.replace(first, layer_idx=0, cache=stacked, window_votes=votes)
-    heap.cut_every_layer(count, eviction_scores(policy, view, heap), stacked, clock)
+    heap.cut_every_layer(count, eviction_scores(policy, view, heap), stacked, clock, victims_forgotten(stacked))
     return True
 
 

@@ -594,7 +594,7 @@ class _Seconds:
 def _cake_preference(layer: HeapLayer, span: int) -> float:
     """CAKE's preference of one layer: its observation window's attention over the tokens before the window."""
     assert layer.recent_query_positions is not None
-    first_query = int(layer.recent_query_positions[0])
+    first_query = int(layer.recent_query_positions.min())  # a static step's window is not in order
     positions = layer.slots(span)[2]
     before_window = (positions >= 0) & (positions < first_query)
     return cake_preference(window_probabilities(layer, span), keys=before_window)

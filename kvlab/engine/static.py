@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from kvlab.attention.backends import FLEX
+from kvlab.attention.observe import carry_window_lse
 from kvlab.engine.decoding import Loop
 from kvlab.modes import STREAMING
 
@@ -99,9 +100,13 @@ class StaticSteps:
         return self.ids.view(-1), None, None
 
     def _start(self, tokens: list[int]) -> None:
-        """The device tensors the steps advance: the current token of each sequence and its position."""
+        """The device tensors the steps advance: the current token of each sequence and its position; under the
+        ``flex`` backend, the log-sum-exps of a window of several queries, carried from step to step
+        (:func:`kvlab.attention.observe.carry_window_lse`)."""
         loop = self.loop
         device = loop.loaded.device
+        if loop.attention == FLEX and loop.cache.query_window > 1:
+            carry_window_lse(loop.cache.layers)  # flex gives each step's query's: the window votes in one pass
         loop.cache.make_static(received_at_once=loop.attention == FLEX)
         if self.capture:
             loop.fuse_layers()

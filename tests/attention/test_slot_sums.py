@@ -79,14 +79,15 @@ def test_votes_match_pytorch(case: str) -> None:
     assert torch.allclose(found.sum(dim=-1), sees.sum(dim=-1).float() * groups, rtol=1e-3)
 
 
-def test_given_log_sum_exp_accumulates() -> None:
+@pytest.mark.parametrize("window, sum_rows", [(1, 128), (8, 16)], ids=["one block of rows", "two blocks of rows"])
+def test_given_log_sum_exp_accumulates(window: int, sum_rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a decoding kernel's log-sum-exp (here PyTorch's), one pass gives the same sums and adds them in place to
-    H2O's accumulated scores over a span of a larger capacity (a strided view)."""
-    queries, query_positions, keys, positions = operands(2, 2, 4, 1, 260, 64, torch.bfloat16, 2)
+    H2O's accumulated scores over a span of a larger capacity (a strided view): in the kernel where one program
+    sums every row of a KV head, after it where the rows take several."""
+    monkeypatch.setattr(slot_sums, "TILES", slot_sums.Tiles(sum_rows=sum_rows))
+    queries, query_positions, keys, positions = operands(2, 2, 4, window, 260, 64, torch.bfloat16, 2)
     shape = AttentionShape(None, 0.125, None)
-    logits = torch.matmul(queries.view(2, 2, 4, 64), keys.transpose(-1, -2)).float() * shape.scaling
-    allowed = allowed_keys(positions, query_positions, None).squeeze(-2).unsqueeze(2)
-    lse = logits.masked_fill(~allowed, float("-inf")).logsumexp(dim=-1).view(2, 8, 1)
+    lse = observe.window_lse(queries, query_positions, keys, positions, shape)
     capacity = torch.rand(2, 2, 300)
     before = capacity.clone()
     found = slot_sums.slot_sums(queries, query_positions, keys, positions, shape, lse, capacity[..., :260])
@@ -109,13 +110,14 @@ def test_rows_that_see_nothing_give_nothing() -> None:
 
 
 @pytest.mark.parametrize("case", ["votes of a window of 8, bf16", "votes over more slots than one program's block"])
-def test_log_sum_exps_in_parts_add_up(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A row's log-sum-exp taken in parts of the slots (here of 100 slots, which blocks of 64 do not divide: each
-    part must stop at its own end) and added up gives the sums of one part."""
+def test_sums_in_parts_and_blocks_of_rows_add_up(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both passes taken in parts of the slots (here of 100 slots, which blocks of 64 and 32 do not divide: each
+    part must stop at its own end) and in blocks of 16 rows, added up, give the sums of one part and one block."""
     batch, kv_heads, groups, window, slots, head_dim, dtype, shape = CASES[case]
     queries, query_positions, keys, positions = operands(batch, kv_heads, groups, window, slots, head_dim, dtype, 4)
     whole = slot_sums.slot_sums(queries, query_positions, keys, positions, shape)
-    monkeypatch.setattr(slot_sums, "TILES", slot_sums.Tiles(lse_split=100, lse_slots=64))
+    tiles = slot_sums.Tiles(lse_split=100, lse_slots=64, lse_rows=16, sum_split=100, sum_slots=32, sum_rows=16)
+    monkeypatch.setattr(slot_sums, "TILES", tiles)
     in_parts = slot_sums.slot_sums(queries, query_positions, keys, positions, shape)
     torch.testing.assert_close(in_parts, whole, **tolerance(torch.float32))
     torch.testing.assert_close(in_parts, votes(queries, query_positions, keys, positions, shape), **tolerance(dtype))
