@@ -79,22 +79,47 @@ def window_lse(*operands: Any) -> torch.Tensor:
     return logits.logsumexp(dim=-1).reshape(batch, q_heads, window)
 
 
+#: The share of a query's attention above which the victims' removal from its log-sum-exp is not trusted: taking
+#: most of a sum out of its logarithm leaves few exact digits (a head that attends almost only to a token that its
+#: KV head's other queries do not vote for, at a small budget, lost every digit), so the query's log-sum-exp is
+#: marked stale (NaN) and computed again over the slots left before the next votes (:func:`refresh_lse`).
+UNTRUSTED_SHARE = 0.5
+
+
 def carry_window_lse(layers: Sequence[HeapLayer]) -> None:
     """Start carrying each remembered query's log-sum-exp over the slots held (:attr:`~kvlab.cache.layer.HeapLayer.
     recent_query_lse`), computed here over each layer's slots in use: what static steps under the ``flex`` backend
-    do where a window of several queries votes, so that each step's votes are one pass over the keys. Not in a
-    sliding window's layers: they evict first what the newest query no longer sees, which may hold most of an older
-    query's attention, and taking most of a sum out of its logarithm leaves few exact digits (4 of 7 after a few
-    steps on a tiny Gemma-2); the lowest-voted slots other layers evict hold a small share."""
+    do where a window of several queries votes, so that each step's votes are one pass over the keys. Every layer or
+    none (an eviction of all layers at once takes the victims out of every layer's or of none): none where a layer
+    has a sliding window, since such a layer evicts first what the newest query no longer sees, which may hold most
+    of an older query's attention at every step (:data:`UNTRUSTED_SHARE`)."""
+    if any(layer.sliding_window is not None for layer in layers):
+        return
     for layer in layers:
         assert layer.recent_queries is not None and layer.recent_query_positions is not None
-        if layer.sliding_window is not None:
-            continue
         keys, _, positions = layer.slots(layer.used)
         compute = slot_lse if sums_by_kernel(keys.device.type) else window_lse
         layer.recent_query_lse = compute(
             layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention
         )
+
+
+def refresh_lse(
+    lse: torch.Tensor,
+    queries: torch.Tensor,
+    query_positions: torch.Tensor,
+    keys: torch.Tensor,
+    positions: torch.Tensor,
+    shape: AttentionShape,
+) -> None:
+    """Compute again, in place, the carried log-sum-exps ``lse`` ``(batch, q_heads, window)`` marked stale (NaN) by
+    :func:`lse_without`, over the slots held now; on CUDA a kernel whose programs leave at once where their rows are
+    all current, so that a step with none stale costs a launch."""
+    if sums_by_kernel(keys.device.type):
+        fresh = slot_lse(queries, query_positions, keys, positions, shape, stale=lse)
+    else:
+        fresh = torch.where(lse.isnan(), window_lse(queries, query_positions, keys, positions, shape), lse)
+    lse.copy_(fresh)
 
 
 def lse_without(
@@ -107,14 +132,15 @@ def lse_without(
     shape: AttentionShape,
 ) -> torch.Tensor:
     """The log-sum-exps ``lse`` ``(batch, q_heads, window)`` of ``queries`` with the slots ``victims`` ``(batch,
-    kv_heads, k)`` taken out: ``lse + log(1 - p)``, ``p`` the share of each query's attention those slots held (the
-    lowest-scored slots: a small share, never the whole, since a query always sees its own token, which the window
-    keeps). A pure function, fused in a static step."""
+    kv_heads, k)`` taken out: ``lse + log(1 - p)``, ``p`` the share of each query's attention those slots held, or
+    NaN (stale, :func:`refresh_lse`) where that share is over :data:`UNTRUSTED_SHARE`. A pure function, fused in a
+    static step."""
     batch, q_heads, window, head_dim = queries.shape
     gone_keys = keys.gather(2, victims.unsqueeze(-1).expand(-1, -1, -1, head_dim))
     gone_positions = positions.gather(2, victims)
     share = probabilities(queries, query_positions, gone_keys, gone_positions, shape, lse).sum(dim=-1)
-    return lse + torch.log1p(-share.reshape(batch, q_heads, window))
+    share = share.reshape(batch, q_heads, window)
+    return (lse + torch.log1p(-share.clamp(max=UNTRUSTED_SHARE))).masked_fill(share > UNTRUSTED_SHARE, float("nan"))
 
 
 def forget_victims(layer: HeapLayer, victims: torch.Tensor) -> None:
@@ -153,8 +179,11 @@ def window_attention(layer: HeapLayer, span: int, static: bool = False) -> torch
     if layer.received is not None and layer.recent_queries.shape[2] == 1:
         return layer.received[..., :span]
     keys, _, positions = layer.slots(span)
+    lse = layer.recent_query_lse
+    if lse is not None:
+        refresh_lse(lse, layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention)
     return _summed(keys.device.type, static)(
-        layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention, layer.recent_query_lse
+        layer.recent_queries, layer.recent_query_positions, keys, positions, layer.attention, lse
     )
 
 
@@ -173,9 +202,12 @@ def stacked_window_attention(layers: Sequence[HeapLayer], span: int, stack: Laye
         return torch.cat([window_attention(layer, span, static=stack is not None) for layer in layers])
     keys = stack.flat(stack.keys)[:, :, :span]
     positions = stack.flat(stack.positions)[..., :span]
+    queries = stack.flat(stack.queries)
     lse = None if stack.lse is None else stack.flat(stack.lse)
+    if lse is not None:
+        refresh_lse(lse, queries, first.recent_query_positions, keys, positions, first.attention)
     summed = _summed(keys.device.type, static=True)
-    return summed(stack.flat(stack.queries), first.recent_query_positions, keys, positions, first.attention, lse)
+    return summed(queries, first.recent_query_positions, keys, positions, first.attention, lse)
 
 
 def _summed(device_type: str, static: bool) -> Callable[..., torch.Tensor]:

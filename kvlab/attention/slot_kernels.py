@@ -89,16 +89,22 @@ def lse_kernel(
     Q, s_qb, s_qh, s_qw, QPOS, K, s_kb, s_kh, s_ks, P, s_pb, s_ph, s_ps,
     KV_HEADS, SLOTS, WINDOW, ROWS, scale, softcap, sliding_window, HEAD_DIM,
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
-    PARTS, s_lb, s_lh, s_lw, SPLIT, BLOCK_ROWS: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
+    PARTS, s_lb, s_lh, s_lw, SPLIT, GIVEN, s_gb, s_gh, s_gw,
+    BLOCK_ROWS: tl.constexpr, BLOCK_SLOTS: tl.constexpr, STALE_ONLY: tl.constexpr,
 ):  # fmt: skip
     """Each row's log-sum-exp over the slots it may see in the program's ``SPLIT`` slots (the third axis of the grid
     says which), online over blocks of slots in base 2 (``scale`` and ``softcap`` times ``log2(e)``), given back in
-    base e (-inf where it sees none): one part of ``PARTS``' last axis."""
+    base e (-inf where it sees none): one part of ``PARTS``' last axis. Where ``STALE_ONLY``, a program none of whose
+    rows' ``GIVEN`` log-sum-exps is stale (NaN) leaves at once, writing nothing."""
     b = (tl.program_id(0) // KV_HEADS).to(tl.int64)  # 64-bit offsets: stacked layers pass 2**31 elements
     kv_head = (tl.program_id(0) % KV_HEADS).to(tl.int64)
     q, query_position, exists, head, step = _rows(
         Q, s_qb, s_qh, s_qw, QPOS, b, kv_head, tl.program_id(1) * BLOCK_ROWS, WINDOW, ROWS, HEAD_DIM, D, BLOCK_ROWS
     )
+    if STALE_ONLY:
+        given = tl.load(GIVEN + b * s_gb + head * s_gh + step * s_gw, mask=exists, other=0.0)
+        if tl.sum((given != given).to(tl.int32)) == 0:  # NaN is the one value unequal to itself
+            return
     highest = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
     total = tl.zeros((BLOCK_ROWS,), tl.float32)
     start = tl.program_id(2) * SPLIT

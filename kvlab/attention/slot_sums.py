@@ -128,9 +128,12 @@ def log_sum_exps(
     keys: torch.Tensor,
     positions: torch.Tensor,
     shape: AttentionShape,
+    stale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each query head's log-sum-exp over the slots it may see ``(batch, q_heads, window)`` (float32; operands as
-    :func:`slot_sums`): the first pass, in parts of :attr:`Tiles.lse_split` slots added up after."""
+    :func:`slot_sums`): the first pass, in parts of :attr:`Tiles.lse_split` slots added up after. Where ``stale``
+    (carried log-sum-exps of the same shape) is given, only its NaN rows are computed, its others kept: programs over
+    rows none of which is stale leave at once."""
     assert kernels is not None, "the kernels need Triton"
     batch, q_heads, window, _ = queries.shape
     kv_heads, slots = keys.shape[1], keys.shape[2]
@@ -138,16 +141,21 @@ def log_sum_exps(
     rows, block_rows = _rows(queries, kv_heads, tiles.lse_rows)
     splits = -(-slots // tiles.lse_split)
     parts = torch.empty(batch, q_heads, window, splits, dtype=torch.float32, device=keys.device)
+    given = parts[..., 0] if stale is None else stale
     kernels.lse_kernel[(batch * kv_heads, -(-rows // block_rows), splits)](
         *_common(queries, query_positions, keys, positions, shape, rows, kernels.INTERPRETED),
         parts,
         *parts.stride()[:3],
         tiles.lse_split,
+        given,
+        *given.stride(),
         BLOCK_ROWS=block_rows,
         BLOCK_SLOTS=tiles.lse_slots,
+        STALE_ONLY=stale is not None,
         num_warps=tiles.warps,
     )
-    return parts.logsumexp(dim=-1)
+    computed = parts.logsumexp(dim=-1)
+    return computed if stale is None else torch.where(stale.isnan(), computed, stale)
 
 
 def _rows(queries: torch.Tensor, kv_heads: int, most: int) -> tuple[int, int]:

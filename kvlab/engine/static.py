@@ -102,10 +102,11 @@ class StaticSteps:
     def _start(self, tokens: list[int]) -> None:
         """The device tensors the steps advance: the current token of each sequence and its position; under the
         ``flex`` backend, the log-sum-exps of a window of several queries, carried from step to step
-        (:func:`kvlab.attention.observe.carry_window_lse`)."""
+        (:func:`kvlab.attention.observe.carry_window_lse`), where flex decodes every layer (a sparse reader's layers
+        take kvlab's own kernel)."""
         loop = self.loop
         device = loop.loaded.device
-        if loop.attention == FLEX and loop.cache.query_window > 1:
+        if loop.attention == FLEX and loop.cache.query_window > 1 and not loop.spec.policy.reads_sparsely:
             carry_window_lse(loop.cache.layers)  # flex gives each step's query's: the window votes in one pass
         loop.cache.make_static(received_at_once=loop.attention == FLEX)
         if self.capture:
