@@ -129,15 +129,22 @@ def test_next_power_of_2(number: int, power: int) -> None:
     assert slot_sums.next_power_of_2(number) == power
 
 
-@pytest.mark.parametrize("policy", ["h2o", "tova", "snapkv"])
-def test_runs_scored_by_the_kernels_keep_what_pytorchs_products_keep(policy: str, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize(
+    "policy, budget",
+    [("h2o", 14), ("tova", 14), ("snapkv", 14), ("snapkv", 5)],
+    ids=["h2o", "tova", "snapkv", "snapkv, a budget of 5"],
+)
+def test_runs_scored_by_the_kernels_keep_what_pytorchs_products_keep(
+    policy: str, budget: int, monkeypatch: pytest.MonkeyPatch
+):
     """With the kernels serving the scoring as they do on CUDA (static steps under ``flex``: H2O's and TOVA's sums
-    from the pass's log-sum-exp, settled for every layer at once; SnapKV's window votes), a run decodes the tokens
-    and keeps the sets of the same run scored by PyTorch's products, and the kernels did score it."""
+    from the pass's log-sum-exp, settled for every layer at once; SnapKV's window votes from its carried
+    log-sum-exps, those marked stale computed again by the kernel at a budget of 5), a run decodes the tokens and
+    keeps the sets of the same run scored by PyTorch's products, and the kernels did score it."""
     loaded = wrap_model(tiny_model("llama"))
     ids = prompt(batch=2, length=40, seed=11)
     common = dict(mode="streaming", chunk=7, max_new_tokens=8, stop_token_ids=(), static=True, attention="flex")
-    spec = RunSpec(small_policy(policy), Budget(tokens=14), **common)
+    spec = RunSpec(small_policy(policy), Budget(tokens=budget), **common)
     by_pytorch = generate(loaded, ids, spec)
     calls: list[int] = []
 
@@ -145,10 +152,20 @@ def test_runs_scored_by_the_kernels_keep_what_pytorchs_products_keep(policy: str
         calls.append(1)
         return slot_sums.slot_sums(*args, **kwargs)  # type: ignore[arg-type]
 
+    stale_rows: list[int] = []
+
+    def counted_lse(*args: object, stale: torch.Tensor | None = None) -> torch.Tensor:
+        if stale is not None:
+            stale_rows.append(int(stale.isnan().sum()))
+        return slot_sums.log_sum_exps(*args, stale=stale)  # type: ignore[arg-type]
+
     for module in (flex, observe):
         monkeypatch.setattr(module, "sums_by_kernel", lambda device_type: True)
         monkeypatch.setattr(module, "slot_sums", counted)
+    monkeypatch.setattr(observe, "slot_lse", counted_lse)
     by_kernels = generate(loaded, ids, spec)
     assert by_kernels.tokens == by_pytorch.tokens
     assert by_kernels.kept_per_layer == by_pytorch.kept_per_layer
     assert len(calls) >= 8 - 1  # at least every decoded token's scoring
+    if policy == "snapkv":  # the carried log-sum-exps refreshed before every vote, stale ones at the small budget
+        assert stale_rows and (sum(stale_rows) > 0) == (budget == 5)
