@@ -27,8 +27,8 @@ import torch
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
 from kvlab.attention.context import PendingReceived
-from kvlab.attention.kernels import scaled_logits
 from kvlab.attention.masks import allowed_keys
+from kvlab.attention.observe import votes
 from kvlab.attention.slot_sums import slot_sums, sums_by_kernel
 from kvlab.cache.layer import AttentionShape, HeapLayer
 from kvlab.cache.stack import LayerStack
@@ -129,29 +129,6 @@ def block_mask(tables: tuple[torch.Tensor, ...], slots: int, groups: int) -> Blo
     )
 
 
-def received_attention(
-    query: torch.Tensor,
-    query_position: torch.Tensor,
-    keys: torch.Tensor,
-    positions: torch.Tensor,
-    lse: torch.Tensor,
-    shape: AttentionShape,
-) -> torch.Tensor:
-    """The attention each slot received from one query at ``query_position``, summed over the query heads of its KV
-    head ``(batch, kv_heads, slots)``: ``exp(logit - lse)`` with the kernel's log-sum-exp ``lse`` (``(batch, q_heads,
-    1)``), zero where the slot's token at ``positions`` was not visible. PyTorch's path (CUDA takes
-    :func:`kvlab.attention.slot_sums.slot_sums`): one batched matrix product of the query heads of each KV head with
-    its keys (written as a sum over the head dimension per query head instead, compiled, it ran 4-8% slower at 32k
-    and 128k: the keys were read once per query head)."""
-    batch, q_heads, _, head_dim = query.shape
-    kv_heads = keys.shape[1]
-    grouped = query.reshape(batch, kv_heads, q_heads // kv_heads, head_dim)
-    logits = scaled_logits(grouped, keys.transpose(-1, -2), shape)
-    probs = (logits - lse.reshape(batch, kv_heads, -1, 1).float()).exp()
-    visible = allowed_keys(positions, query_position, shape.sliding_window)
-    return probs.masked_fill(~visible, 0.0).sum(dim=2)
-
-
 def accumulated_attention(
     query: torch.Tensor,
     query_position: torch.Tensor,
@@ -161,9 +138,10 @@ def accumulated_attention(
     shape: AttentionShape,
     scores: torch.Tensor,
 ) -> torch.Tensor:
-    """:func:`received_attention`, added in place to a layer's accumulated ``scores`` (``(batch, kv_heads, slots)``,
-    H2O) in the same fused kernel: one launch per layer, not two."""
-    received = received_attention(query, query_position, keys, positions, lse, shape)
+    """What each slot received from one query at ``query_position`` (:func:`kvlab.attention.observe.votes` of a
+    window of one, normalised by the kernel's log-sum-exp ``lse``), added in place to a layer's accumulated
+    ``scores`` (``(batch, kv_heads, slots)``, H2O) in the same fused kernel: one launch per layer, not two."""
+    received = votes(query, query_position, keys, positions, shape, lse)
     scores.add_(received)
     return received
 
@@ -293,15 +271,15 @@ def _received(
     shape: AttentionShape,
     scores: torch.Tensor | None,
 ) -> torch.Tensor:
-    """What each slot received from ``query`` (:func:`received_attention`; on CUDA, the kernel of
-    :func:`kvlab.attention.slot_sums.slot_sums`), added to the accumulated ``scores`` where the layers keep them (a
-    static step's: they span the slots read)."""
+    """What each slot received from ``query`` (:func:`kvlab.attention.observe.votes` with the kernel's log-sum-exp
+    ``lse``; on CUDA, the kernel of :func:`kvlab.attention.slot_sums.slot_sums`), added to the accumulated ``scores``
+    where the layers keep them (a static step's: they span the slots read)."""
     device = query.device.type
     if sums_by_kernel(device):
         return slot_sums(query, query_position, keys, positions, shape, lse, scores)
     if scores is not None:
         return fused(device, accumulated_attention)(query, query_position, keys, positions, lse, shape, scores)
-    return fused(device, received_attention)(query, query_position, keys, positions, lse, shape)
+    return fused(device, votes)(query, query_position, keys, positions, shape, lse)
 
 
 def _note_received(layer: HeapLayer, received: torch.Tensor) -> None:

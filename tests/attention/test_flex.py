@@ -125,9 +125,9 @@ def test_static_steps_under_flex_give_the_tokens_and_kept_sets_of_kvlabs_kernels
 def test_tova_scores_a_static_step_by_what_the_flex_kernel_gave_each_slot(monkeypatch):
     loaded = wrap_model(tiny_model("llama"))
     ids = prompt(batch=2, length=40, seed=7)
-    second_passes: list[int] = []
-    counted = observe.probabilities
-    monkeypatch.setattr(observe, "probabilities", lambda *args: second_passes.append(1) or counted(*args))
+    second_passes: list[int] = []  # the window's scorings over the keys (a pass of their own)
+    counted = observe._summed
+    monkeypatch.setattr(observe, "_summed", lambda *args, **kwargs: second_passes.append(1) or counted(*args, **kwargs))
     results = {}
     for backend in ("sdpa", "flex"):
         second_passes.clear()
