@@ -244,7 +244,7 @@ def test_every_page_in_a_browser(page, screenshots, record_property):
 
     go_to(page, "Advisor")
     page.locator(".js-plotly-plot").first.wait_for()
-    assert page.get_by_text("no needle runs at 32,768 tokens").is_visible()
+    page.get_by_text("no needle runs at 32,768 tokens").wait_for()  # visible, within the default timeout
     at_both_sizes(page, screenshots, "advisor")
 
     go_to(page, "Runs")
@@ -271,7 +271,8 @@ def test_every_page_in_a_browser(page, screenshots, record_property):
         files=[{"name": "weights.txt", "mimeType": "text/plain", "buffer": b"\x00\x01\x02 binary"}]
     )
     page.get_by_text("weights.txt is binary, not text").wait_for()
-    assert page.get_by_role("button", name="Run").is_disabled()
+    # The error is drawn before the button below it: wait for the rerun to reach the button (5 s at most).
+    sync_api.expect(page.get_by_role("button", name="Run")).to_be_disabled(timeout=5000)
 
     summary = (
         f"first chart {first_chart:.2f} s after Run (3D view {marks['landscape'] / 1000:.2f} s), live run "
