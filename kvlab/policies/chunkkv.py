@@ -50,6 +50,7 @@ class ChunkKV(ObservationWindow, ScoringPolicy):
     """
 
     name: ClassVar[str] = "chunkkv"
+    reads_position_order: ClassVar[bool] = True
     window: int = param(32, minimum=1, help="recent queries that vote (the observation window), always kept")
     chunk_length: int = param(10, minimum=1, help="tokens per chunk, the unit kept or evicted")
     reuse_layers: int = param(1, minimum=1, help="layers per group that keep the positions its first layer kept")
