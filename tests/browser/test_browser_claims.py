@@ -53,7 +53,7 @@ def test_the_claims_page_in_a_browser(page, tmp_path):
     for text in texts:
         assert "kvlab:" in text or "Not measured here:" in text, text
         assert "nan" not in text.split() and "None" not in text.split(), text
-    assert page.get_by_text("not stored yet").is_visible()
+    page.get_by_text("not stored yet").wait_for()  # visible
     page.get_by_role("button", name="Refresh from the store").click()
     page.get_by_text("as stored in").wait_for()
     idle(page)

@@ -81,7 +81,7 @@ def test_a_login_round_trip_against_an_oidc_provider(tmp_path, provider):
         tab.get_by_text("Logged in as").wait_for()
         shown = tab.get_by_text("Logged in as").inner_text().replace("\u2060", "")  # a word joiner keeps it no link
         assert "ada@example.org" in shown
-        assert tab.locator("[data-testid=stSidebarNav]").count() == 1
+        sync_api.expect(tab.locator("[data-testid=stSidebarNav]")).to_have_count(1)  # drawn after the greeting
 
         tab.goto(f"{server.url}/live")  # a run, recorded with who ran it
         tab.get_by_text("Running on").wait_for()
