@@ -16,6 +16,7 @@ from kvlab.dashboard.downloads import MIME_TYPES, report_file
 from kvlab.dashboard.report import PAIRED_TITLE, Selection, frontier_report, paired_note
 from kvlab.dashboard.session import browsed_store
 from kvlab.dashboard.store_figures import FRONTIER_GUIDE, axis_frontier_figure
+from kvlab.dashboard.store_reads import read_frame
 from kvlab.dashboard.text import plain, plain_frame
 from kvlab.runs.tables import (
     FRONTIER_AXES,
@@ -45,7 +46,7 @@ st.caption(
     "bootstrap for RULER's recall."
 )
 store = browsed_store()
-runs = store.list_runs() if store is not None else None
+runs = read_frame(store, "list_runs") if store is not None else None
 if runs is None or runs.empty or not runs["trials"].any():
     st.info(
         "The store has no runs with trials yet. Run a live run or a needle grid, or point KVLAB_DB at a "
@@ -82,8 +83,8 @@ for column, name in zip(st.columns(2), ("A", "B")):
         run_filter = RunFilter(
             models=(model,), tasks=(task,), context_lengths=() if context_length is None else (context_length,)
         )
-        trials = store.trials_frame(run_filter)
-        points = frontier_points(store.accuracy_frontier(run_filter), axis, metric, trials)
+        trials = read_frame(store, "trials_frame", run_filter)
+        points = frontier_points(read_frame(store, "accuracy_frontier", run_filter), axis, metric, trials)
         how_to_read(column, FRONTIER_GUIDE, key=f"frontier-guide-{name}")
         show_chart(
             column,
@@ -101,7 +102,9 @@ for column, name in zip(st.columns(2), ("A", "B")):
         run_filters.append(run_filter)
         selection_trials.append(trials)
 
-covered = pd.concat([store.list_runs(run_filter) for run_filter in run_filters]).drop_duplicates("run_id")
+covered = pd.concat([read_frame(store, "list_runs", run_filter) for run_filter in run_filters]).drop_duplicates(
+    "run_id"
+)
 covered_trials = pd.concat(selection_trials).drop_duplicates(["run_id", "trial_key"])
 
 if metric in SHARE_COLUMNS:
@@ -156,7 +159,9 @@ else:
         else most_runs(runs, "context_length", model=model_a, task="needle")[0]
     )
     length = st.selectbox("Context length of kvlab's rows", lengths, key="claim-length", index=lengths.index(preferred))
-    table = side_by_side(store.trials_frame(RunFilter(models=(model_a,), tasks=("needle",))), int(length))
+    table = side_by_side(
+        read_frame(store, "trials_frame", RunFilter(models=(model_a,), tasks=("needle",))), int(length)
+    )
     left_out = article_rows_left_out(table)
     if table.empty:
         st.info(

@@ -11,6 +11,7 @@ from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.downloads import MIME_TYPES, export_bytes, report_file
 from kvlab.dashboard.report import runs_report
 from kvlab.dashboard.session import browsed_store, shown_store
+from kvlab.dashboard.store_reads import read_frame, read_shares
 from kvlab.dashboard.text import plain, plain_frame
 from kvlab.runs.tables import (
     METRICS,
@@ -25,7 +26,7 @@ from kvlab.store import RunFilter, default_db_path
 
 st.title("Runs")
 store = browsed_store()
-everything = store.list_runs() if store is not None else None
+everything = read_frame(store, "list_runs") if store is not None else None
 if everything is None or everything.empty:
     st.info(
         f"No runs are stored in {plain(shown_store(default_db_path()))} yet. Run a live run or a needle grid, or point "
@@ -40,10 +41,10 @@ policies = filters[1].multiselect("Policy", choices(everything, "policy"))
 modes = filters[2].multiselect("Mode", choices(everything, "mode"))
 tasks = filters[3].multiselect("Task", choices(everything, "task"))
 selection = RunFilter(models=tuple(models), policies=tuple(policies), modes=tuple(modes), tasks=tuple(tasks))
-runs = store.list_runs(selection)
-selected_trials = store.trials_frame(selection)
+runs = read_frame(store, "list_runs", selection)
+selected_trials = read_frame(store, "trials_frame", selection)
 st.dataframe(
-    runs_table(with_shares(runs, selected_trials)),
+    runs_table(with_shares(runs, read_shares(store, selection))),
     hide_index=True,
     key="runs-table",
     column_config={

@@ -106,7 +106,9 @@ def needle_cells(trials: pd.DataFrame, context: int = CLAIM_CONTEXT) -> pd.DataF
 def with_variants(rows: pd.DataFrame) -> pd.DataFrame:
     """Trials with their policy ``variant`` (a frame without parameters holds policies as published)."""
     params = rows["policy_params"] if "policy_params" in rows else pd.Series(None, index=rows.index, dtype=object)
-    pairs = list(zip(rows["policy"], params.map(_hashable)))
+    # Python lists first: iterating a column of Arrow strings converts one element at a time (0.26 s for the shipped
+    # evidence's trials), tolist converts the column at once.
+    pairs = [(policy, _hashable(stored)) for policy, stored in zip(rows["policy"].tolist(), params.tolist())]
     named = {pair: variant(*pair) for pair in set(pairs)}
     return rows.assign(variant=[named[pair] for pair in pairs])
 

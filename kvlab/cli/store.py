@@ -126,9 +126,9 @@ def runs_listing(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """``Store.list_runs`` rows as ``runs`` prints them (:data:`LIST_COLUMNS`): shares as fractions to three places,
     intervals as ``0.240–0.760``, ``—`` where a run has none (a text's pass answers nothing; runs stored before the
     tie share was recorded have none); a RULER run's score is the mean over its tasks of their mean recall."""
-    from kvlab.runs.tables import policy_name, present, with_shares  # loads torch: not at import time
+    from kvlab.runs.tables import policy_name, present, run_shares, with_shares  # loads torch: not at import time
 
-    shares = with_shares(runs, trials)
+    shares = with_shares(runs, run_shares(trials))
     scores = ruler_scores(trials)
     ruler = [scores[run].score if run in scores else None for run in shares["run_id"]]
     labels = [policy_name(policy, params) for policy, params in zip(shares["policy"], shares["policy_params"])]

@@ -12,11 +12,12 @@ import streamlit as st
 from kvlab.costs.measured import load_measured_decode
 from kvlab.dashboard.session import open_page_store
 from kvlab.runs.advisor import Advice, AdviceRequest, advise, evidence_runs
+from kvlab.store import StoreVersion, store_version
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def _advice(path: str, modified_ns: int, request: AdviceRequest) -> tuple[Advice, pd.DataFrame]:
-    """:func:`~kvlab.runs.advisor.advise` over the store at ``path`` as it was at ``modified_ns``, with the runs the
+def _advice(path: str, version: StoreVersion, request: AdviceRequest) -> tuple[Advice, pd.DataFrame]:
+    """:func:`~kvlab.runs.advisor.advise` over the store at ``path`` as it was at ``version``, with the runs the
     advice rests on."""
     with open_page_store(Path(path)) as store:
         trials = store.trials_frame()
@@ -26,5 +27,5 @@ def _advice(path: str, modified_ns: int, request: AdviceRequest) -> tuple[Advice
 
 def stored_advice(path: Path, request: AdviceRequest) -> tuple[Advice, pd.DataFrame]:
     """The advice for ``request`` from the store at ``path`` and the runs it rests on, worked out again only when
-    the file changes."""
-    return _advice(str(path), path.stat().st_mtime_ns, request)
+    the store changes."""
+    return _advice(str(path), store_version(path), request)

@@ -37,6 +37,7 @@ from kvlab.runs.tables import (
     paired_tests,
     run_memory,
     run_quality,
+    run_shares,
     runs_table,
     short_model_name,
     with_shares,
@@ -249,7 +250,9 @@ def frontier_report(
         runs=runs,
         parts=(
             *(part for selection in selections for part in _selection_parts(selection, axis, metric)),
-            ReportTable("The runs behind them", runs_table(runs if trials is None else with_shares(runs, trials))),
+            ReportTable(
+                "The runs behind them", runs_table(runs if trials is None else with_shares(runs, run_shares(trials)))
+            ),
         ),
     )
 

@@ -41,7 +41,7 @@ from kvlab.runs.device_queue import Waiting
 from kvlab.runs.live import warm_up
 from kvlab.runs.replay import Replay, unpack
 from kvlab.runs.tables import short_model_name
-from kvlab.store import Store, default_db_path, has_database, open_store
+from kvlab.store import Store, StoreVersion, default_db_path, has_database, open_store, store_version
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -368,12 +368,12 @@ def stored_replay(path: Path, run_id: int, trial_key: str) -> Replay:
 
 
 @st.cache_data(show_spinner=False, max_entries=4)
-def _needle_evidence(path: str, modified_ns: int) -> NeedleEvidence:
-    """:func:`~kvlab.dashboard.claims.needle_evidence`, read again only when the file changes."""
+def _needle_evidence(path: str, version: StoreVersion) -> NeedleEvidence:
+    """:func:`~kvlab.dashboard.claims.needle_evidence`, read again only when the store changes."""
     with open_page_store(Path(path)) as store:
         return needle_evidence(store)
 
 
 def shipped_needle_evidence(path: Path) -> NeedleEvidence:
     """A store's needle evidence, read once per server process and version of the file."""
-    return _needle_evidence(str(path), path.stat().st_mtime_ns)
+    return _needle_evidence(str(path), store_version(path))

@@ -352,11 +352,11 @@ def share_text(value: object) -> str:
     return f"{100 * float(value):.1f} %" if present(value) else "—"  # type: ignore[arg-type]
 
 
-def with_shares(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
-    """``Store.list_runs`` rows with the columns of :func:`run_shares` from their ``trials`` (``Store.trials_frame``):
-    each share's interval, RULER's mean recall and the tie share, for :func:`runs_table`. The rows' own accuracies
-    stay (the store's; the same means)."""
-    shares = run_shares(trials).drop(columns=["accuracy", "exact_accuracy"])
+def with_shares(runs: pd.DataFrame, shares: pd.DataFrame) -> pd.DataFrame:
+    """``Store.list_runs`` rows with the columns of :func:`run_shares` (``shares``, of their trials): each share's
+    interval, RULER's mean recall and the tie share, for :func:`runs_table`. The rows' own accuracies stay (the
+    store's; the same means)."""
+    shares = shares.drop(columns=["accuracy", "exact_accuracy"])
     return runs.drop(columns=list(shares.columns), errors="ignore").merge(
         shares, left_on="run_id", right_index=True, how="left"
     )

@@ -12,7 +12,7 @@ marker), :mod:`~kvlab.store.connection` (opening files for reading or writing), 
 failure). Schema, migrations and the default location are described in ``docs/store.md``.
 """
 
-from kvlab.store.connection import default_db_path, has_database
+from kvlab.store.connection import StoreVersion, default_db_path, has_database, store_version
 from kvlab.store.errors import DB_ENV_VAR
 from kvlab.store.export import export_runs, export_trials
 from kvlab.store.queries import Store, open_store
@@ -28,6 +28,7 @@ __all__ = [
     "RunConfig",
     "RunFilter",
     "Store",
+    "StoreVersion",
     "SweepRecord",
     "SweepStatus",
     "Trial",
@@ -37,4 +38,5 @@ __all__ = [
     "has_database",
     "open_store",
     "run_key",
+    "store_version",
 ]

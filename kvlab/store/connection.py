@@ -204,9 +204,32 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def store_files(path: Path) -> tuple[Path, Path]:
+    """A store's files: the database and its write-ahead log (where a commit goes until a checkpoint moves it)."""
+    return path, path.with_name(path.name + ".wal")
+
+
+#: A store's version as :func:`store_version` gives it.
+StoreVersion = tuple[tuple[int, int], ...]
+
+
+def store_version(path: Path) -> StoreVersion:
+    """What changes whenever a commit changes the store at ``path``: the size and modification time of each of its
+    files (``(-1, -1)`` for one that is absent). The key of what is read from it and kept (the dashboard's frames)."""
+    version = []
+    for file in store_files(path):
+        try:
+            stat = file.stat()
+        except FileNotFoundError:
+            version.append((-1, -1))
+        else:
+            version.append((stat.st_size, stat.st_mtime_ns))
+    return tuple(version)
+
+
 def _remove_new_database(path: Path) -> None:
     """Remove what a failed creation left (the file and its write-ahead log), so no broken file stays behind."""
-    for leftover in (path, path.with_name(path.name + ".wal")):
+    for leftover in store_files(path):
         with contextlib.suppress(OSError):
             leftover.unlink()
 

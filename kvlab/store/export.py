@@ -22,6 +22,7 @@ import pandas as pd
 
 from kvlab.errors import KvlabError
 from kvlab.settings import positive_setting
+from kvlab.store.connection import store_files
 from kvlab.store.queries import Store
 from kvlab.store.rows import RunConfig, RunFilter, Trial, canonical_json
 
@@ -65,7 +66,7 @@ def export_runs(store: Store, out_path: str | Path, filters: RunFilter = RunFilt
 
 def _in_use(store: Store) -> list[Path]:
     """The files an export of ``store`` must never write: the database and its write-ahead log."""
-    return [store.path, store.path.with_name(store.path.name + ".wal")]
+    return list(store_files(store.path))
 
 
 def record_frame(config: RunConfig, trial: Trial) -> pd.DataFrame:

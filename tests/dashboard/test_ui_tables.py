@@ -318,7 +318,7 @@ def hand_trials(run_id: int, correct: list[bool], **columns: list) -> pd.DataFra
 def test_runs_show_each_share_with_its_interval_and_the_tie_share(store):
     runs = store.list_runs()
     trials = store.trials_frame()
-    table = tables.runs_table(tables.with_shares(runs, trials)).set_index("run")
+    table = tables.runs_table(tables.with_shares(runs, tables.run_shares(trials))).set_index("run")
     assert table.loc[2, "accuracy %"] == 50.0 and table.loc[2, "accuracy 95% CI"] == "15–85"  # Wilson, 2 of 4
     assert table.loc[2, "exact 95% CI"] == "15–85"
     assert table.loc[2, "recall 95% CI"] == "—" and table.loc[2, "tie share"] == "—"  # not recorded then
@@ -328,7 +328,7 @@ def test_runs_show_each_share_with_its_interval_and_the_tie_share(store):
     assert shares["recall"] == pytest.approx(0.5625) and shares["tie_share"] == pytest.approx(0.25)
     assert (shares["accuracy_low"], shares["accuracy_high"]) == pytest.approx(wilson_interval(2, 4))
     assert (shares["recall_low"], shares["recall_high"]) == bootstrap_interval([1.0, 0.5, 0.0, 0.75])
-    shown = tables.runs_table(tables.with_shares(runs, recall)).set_index("run")
+    shown = tables.runs_table(tables.with_shares(runs, tables.run_shares(recall))).set_index("run")
     assert shown.loc[2, "recall %"] == 56.2 and shown.loc[2, "tie share"] == "25.0 %"
     assert shown.loc[1, "recall %"] != shown.loc[1, "recall %"]  # NaN: run 1 has no trials in this frame
     assert shown.loc[1, "accuracy %"] == 100.0  # the store's own accuracy stays
