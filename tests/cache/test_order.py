@@ -12,7 +12,7 @@ import kvlab.cache.layer
 from kvlab.budget import Budget
 from kvlab.cache.layer import FREE
 from kvlab.cache.layouts import LAYOUTS
-from kvlab.cache.order import SlotOrder, position_order
+from kvlab.cache.order import SlotOrder, caught_up, position_order
 from kvlab.cache.spec import CacheSpec
 from kvlab.engine.generation import Generation
 from kvlab.engine.spec import RunSpec
@@ -55,6 +55,20 @@ def test_catching_up_after_frees_and_appends_gives_the_sorted_order(appends_betw
         held = (positions >= 0).float()
         victims = torch.multinomial(held.flatten(0, 1), appends_between, generator=generator)
         positions.scatter_(-1, victims.view(*rows, appends_between), FREE)
+
+
+def test_the_catch_up_is_one_graph_for_the_compiler() -> None:
+    """A static step on CUDA runs the catch-up compiled (:func:`kvlab.fusion.fused`, ``fullgraph=True``): traced here
+    with no break, it gives the eager answer."""
+    positions = torch.tensor([[[4, FREE, 1, 0, FREE, 2, 3, FREE]]], dtype=torch.int32)
+    order = SlotOrder.of(positions, 5)
+    positions[0, 0, 1] = 5  # one token appended since, and one older token freed
+    positions[0, 0, 2] = FREE
+    torch._dynamo.reset()
+    compiled = torch.compile(caught_up, backend="eager", fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(order.slots, positions, order.mark), caught_up(order.slots, positions, order.mark))
+    order.catch_up(positions, 6)
+    held_in_order(order, positions)
 
 
 @pytest.fixture(scope="module")
