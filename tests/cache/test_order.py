@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import prompt, small_policy, tiny_model
+from test_heap import run, spec
+from tiny_models import prompt, tiny_model
 
 import kvlab.cache.layer
-from kvlab.budget import Budget
 from kvlab.cache.layer import FREE
 from kvlab.cache.layouts import LAYOUTS
 from kvlab.cache.order import SlotOrder, caught_up, position_order
-from kvlab.cache.spec import CacheSpec
-from kvlab.engine.generation import Generation
-from kvlab.engine.spec import RunSpec
 from kvlab.engine.static import StaticSteps
 from kvlab.models.loading import wrap_model
 from kvlab.policies import POLICIES
@@ -71,25 +68,12 @@ def test_the_catch_up_is_one_graph_for_the_compiler() -> None:
     held_in_order(order, positions)
 
 
+PROMPT = prompt(batch=2, length=40, seed=5)
+
+
 @pytest.fixture(scope="module")
 def llama():
     return wrap_model(tiny_model("llama"))
-
-
-def streaming(policy: str, layout: str, static: bool, **changes) -> RunSpec:
-    values = dict(mode="streaming", chunk=7, max_new_tokens=12, stop_token_ids=(), static=static)
-    values.update(changes, cache=CacheSpec(layout))
-    return RunSpec(small_policy(policy), Budget(tokens=14), **values)  # type: ignore[arg-type]
-
-
-def decoded(loaded, run_spec: RunSpec) -> tuple[list, list, Generation]:
-    generation = Generation(loaded, run_spec, prompt(batch=2, length=40, seed=5))
-    tokens, kept = [], []
-    for event in generation.events():
-        kept.append([s.tolist() for s in event.survivors()])
-        if event.kind == "decode":
-            tokens.append(event.token_ids)
-    return tokens, kept, generation
 
 
 def streaming_policies() -> list[str]:
@@ -120,7 +104,7 @@ def test_static_steps_sort_no_slots_by_position(llama, layout: str, monkeypatch)
     monkeypatch.setattr(StaticSteps, "step", counted_step)
     for policy in streaming_policies():
         sorts_in_static_steps.clear()
-        _, _, generation = decoded(llama, streaming(policy, layout, static=True))
+        _, _, generation = run(llama, spec(policy, "streaming", layout, 14, static=True), PROMPT)
         assert not any(sorts_in_static_steps), (policy, layout)
         keeps = generation.cache.layers[0].order is not None
         assert keeps == POLICIES[policy].reads_position_order, (policy, layout)
@@ -128,7 +112,7 @@ def test_static_steps_sort_no_slots_by_position(llama, layout: str, monkeypatch)
 
 @pytest.mark.parametrize("policy", ["snapkv", "chunkkv"])
 def test_kept_order_decodes_like_eager_with_tokens_appended_between_evictions(llama, policy: str) -> None:
-    eager = decoded(llama, streaming(policy, "bitmask", static=False, compression_interval=3))
-    static = decoded(llama, streaming(policy, "bitmask", static=True, compression_interval=3))
+    eager = run(llama, spec(policy, "streaming", "bitmask", 14, static=False, compression_interval=3), PROMPT)
+    static = run(llama, spec(policy, "streaming", "bitmask", 14, static=True, compression_interval=3), PROMPT)
     assert static[0] == eager[0] and static[1] == eager[1]
     assert static[2].cache.layers[0].order is not None
