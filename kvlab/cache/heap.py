@@ -36,10 +36,9 @@ import torch
 
 from kvlab.cache.clocks import ClockTotal, DeviceClock
 from kvlab.cache.demotion import DemotingLayer, Demotion, DemotionReport
-from kvlab.cache.layer import FREE, AttentionShape, HeapLayer, first_free, gather_slots
+from kvlab.cache.layer import FREE, AttentionShape, HeapLayer, first_free, gather_slots, position_order
 from kvlab.cache.layouts import HeapLayout
 from kvlab.cache.noise import NoiseFloor
-from kvlab.cache.order import SlotOrder, position_order
 from kvlab.cache.positions import Positions
 from kvlab.cache.ranking import Victims, hot_and_cold, kept, victims
 from kvlab.cache.spec import CacheSpec, TierSpec
@@ -59,13 +58,11 @@ Ranker = Callable[[], torch.Tensor]
 class Observed:
     """What attention keeps for the run's policies: the attention each slot accumulates (``scores``: H2O), the last
     ``query_window`` queries (SnapKV, TOVA), the running moments of every query before RoPE (``query_moments``:
-    Expected Attention), and whether static decoding keeps the slots' order by position (``position_order``:
-    SnapKV's pooling, ChunkKV's chunks; :mod:`kvlab.cache.order`)."""
+    Expected Attention)."""
 
     scores: bool = False
     query_window: int = 0
     query_moments: bool = False
-    position_order: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,8 +108,6 @@ class KVHeap:
         #: Whether attention accumulates each layer's query moments (needs each layer's ``rope`` to undo the
         #: rotation).
         self.query_moments = observed.query_moments and rope is not None
-        #: Whether static mode keeps every layer's slot order by position (:mod:`kvlab.cache.order`).
-        self.position_order = observed.position_order
         #: The run's one position state (:mod:`kvlab.cache.positions`).
         self.positions = Positions()
         self.static = False
@@ -294,21 +289,6 @@ class KVHeap:
         if before_free is not None:
             before_free(slots)
         self.evict(layer_idx, slots)
-
-    def order_slots(self, next_position: int | torch.Tensor) -> None:
-        """Before an eviction in static mode, bring every layer's slot order up to date (:mod:`kvlab.cache.order`),
-        all layers at once where they are stacked; ``next_position`` is the next token's. Every eviction of a layer
-        that keeps its order must come after this (the order assumes that a token appended since the last one is
-        still held)."""
-        if not self.static:
-            return
-        stack = self.stack
-        if stack is not None and stack.order is not None and stack.holds(self.layers):
-            stack.order.catch_up(stack.positions, next_position)
-            return
-        for layer in self.layers:
-            if layer.order is not None and layer.positions is not None:
-                layer.order.catch_up(layer.positions, next_position)
 
     def stacked_layer(self) -> HeapLayer | None:
         """Every layer as one layer whose sequences are all layers' (``layers x batch``), for an eviction of all
@@ -511,8 +491,6 @@ class KVHeap:
             if getattr(layer, name) is not None
         }
         fresh = capacity != layer.capacity or bool(layer.shared & set(gathered))
-        if layer.order is not None:
-            layer.order.compacted()
         for name, kept_slots in gathered.items():
             target = getattr(layer, name)
             if fresh:
@@ -612,9 +590,7 @@ class KVHeap:
         the :attr:`room` for the tokens still to come, at most the plan's: a layer compacted by prefill mode's
         compression keeps its survivors' size, as eager decoding does, rather than growing back to the whole
         context (at 128k tokens and keep 10%, 16 GiB reserved where 1.6 GiB is held). Every layer's remembered
-        query positions become one tensor, which :meth:`begin_pass` advances once per step. Where the policy reads the
-        slots in position order, each layer's order is sorted once here and then kept up to date before every
-        eviction (:meth:`order_slots`)."""
+        query positions become one tensor, which :meth:`begin_pass` advances once per step."""
         for layer in self.layers:
             needed = layer.planned if self.keep_planned else min(layer.planned, layer.used + self.room)
             if layer.keys is not None and layer.capacity < needed:
@@ -625,8 +601,6 @@ class KVHeap:
         window_positions = self.layers[0].recent_query_positions
         for layer in self.layers:  # every layer remembers the passes' queries at the same positions
             layer.recent_query_positions = window_positions
-            if self.position_order and layer.positions is not None:
-                layer.order = SlotOrder.of(layer.positions, self.seen_tokens)
         self.stack = LayerStack.of(self.layers, received_at_once)
         self.static = True
 
@@ -643,7 +617,6 @@ class KVHeap:
         self.track_scores = False
         self.query_window = 0
         self.query_moments = False
-        self.position_order = False
         for layer in self.layers:
             layer.moments = None
             layer.scores = None

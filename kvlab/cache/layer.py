@@ -9,8 +9,8 @@ more than that (:class:`~kvlab.cache.tiers.TieredLayer`: frozen tokens at their 
 :class:`~kvlab.cache.demotion.DemotingLayer`: evicted tokens kept in CPU memory and on disk) extend it and change what
 attention reads (:meth:`HeapLayer.read`) and what eviction does with the freed tokens (:meth:`HeapLayer.before_free`).
 
-The slot maths that every layout and policy shares live here too: the survivors of a layer, the first free slots,
-and a function applied along positions whatever order the slots are in (the order itself: :mod:`kvlab.cache.order`).
+The slot maths that every layout and policy shares live here too: slots ordered by position, the survivors of a
+layer, the first free slots, and a function applied along positions whatever order the slots are in.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvlab.cache.order import SlotOrder, position_order
 from kvlab.models.rope import Rope
 
 #: The position stored in a slot that holds no token.
@@ -28,6 +27,7 @@ FREE = -1
 #: Queries at positions below this one take no part in a layer's query moments: the first tokens' hidden states are
 #: outliers (attention sinks), and kvpress's Expected Attention leaves out the same four.
 MOMENTS_SKIP = 4
+_LAST = torch.iinfo(torch.int32).max
 
 #: Keys, values and positions as attention reads them, ``(batch, kv_heads, n, head_dim)`` twice and ``(batch,
 #: kv_heads, n)``.
@@ -102,8 +102,7 @@ class HeapLayer:
     engine planned for the layer; ``shared`` names the tensors a fork still shares with its source. ``received`` is
     the attention each slot received from the one query of the pass in flight, summed over each KV head's query
     heads, where the attention kernel gave it (the ``flex`` backend, from its log-sum-exp): what a window of one query
-    (TOVA) is scored by, without a second pass over the keys. ``order`` is the slots by position, kept from step to
-    step in static decoding where the policy reads it (:mod:`kvlab.cache.order`).
+    (TOVA) is scored by, without a second pass over the keys.
     """
 
     planned: int = 0
@@ -120,7 +119,6 @@ class HeapLayer:
     shape: AttentionShape | None = None
     moments: QueryMoments | None = None
     received: torch.Tensor | None = None
-    order: SlotOrder | None = None
     shared: set[str] = field(default_factory=set, repr=False)
 
     @property
@@ -265,11 +263,10 @@ class HeapLayer:
 
     def aux_bytes(self) -> int:
         """Bytes of kvlab's bookkeeping for this layer (positions, scores, remembered queries and their log-sum-exps,
-        query moments, what the last decoded query gave each slot, the slots' order by position)."""
+        query moments, what the last decoded query gave each slot)."""
         tensors = (self.positions, self.scores, self.recent_queries, self.recent_query_lse, self.received)
         moments = 0 if self.moments is None else self.moments.nbytes()
-        order = 0 if self.order is None else self.order.nbytes()
-        return moments + order + sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        return moments + sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 def first_free(positions: torch.Tensor, count: int) -> torch.Tensor:
@@ -280,6 +277,11 @@ def first_free(positions: torch.Tensor, count: int) -> torch.Tensor:
     if count == 1:
         return positions.argmin(dim=-1, keepdim=True)
     return torch.sort((positions >= 0).to(torch.int8), dim=-1, stable=True).indices[..., :count]
+
+
+def position_order(positions: torch.Tensor) -> torch.Tensor:
+    """The slots of each sequence and KV head ordered by the position they hold, free slots last."""
+    return positions.masked_fill(positions < 0, _LAST).argsort(dim=-1)
 
 
 def survivors(positions: torch.Tensor, live: int) -> torch.Tensor:
@@ -296,12 +298,10 @@ def along_positions(
 ) -> torch.Tensor:
     """``along`` applied to ``values`` (``(batch, kv_heads, span)``, one per slot of ``layer`` whose positions are
     ``positions``) as if the slots were in position order (free ones last), and the result put back in slot order:
-    what pools or draws along the sequence gives the same answer in every layout. In static decoding the order the
-    heap keeps up to date (:attr:`HeapLayer.order`) stands for a sort."""
+    what pools or draws along the sequence gives the same answer in every layout."""
     if layer.ordered and layer.dead == 0:  # live slots first, in position order, free ones after
         return along(values)
-    kept = layer.order
-    order = kept.slots if kept is not None and kept.slots.shape == positions.shape else position_order(positions)
+    order = position_order(positions)
     return torch.empty_like(values).scatter_(2, order, along(values.gather(2, order)))
 
 

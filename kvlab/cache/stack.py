@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import torch
 
 from kvlab.cache.layer import HeapLayer
-from kvlab.cache.order import SlotOrder
 
 
 @dataclass(frozen=True)
@@ -36,9 +35,8 @@ class LayerStack:
     """The ``positions`` and (where attention accumulates them) ``scores`` of every layer, ``(layers, batch,
     kv_heads, capacity)``, and (where the layers remember a window of queries) their ``keys`` ``(layers, batch,
     kv_heads, capacity, head_dim)``, remembered ``queries`` ``(layers, batch, q_heads, window, head_dim)`` and, where
-    they carry them, the queries' log-sum-exps ``lse`` ``(layers, batch, q_heads, window)``, and (where the layers
-    keep it) their slots' ``order`` by position (:mod:`kvlab.cache.order`), whose slices the layers hold as their own
-    tensors; ``held`` is where each layer's views start in memory, to see that the layers still
+    they carry them, the queries' log-sum-exps ``lse`` ``(layers, batch, q_heads, window)``, whose slices the layers
+    hold as their own tensors; ``held`` is where each layer's views start in memory, to see that the layers still
     hold them (a compaction outside static mode would replace them)."""
 
     positions: torch.Tensor
@@ -47,7 +45,6 @@ class LayerStack:
     keys: torch.Tensor | None = None
     queries: torch.Tensor | None = None
     lse: torch.Tensor | None = None
-    order: SlotOrder | None = None
 
     @classmethod
     def of(cls, layers: list[HeapLayer], received_at_once: bool = False) -> LayerStack | None:
@@ -67,7 +64,6 @@ class LayerStack:
         queries = _stacked_queries(layers)
         keys = _stacked_keys(layers) if queries is not None or (received_at_once and scores is not None) else None
         lse = _stacked_lse(layers) if queries is not None else None
-        order = _stacked_order(layers)
         for index, layer in enumerate(layers):
             layer.positions = positions[index]
             if scores is not None:
@@ -76,9 +72,7 @@ class LayerStack:
                 layer.recent_queries = queries[index]
             if lse is not None:
                 layer.recent_query_lse = lse[index]
-            if order is not None:
-                layer.order = order[index]
-        stack = cls(positions, scores, (), keys, queries, lse, order)
+        stack = cls(positions, scores, (), keys, queries, lse)
         return dataclasses.replace(stack, held=tuple(stack._views(layer) for layer in layers))
 
     def holds(self, layers: list[HeapLayer]) -> bool:
@@ -98,8 +92,6 @@ class LayerStack:
             stacked.append(layer.recent_queries)
         if self.lse is not None:
             stacked.append(layer.recent_query_lse)
-        if self.order is not None:
-            stacked.append(None if layer.order is None else layer.order.slots)
         return tuple(-1 if tensor is None else tensor.data_ptr() for tensor in stacked)
 
     def flat(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -120,7 +112,6 @@ class LayerStack:
             recent_queries=None if self.queries is None else self.flat(self.queries),
             recent_query_positions=first.recent_query_positions,
             recent_query_lse=None if self.lse is None else self.flat(self.lse),
-            order=None if self.order is None else self.order.flat(),
             used=first.used,
             live=first.live,
             ordered=False,
@@ -193,15 +184,6 @@ def _stacked_lse(layers: list[HeapLayer]) -> torch.Tensor | None:
     if any(lse is None for lse in carried):
         return None
     return torch.stack([lse for lse in carried if lse is not None])
-
-
-def _stacked_order(layers: list[HeapLayer]) -> SlotOrder | None:
-    """Every layer's slot order stacked, where every layer keeps one (:attr:`~kvlab.cache.layer.HeapLayer.order`);
-    ``None`` otherwise."""
-    orders = [layer.order for layer in layers]
-    if any(order is None for order in orders):
-        return None
-    return SlotOrder.stacked([order for order in orders if order is not None])
 
 
 def _stacked_keys(layers: list[HeapLayer]) -> torch.Tensor | None:

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.cache.layer import FREE, HeapLayer, Slots
-from kvlab.cache.order import position_order
+from kvlab.cache.layer import FREE, HeapLayer, Slots, position_order
 from kvlab.cache.quant import Quantized, quantize_keys, quantize_values
 from kvlab.cache.spec import TierSpec
 

@@ -56,10 +56,7 @@ def evict_layer(heap: KVHeap, policy: Policy, view: LayerView) -> None:
 
 def evict_layers(heap: KVHeap, policy: Policy, views: Sequence[LayerView]) -> None:
     """Cut every layer back to its budget: all layers at once where the heap stacks them and the policy scores them
-    alike (:func:`evict_stacked`), else one after another (:func:`evict_layer`). In static mode the layers' slot
-    orders by position are brought up to date first (:meth:`~kvlab.cache.heap.KVHeap.order_slots`)."""
-    if views:
-        heap.order_slots(views[0].next_position)
+    alike (:func:`evict_stacked`), else one after another (:func:`evict_layer`)."""
     if not evict_stacked(heap, policy, views):
         for view in views:
             evict_layer(heap, policy, view)

@@ -106,7 +106,6 @@ def plan_run(
             scores=any(variant.policy.needs_scores for variant in observed),
             query_window=max((observed_window(variant) for variant in observed), default=0),
             query_moments=any(variant.policy.needs_query_moments for variant in observed),
-            position_order=any(variant.policy.reads_position_order for variant in observed),
         ),
         rebudget=(
             None

@@ -122,10 +122,6 @@ class Policy:
     #: Whether :meth:`score` reads the running moments of the queries before RoPE (:meth:`LayerView.query_moments`),
     #: which the attention function then accumulates.
     needs_query_moments: ClassVar[bool] = False
-    #: Whether :meth:`score` reads the slots in position order (:meth:`LayerView.in_position_order`: pooling,
-    #: chunks, draws along the sequence), which static decoding then keeps from step to step instead of sorting the
-    #: slots at every eviction (:mod:`kvlab.cache.order`).
-    reads_position_order: ClassVar[bool] = False
     #: Whether the policy reads a selection of the held tokens for each decoded token (:meth:`sparse_read`): its
     #: budget is then the tokens it reads per step, layer and KV head, and it declares ``evicts`` to take one.
     reads_sparsely: ClassVar[bool] = False

@@ -50,7 +50,6 @@ class ChunkKV(ObservationWindow, ScoringPolicy):
     """
 
     name: ClassVar[str] = "chunkkv"
-    reads_position_order: ClassVar[bool] = True
     window: int = param(32, minimum=1, help="recent queries that vote (the observation window), always kept")
     chunk_length: int = param(10, minimum=1, help="tokens per chunk, the unit kept or evicted")
     reuse_layers: int = param(1, minimum=1, help="layers per group that keep the positions its first layer kept")
@@ -81,6 +80,10 @@ class ChunkKV(ObservationWindow, ScoringPolicy):
         return chunk_ranks(votes, chunks, in_chunks_of(recent, chunks)).masked_fill(recent, KEEP)
 
 
+#: Bits of fixed point below a row's largest vote in :func:`chunk_sums`: a row of up to 2**23 slots sums in int64.
+SUM_BITS = 40
+
+
 def chunk_ids(ordered_positions: torch.Tensor, chunk_length: int) -> torch.Tensor:
     """For positions in increasing order along the last dimension (free ones, negative, last), the index of each
     one's chunk (``position // chunk_length``) among the chunks present, counted from 0: dense, so that a chunk's
@@ -97,7 +100,7 @@ def chunk_ranks(votes: torch.Tensor, chunks: torch.Tensor, first: torch.Tensor) 
     keeps by scoring the window highest), within what the budget holds. Tokens of one chunk with equal votes share
     a rank, so that the eviction's tie-break by position decides between them and counts the tie. ``chunks`` are
     dense chunk indices per slot."""
-    totals = torch.zeros_like(votes).scatter_add_(2, chunks, votes).gather(2, chunks).masked_fill(first, KEEP)
+    totals = chunk_sums(votes, chunks).masked_fill(first, KEEP)
     chunk_keys = by_score_then_position(totals, chunks)
     by_vote = votes.argsort(dim=-1)
     order = by_vote.gather(2, chunk_keys.gather(2, by_vote).argsort(dim=-1, stable=True))
@@ -105,6 +108,21 @@ def chunk_ranks(votes: torch.Tensor, chunks: torch.Tensor, first: torch.Tensor) 
     steps = (ordered_keys[..., 1:] != ordered_keys[..., :-1]) | (ordered_votes[..., 1:] != ordered_votes[..., :-1])
     ranks = torch.cat([torch.zeros_like(steps[..., :1]), steps], dim=-1).cumsum(dim=-1).float()
     return torch.empty_like(votes).scatter_(2, order, ranks)
+
+
+def chunk_sums(votes: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
+    """Each slot's chunk's summed ``votes`` (``>= 0``; ``chunks``: dense chunk indices per slot), the same in any
+    order of the slots and on every device. A GPU adds floats scattered to one chunk in no fixed order, and sums a
+    rounding apart decided which chunk stayed: two runs of the same input kept different chunks. So the votes are
+    summed as integers in fixed point, :data:`SUM_BITS` bits below each row's largest vote (finer than a float32's
+    24), and the exact sums rounded to float32 once."""
+    fine = votes.float()
+    largest = fine.amax(dim=-1, keepdim=True)
+    shift = (SUM_BITS - torch.frexp(largest).exponent).clamp_max(126)  # a float32 power of two, exact
+    scale = torch.ldexp(torch.ones_like(largest), shift)
+    fixed = (fine * scale).long()
+    sums = torch.zeros_like(fixed).scatter_add_(2, chunks, fixed)
+    return sums.gather(2, chunks).float() / scale
 
 
 def in_chunks_of(slots: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,6 @@ class Generational(ScoringPolicy):
     """
 
     name: ClassVar[str] = "generational"
-    reads_position_order: ClassVar[bool] = True
     needs_scores: ClassVar[bool] = True
     young: float = param(
         0.1, minimum=0.0, maximum=1.0, open_minimum=True, help="share of the budget kept as the newest tokens, unranked"

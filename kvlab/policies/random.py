@@ -17,7 +17,6 @@ class RandomPolicy(ScoringPolicy):
     Not from a paper: the baseline that shows how much of a policy's accuracy comes from choosing at all."""
 
     name: ClassVar[str] = "random"
-    reads_position_order: ClassVar[bool] = True
     capturable: ClassVar[bool] = False
 
     def score(self, view: LayerView) -> torch.Tensor:

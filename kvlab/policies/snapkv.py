@@ -53,7 +53,6 @@ class SnapKV(ObservationWindow, ScoringPolicy):
     """
 
     name: ClassVar[str] = "snapkv"
-    reads_position_order: ClassVar[bool] = True
     scores_layers_alike: ClassVar[bool] = True
     window: int = param(32, minimum=1, help="recent queries that vote (the observation window)")
     kernel: int = param(5, minimum=1, maximum=255, help="width of the pooling along the sequence (odd)")

@@ -80,15 +80,19 @@ def test_static_decode_steps_give_the_tokens_of_eager_decoding(arch, policy, lay
         assert static_run.decode_graphs == 0  # a CPU runs static steps eagerly
 
 
-def test_static_steps_keep_the_tokens_with_an_eviction_interval_and_a_budget_filled_while_decoding():
+@pytest.mark.parametrize("policy", ["h2o", "snapkv", "chunkkv"])
+def test_static_steps_keep_the_tokens_with_an_eviction_interval_and_a_budget_filled_while_decoding(policy):
+    """Several tokens appended between two evictions (or none evicted for a while): H2O's accumulated scores, and
+    the pooling along positions of SnapKV and ChunkKV over slots freed and refilled out of order."""
     loaded = wrap_model(tiny_model("llama"))
     ids = prompt(length=20, seed=2)
     for changes in ({"compression_interval": 3}, {"budget": 26}):
         values = {"budget": 12, **changes}
         budget = values.pop("budget")
-        eager = generate(loaded, ids, spec("h2o", "streaming", "bitmask", budget, static=False, **values))
-        static = generate(loaded, ids, spec("h2o", "streaming", "bitmask", budget, static=True, **values))
-        assert static.tokens == eager.tokens and static.kept_per_layer == eager.kept_per_layer
+        eager = run(loaded, spec(policy, "streaming", "bitmask", budget, static=False, **values), ids)
+        static = run(loaded, spec(policy, "streaming", "bitmask", budget, static=True, **values), ids)
+        assert static[0] == eager[0] and static[1] == eager[1], (policy, changes)
+        assert static[2].cache.static and not eager[2].cache.static  # the steps were static ones
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from kvlab.models.loading import wrap_model
 from kvlab.models.rope import Rope
 from kvlab.policies import configure, make_policy
 from kvlab.policies.base import LayerView
-from kvlab.policies.chunkkv import chunk_ids, chunk_ranks, in_chunks_of
+from kvlab.policies.chunkkv import chunk_ids, chunk_ranks, chunk_sums, in_chunks_of
 
 METHODS = ("keydiff", "expected_attention", "chunkkv")
 
@@ -140,6 +140,18 @@ def test_expected_attention_scores_are_the_papers_formula():
 def test_chunks_are_aligned_to_original_positions():
     positions = torch.tensor([[[0, 1, 2, 5, 9, 10, 11, FREE]]])
     assert chunk_ids(positions, 4).tolist() == [[[0, 0, 0, 1, 2, 2, 2, 3]]]
+
+
+def test_chunk_sums_are_the_same_in_any_order_of_the_slots():
+    """Floats added one by one lose small votes after a large one and keep them before it, so a scatter's order of
+    addition (which a GPU does not fix) would decide between chunks a rounding apart: the sums are exact instead."""
+    votes = torch.tensor([1.0] + [1e-8] * 99 + [0.5] * 100).view(1, 1, 200)
+    chunks = torch.tensor([0] * 100 + [1] * 100).view(1, 1, 200)
+    backwards = torch.arange(199, -1, -1)
+    sums = chunk_sums(votes, chunks)
+    assert torch.equal(chunk_sums(votes[..., backwards], chunks[..., backwards]), sums[..., backwards])
+    assert sums[0, 0, 0].item() == pytest.approx(1.0 + 99e-8, rel=1e-7) and sums[0, 0, 150].item() == 50.0
+    assert torch.equal(chunk_sums(torch.zeros(1, 1, 3), torch.zeros(1, 1, 3, dtype=torch.long)), torch.zeros(1, 1, 3))
 
 
 def paper_selection(
