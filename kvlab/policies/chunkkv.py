@@ -77,11 +77,8 @@ class ChunkKV(ObservationWindow, ScoringPolicy):
         pooled = view.in_position_order(votes, partial(pool_votes, kernel=self.kernel, pooling="avg"))
         votes = pooled.masked_fill(~candidates, 0.0)
         chunks = view.in_position_order(view.positions.long(), partial(chunk_ids, chunk_length=self.chunk_length))
-        return chunk_ranks(votes, chunks, in_chunks_of(recent, chunks)).masked_fill(recent, KEEP)
-
-
-#: Bits of fixed point below a row's largest vote in :func:`chunk_sums`: a row of up to 2**23 slots sums in int64.
-SUM_BITS = 40
+        ranks = chunk_ranks(votes, chunks, in_chunks_of(recent, chunks), view.positions, self.chunk_length)
+        return ranks.masked_fill(recent, KEEP)
 
 
 def chunk_ids(ordered_positions: torch.Tensor, chunk_length: int) -> torch.Tensor:
@@ -93,14 +90,16 @@ def chunk_ids(ordered_positions: torch.Tensor, chunk_length: int) -> torch.Tenso
     return torch.cat([torch.zeros_like(chunk[..., :1]), starts.cumsum(dim=-1)], dim=-1)
 
 
-def chunk_ranks(votes: torch.Tensor, chunks: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+def chunk_ranks(
+    votes: torch.Tensor, chunks: torch.Tensor, first: torch.Tensor, positions: torch.Tensor, chunk_length: int
+) -> torch.Tensor:
     """Each slot's rank (0 lowest, as float) when slots are ordered by their chunk's summed ``votes`` (ties: the later
     chunk higher) and, within a chunk, by their own votes: the highest ranks are whole chunks, best first, each
     chunk's tokens in one run. The chunks of the ``first`` slots rank above every other (the window's, which kvpress
     keeps by scoring the window highest), within what the budget holds. Tokens of one chunk with equal votes share
     a rank, so that the eviction's tie-break by position decides between them and counts the tie. ``chunks`` are
-    dense chunk indices per slot."""
-    totals = chunk_sums(votes, chunks).masked_fill(first, KEEP)
+    dense chunk indices per slot (of ``chunk_length`` ``positions``), summed by :func:`chunk_sums`."""
+    totals = chunk_sums(votes, chunks, positions, chunk_length).masked_fill(first, KEEP)
     chunk_keys = by_score_then_position(totals, chunks)
     by_vote = votes.argsort(dim=-1)
     order = by_vote.gather(2, chunk_keys.gather(2, by_vote).argsort(dim=-1, stable=True))
@@ -110,19 +109,29 @@ def chunk_ranks(votes: torch.Tensor, chunks: torch.Tensor, first: torch.Tensor) 
     return torch.empty_like(votes).scatter_(2, order, ranks)
 
 
-def chunk_sums(votes: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
-    """Each slot's chunk's summed ``votes`` (``>= 0``; ``chunks``: dense chunk indices per slot), the same in any
-    order of the slots and on every device. A GPU adds floats scattered to one chunk in no fixed order, and sums a
-    rounding apart decided which chunk stayed: two runs of the same input kept different chunks. So the votes are
-    summed as integers in fixed point, :data:`SUM_BITS` bits below each row's largest vote (finer than a float32's
-    24), and the exact sums rounded to float32 once."""
-    fine = votes.float()
-    largest = fine.amax(dim=-1, keepdim=True)
-    shift = (SUM_BITS - torch.frexp(largest).exponent).clamp_max(126)  # a float32 power of two, exact
-    scale = torch.ldexp(torch.ones_like(largest), shift)
-    fixed = (fine * scale).long()
-    sums = torch.zeros_like(fixed).scatter_add_(2, chunks, fixed)
-    return sums.gather(2, chunks).float() / scale
+def chunk_sums(votes: torch.Tensor, chunks: torch.Tensor, positions: torch.Tensor, chunk_length: int) -> torch.Tensor:
+    """Each slot's chunk's summed ``votes`` (``chunks``: dense chunk indices per slot, of ``chunk_length`` positions
+    at most; free slots, negative ``positions``, vote zero), the same on every device and in every layout. A GPU adds
+    floats scattered to one chunk in no fixed order, and sums a rounding apart decided which chunk stayed: two runs
+    of the same input kept different chunks. So each chunk is summed as kvpress sums it: its tokens in position
+    order, as one row of ``chunk_length`` values (zeros where the chunk holds fewer tokens) summed along the row."""
+    held_last = positions.long().masked_fill(positions < 0, torch.iinfo(torch.int32).max)
+    order = (chunks * (1 << 32) + held_last).argsort(dim=-1)  # by chunk, then position: distinct keys, one order
+    ordered_votes, ordered_chunks = votes.gather(2, order), chunks.gather(2, order)
+    padding = (0, chunk_length - 1)
+    rows = torch.nn.functional.pad(ordered_votes, padding).unfold(-1, chunk_length, 1)
+    in_chunk = torch.nn.functional.pad(ordered_chunks, padding, value=-1).unfold(-1, chunk_length, 1)
+    from_each_start = rows.masked_fill(in_chunk != ordered_chunks.unsqueeze(-1), 0.0).sum(dim=-1)
+    index = torch.arange(order.shape[-1], device=order.device).expand_as(order)
+    starts = torch.cat(
+        [
+            torch.ones_like(ordered_chunks[..., :1], dtype=torch.bool),
+            ordered_chunks[..., 1:] != ordered_chunks[..., :-1],
+        ],
+        dim=-1,
+    )
+    first = index.masked_fill(~starts, 0).cummax(dim=-1).values
+    return torch.empty_like(votes).scatter_(2, order, from_each_start.gather(2, first))
 
 
 def in_chunks_of(slots: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:

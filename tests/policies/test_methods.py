@@ -142,16 +142,21 @@ def test_chunks_are_aligned_to_original_positions():
     assert chunk_ids(positions, 4).tolist() == [[[0, 0, 0, 1, 2, 2, 2, 3]]]
 
 
-def test_chunk_sums_are_the_same_in_any_order_of_the_slots():
+def test_chunk_sums_add_each_chunk_in_position_order_whatever_the_slots_order():
     """Floats added one by one lose small votes after a large one and keep them before it, so a scatter's order of
-    addition (which a GPU does not fix) would decide between chunks a rounding apart: the sums are exact instead."""
-    votes = torch.tensor([1.0] + [1e-8] * 99 + [0.5] * 100).view(1, 1, 200)
-    chunks = torch.tensor([0] * 100 + [1] * 100).view(1, 1, 200)
-    backwards = torch.arange(199, -1, -1)
-    sums = chunk_sums(votes, chunks)
-    assert torch.equal(chunk_sums(votes[..., backwards], chunks[..., backwards]), sums[..., backwards])
-    assert sums[0, 0, 0].item() == pytest.approx(1.0 + 99e-8, rel=1e-7) and sums[0, 0, 150].item() == 50.0
-    assert torch.equal(chunk_sums(torch.zeros(1, 1, 3), torch.zeros(1, 1, 3, dtype=torch.long)), torch.zeros(1, 1, 3))
+    addition (which a GPU does not fix) would decide between chunks a rounding apart: each chunk is summed in
+    position order, as kvpress sums it, whatever slots hold it; free slots count for nothing."""
+    length = 4
+    positions = torch.tensor([[[0, 1, 2, 3, 4, 5, 6, 8, FREE, FREE]]])
+    votes = torch.tensor([[[1.0, 4e-8, 4e-8, 4e-8, 0.5, 0.25, 2.0, 4.0, 0.0, 0.0]]])
+    chunks = chunk_ids(positions, length)
+    sums = chunk_sums(votes, chunks, positions, length)
+    expected = torch.tensor([1.0, 4e-8, 4e-8, 4e-8]).view(1, length).sum(dim=-1).item()
+    assert sums[0, 0, :4].tolist() == [expected] * 4
+    assert sums[0, 0, 4:].tolist() == [2.75, 2.75, 2.75, 4.0, 0.0, 0.0]
+    shuffled = torch.tensor([1, 2, 3, 0, 9, 5, 8, 4, 6, 7])  # the small votes first
+    again = chunk_sums(votes[..., shuffled], chunks[..., shuffled], positions[..., shuffled], length)
+    assert torch.equal(again, sums[..., shuffled])
 
 
 def paper_selection(
@@ -203,7 +208,8 @@ def test_chunk_ranks_keep_the_chunks_kvpress_keeps_at_its_budget(seed):
     positions = torch.arange(tokens).view(1, 1, tokens)
     recent = positions >= tokens - window
     chunks = chunk_ids(positions, length)
-    ranks = chunk_ranks(votes.view(1, 1, tokens), chunks, in_chunks_of(recent, chunks)).masked_fill(recent, KEEP)
+    first = in_chunks_of(recent, chunks)
+    ranks = chunk_ranks(votes.view(1, 1, tokens), chunks, first, positions, length).masked_fill(recent, KEEP)
     expected = kvpress_chunk_selection(votes.tolist(), window, length, kept_chunks)
     assert set(ranks[0, 0].topk(len(expected)).indices.tolist()) == expected
 
