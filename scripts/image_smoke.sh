@@ -152,9 +152,9 @@ grep -q "h2o" "$work/runs.log" || { cat "$work/runs.log"; fail "the run is not i
 say "after the restart the volume still holds the run:"
 sed 's/^/[image-smoke]   /' "$work/runs.log"
 curl -fsS "http://127.0.0.1:$port/" | grep -qi "<html" || fail "the server did not serve the dashboard."
-# The charts draw with Plotly's cartesian bundle, which the server serves from static/ beside app.py.
-curl -fsSI "http://127.0.0.1:$port/app/static/plotly-cartesian-$(in_image python -c 'from plotly.offline import get_plotlyjs_version; print(get_plotlyjs_version())').min.js" \
-    | grep -qiE "^content-type: (text|application)/javascript" || fail "the server did not serve Plotly's cartesian bundle."
+# The charts draw with kvlab's bundle of plotly.js, which the server serves from static/ beside app.py.
+curl -fsSI "http://127.0.0.1:$port/app/static/plotly-kvlab-$(in_image python -c 'from plotly.offline import get_plotlyjs_version; print(get_plotlyjs_version())').min.js" \
+    | grep -qiE "^content-type: (text|application)/javascript" || fail "the server did not serve kvlab's bundle of plotly.js."
 # The server answers with its page shell; the pages' own code runs only for a browser's session. Streamlit's AppTest
 # runs it in the image as a session would: the Overview must show the shipped runs, the Runs page the stored run.
 in_image python -c '

@@ -1,4 +1,4 @@
-"""kvlab's chart elements: the pages draw their 2D charts with Plotly's cartesian bundle, served from ``static/``,
+"""kvlab's chart elements: the pages draw their 2D charts with kvlab's bundle of plotly.js, served from ``static/``,
 and their 3D views with Streamlit's own Plotly element; every session loads the bundle from the sidebar, and a chart's
 HTML carries its figure intact whatever text the figure holds."""
 
@@ -31,11 +31,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_bundle_is_the_plotly_js_that_plotly_writes_figures_for():
-    assert LIGHT_BUNDLE.is_file(), f"{LIGHT_BUNDLE} is missing: a plotly upgrade needs its cartesian bundle"
+    assert LIGHT_BUNDLE.is_file(), f"{LIGHT_BUNDLE} is missing: a plotly upgrade needs scripts/plotly_bundle/build.sh"
     header = LIGHT_BUNDLE.read_text(encoding="utf-8")[:200]
-    assert f"plotly.js (cartesian - minified) v{PLOTLY_JS_VERSION}" in header
+    assert f"plotly.js (kvlab: scatter, bar, heatmap - minified) v{PLOTLY_JS_VERSION}" in header
     assert LIGHT_BUNDLE.parent == REPO / "static"  # the folder Streamlit serves beside app.py
-    assert {"scatter", "bar", "heatmap"} <= light_traces() and "scatter3d" not in light_traces()
+    assert light_traces() == {"scatter", "bar", "heatmap"}
 
 
 def test_2d_figures_take_the_bundle_and_3d_views_take_streamlits_plotly():
