@@ -9,16 +9,16 @@ the command line's ``kvlab models``. Nothing here imports torch: listing must st
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from kvlab.models.gguf import GGUF_SUFFIX
 from kvlab.models.hub import hub_cache_dir
+from kvlab.models.installed import package_files
 from kvlab.models.parts import parted_files
 from kvlab.paths import shipped
 
@@ -76,15 +76,11 @@ def _package_models() -> tuple[ModelEntry, ...]:
     installed kvlab lists them among its package's files."""
     entries = []
     shipped_root = SHIPPED_MODELS_DIR.resolve()
-    for distribution in importlib.metadata.distributions():
-        files = distribution.files or []
-        paths = [
-            path
-            for path in (Path(str(distribution.locate_file(item))) for item in files if _model_file(str(item)))
-            if not path.resolve().is_relative_to(shipped_root)
-        ]
-        if not paths:
-            continue
+    by_package: dict[str, tuple[Any, list[Path]]] = {}
+    for distribution, path in package_files(_model_file):
+        if not path.resolve().is_relative_to(shipped_root):
+            by_package.setdefault(f"{distribution.name} {distribution.version}", (distribution, []))[1].append(path)
+    for distribution, paths in by_package.values():
         package = distribution.name
         origin = f"package {package} {distribution.version} (installed from the package registry)"
         fields = distribution.metadata.json

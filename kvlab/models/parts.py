@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import re
 import tempfile
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from kvlab.errors import KvlabError, NotAModel
 from kvlab.models.gguf import GGUF_SUFFIX, model_cache_dir
+from kvlab.models.installed import package_files
 
 #: A part of a file: ``name.gguf.part00`` (numbered from 0, in order, as ``split`` numbers them).
 _PART = re.compile(r"^(?P<whole>.+\.gguf)\.part(?P<index>\d+)$", re.IGNORECASE)
@@ -58,18 +58,15 @@ def _parted_files() -> tuple[PartedFile, ...]:
     parts: dict[str, dict[int, Path]] = {}
     carriers: dict[str, set[str]] = {}
     digests: dict[str, tuple[str, str | None]] = {}
-    for distribution in importlib.metadata.distributions():
-        carrier = f"{distribution.name} {distribution.version}"
-        for item in distribution.files or []:
-            path = Path(str(distribution.locate_file(item)))
-            found = _PART.match(path.name)
-            if found:
-                whole = found.group("whole")
-                parts.setdefault(whole, {})[int(found.group("index"))] = path
-                carriers.setdefault(whole, set()).add(carrier)
-            elif path.name == "SHA256SUMS":
-                for name, digest in _published_digests(path).items():
-                    digests[name] = (digest, _card_licence(path.parent))
+    for distribution, path in package_files(_part_or_digests):
+        found = _PART.match(path.name)
+        if found:
+            whole = found.group("whole")
+            parts.setdefault(whole, {})[int(found.group("index"))] = path
+            carriers.setdefault(whole, set()).add(f"{distribution.name} {distribution.version}")
+        else:
+            for name, digest in _published_digests(path).items():
+                digests[name] = (digest, _card_licence(path.parent))
     files = []
     for name, numbered in sorted(parts.items()):
         indices = sorted(numbered)
@@ -87,6 +84,12 @@ def _parted_files() -> tuple[PartedFile, ...]:
             )
         )
     return tuple(files)
+
+
+def _part_or_digests(item: str) -> bool:
+    """Whether a package's file (as it lists it) is a part of a GGUF file or a ``SHA256SUMS`` file."""
+    name = item.rsplit("/", 1)[-1]
+    return name == "SHA256SUMS" or _PART.match(name) is not None
 
 
 def _published_digests(path: Path) -> dict[str, str]:

@@ -11,6 +11,7 @@ import pytest
 
 from kvlab.errors import NotAModel
 from kvlab.models import catalog, parts
+from kvlab.models import installed as installed_module
 
 
 def fake_distribution(root: Path, name: str, files: dict[str, bytes]) -> SimpleNamespace:
@@ -48,8 +49,7 @@ def installed(tmp_path, monkeypatch):
     ]
 
     def install(distributions):
-        monkeypatch.setattr(parts.importlib.metadata, "distributions", lambda: list(distributions))
-        monkeypatch.setattr(catalog.importlib.metadata, "distributions", lambda: list(distributions))
+        monkeypatch.setattr(installed_module.importlib.metadata, "distributions", lambda: list(distributions))
         parts._parted_files.cache_clear()
         catalog._package_models.cache_clear()
 
