@@ -137,7 +137,8 @@ def test_two_browsers_run_at_once_and_both_runs_are_stored(tmp_path):
             tab.set_default_timeout(90_000)
             tab.goto(f"{server.url}/live")
             tab.get_by_text("Running on").wait_for()
-            tab.get_by_role("spinbutton", name="Context length (tokens)").fill("512")
+            # long enough (about 1.3 s of the engine) that the second click reaches the queue while the first runs
+            tab.get_by_role("spinbutton", name="Context length (tokens)").fill("2048")
             tab.get_by_role("spinbutton", name="Seed (key, value and haystack)").fill(str(seed))
             tab.get_by_role("spinbutton", name="Tokens to generate (at most)").fill("4")
             tab.get_by_role("spinbutton", name="Tokens to generate (at most)").press("Enter")
