@@ -9,12 +9,13 @@ the command line's ``kvlab models``. Nothing here imports torch: listing must st
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from kvlab.models.gguf import GGUF_SUFFIX
 from kvlab.models.hub import hub_cache_dir
@@ -76,11 +77,13 @@ def _package_models() -> tuple[ModelEntry, ...]:
     installed kvlab lists them among its package's files."""
     entries = []
     shipped_root = SHIPPED_MODELS_DIR.resolve()
-    by_package: dict[str, tuple[Any, list[Path]]] = {}
-    for distribution, path in package_files(_model_file):
-        if not path.resolve().is_relative_to(shipped_root):
-            by_package.setdefault(f"{distribution.name} {distribution.version}", (distribution, []))[1].append(path)
-    for distribution, paths in by_package.values():
+    files = [
+        (package, path)
+        for package, path in package_files(_model_file)
+        if not path.resolve().is_relative_to(shipped_root)
+    ]
+    for distribution, package_paths in itertools.groupby(files, key=lambda pair: pair[0]):  # a package's files in a row
+        paths = [path for _, path in package_paths]
         package = distribution.name
         origin = f"package {package} {distribution.version} (installed from the package registry)"
         fields = distribution.metadata.json

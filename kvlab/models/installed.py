@@ -12,11 +12,11 @@ from __future__ import annotations
 import csv
 import importlib.metadata
 from collections.abc import Callable
+from importlib.metadata import Distribution
 from pathlib import Path
-from typing import Any
 
 
-def package_files(wanted: Callable[[str], bool]) -> list[tuple[Any, Path]]:
+def package_files(wanted: Callable[[str], bool]) -> list[tuple[Distribution, Path]]:
     """Every installed package's files whose name as the package lists it (``data/model.gguf``) ``wanted`` accepts,
     each with its distribution."""
     return [
@@ -27,12 +27,11 @@ def package_files(wanted: Callable[[str], bool]) -> list[tuple[Any, Path]]:
     ]
 
 
-def listed_files(distribution: Any) -> list[str]:
+def listed_files(distribution: Distribution) -> list[str]:
     """The files a package lists, as text: its ``RECORD``'s first column (a CSV file, so a name with a comma is
     quoted), or where it has none (an egg, a distribution without a record) its files as ``importlib.metadata``
     reads them."""
-    read = getattr(distribution, "read_text", None)
-    record = read("RECORD") if read is not None else None
+    record = distribution.read_text("RECORD")
     if record is None:
         return [str(item) for item in distribution.files or []]
     return [row[0] for row in csv.reader(record.splitlines()) if row]

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import torch
 
+from kvlab.cache.layer import position_order
 from kvlab.cache.ranking import KEEP, by_score_then_position
 from kvlab.params import param
 from kvlab.policies.base import LayerView
@@ -115,8 +116,7 @@ def chunk_sums(votes: torch.Tensor, chunks: torch.Tensor, positions: torch.Tenso
     floats scattered to one chunk in no fixed order, and sums a rounding apart decided which chunk stayed: two runs
     of the same input kept different chunks. So each chunk is summed as kvpress sums it: its tokens in position
     order, as one row of ``chunk_length`` values (zeros where the chunk holds fewer tokens) summed along the row."""
-    held_last = positions.long().masked_fill(positions < 0, torch.iinfo(torch.int32).max)
-    order = (chunks * (1 << 32) + held_last).argsort(dim=-1)  # by chunk, then position: distinct keys, one order
+    order = position_order(positions)  # chunks are numbered along positions: by position is by chunk, then position
     ordered_votes, ordered_chunks = votes.gather(2, order), chunks.gather(2, order)
     padding = (0, chunk_length - 1)
     rows = torch.nn.functional.pad(ordered_votes, padding).unfold(-1, chunk_length, 1)
@@ -130,8 +130,8 @@ def chunk_sums(votes: torch.Tensor, chunks: torch.Tensor, positions: torch.Tenso
         ],
         dim=-1,
     )
-    first = index.masked_fill(~starts, 0).cummax(dim=-1).values
-    return torch.empty_like(votes).scatter_(2, order, from_each_start.gather(2, first))
+    chunk_start = index.masked_fill(~starts, 0).cummax(dim=-1).values
+    return torch.empty_like(votes).scatter_(2, order, from_each_start.gather(2, chunk_start))
 
 
 def in_chunks_of(slots: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:

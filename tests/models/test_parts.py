@@ -23,6 +23,7 @@ def fake_distribution(root: Path, name: str, files: dict[str, bytes]) -> SimpleN
         name=name,
         version="1.0.0",
         files=list(files),
+        read_text=lambda name: None,  # no RECORD: the files as importlib.metadata lists them
         locate_file=lambda item: root / str(item),
         metadata=SimpleNamespace(json={}),
     )
