@@ -15,8 +15,8 @@ from kvlab.dashboard.chart_view import how_to_read, show_chart
 from kvlab.dashboard.downloads import MIME_TYPES, report_file
 from kvlab.dashboard.report import PAIRED_TITLE, Selection, frontier_report, paired_note
 from kvlab.dashboard.session import browsed_store
-from kvlab.dashboard.store_figures import FRONTIER_GUIDE, axis_frontier_figure
-from kvlab.dashboard.store_reads import read_frame
+from kvlab.dashboard.store_figures import FRONTIER_GUIDE
+from kvlab.dashboard.store_reads import read_frame, read_frontier
 from kvlab.dashboard.text import plain, plain_frame
 from kvlab.runs.tables import (
     FRONTIER_AXES,
@@ -24,7 +24,6 @@ from kvlab.runs.tables import (
     SHARE_COLUMNS,
     choices,
     claim_table_text,
-    frontier_points,
     frontier_table,
     measured_metrics,
     most_runs,
@@ -83,12 +82,11 @@ for column, name in zip(st.columns(2), ("A", "B")):
         run_filter = RunFilter(
             models=(model,), tasks=(task,), context_lengths=() if context_length is None else (context_length,)
         )
-        trials = read_frame(store, "trials_frame", run_filter)
-        points = frontier_points(read_frame(store, "accuracy_frontier", run_filter), axis, metric, trials)
+        points, figure = read_frontier(store, run_filter, axis, metric)
         how_to_read(column, FRONTIER_GUIDE, key=f"frontier-guide-{name}")
         show_chart(
             column,
-            axis_frontier_figure(points, axis, metric),
+            figure,
             key=f"frontier-{name}",
             filename=f"kvlab-frontier-{name}",
         )
@@ -100,7 +98,7 @@ for column, name in zip(st.columns(2), ("A", "B")):
         )
         selections.append(Selection(name, model, task, context_length, points))
         run_filters.append(run_filter)
-        selection_trials.append(trials)
+        selection_trials.append(read_frame(store, "trials_frame", run_filter))
 
 covered = pd.concat([read_frame(store, "list_runs", run_filter) for run_filter in run_filters]).drop_duplicates(
     "run_id"
