@@ -1,6 +1,6 @@
 """Frontier: quality (accuracy, or a text's perplexity and KL) against memory from stored runs, one line per policy
-and mode, each share with its 95 % interval, two selections side by side, two of their points compared by a paired
-test, downloadable as a self-contained HTML report."""
+and mode, each share with its 95 % interval, one selection or two side by side, two of their points compared by a
+paired test, downloadable as a self-contained HTML report."""
 
 from __future__ import annotations
 
@@ -35,14 +35,10 @@ from kvlab.store import RunFilter
 
 st.title("Frontier")
 st.caption(
-    "Quality against memory for every policy and mode in the store: the accuracy of needle and task runs, or the "
-    "perplexity of a held-out text and the KL divergence of each next-token distribution from the full cache's "
-    "(`kvlab quality`; lower is better for both). Circled points are on the Pareto front: no other point is at "
-    "least as good with less memory. KV bytes are measured from the cache tensors of each trial (per sequence) "
-    "and averaged, and shown in binary units (KiB, MiB, GiB); bytes read per decoded token are less than those held "
-    "only for policies that read a subset of the cache, and runs stored before reads were recorded sit at the bytes "
-    'they held (marked "held"). Whiskers are 95 % intervals: Wilson\'s for right-or-wrong answers, a seeded '
-    "bootstrap for RULER's recall."
+    "Quality against memory for every policy and mode in the store: the accuracy of needle and task runs, or a "
+    "held-out text's perplexity and KL from the full cache (`kvlab quality`; lower is better for both). Bytes are "
+    "measured from each trial's cache tensors; whiskers are 95 % intervals and circled points the Pareto front "
+    "(*How to read this* says more)."
 )
 store = browsed_store()
 runs = read_frame(store, "list_runs") if store is not None else None
@@ -54,25 +50,37 @@ if runs is None or runs.empty or not runs["trials"].any():
     st.stop()
 assert store is not None
 
-axis_column, metric_column = st.columns(2)
-axis = axis_column.radio("Memory axis", list(FRONTIER_AXES), format_func=FRONTIER_AXES.get, horizontal=True)
-metric = metric_column.radio(
-    "Quality", measured_metrics(runs) or list(METRICS), format_func=lambda name: METRICS[name].title, horizontal=True
+axis_column, metric_column, switch_column = st.columns([2, 2, 1], vertical_alignment="bottom")
+axis = axis_column.selectbox("Memory axis", list(FRONTIER_AXES), format_func=FRONTIER_AXES.__getitem__)
+metric = metric_column.selectbox(
+    "Quality", measured_metrics(runs) or list(METRICS), format_func=lambda name: METRICS[name].title
+)
+# One selection at first: the page opens on its frontier sooner (a second one, its controls and its 30-odd lines,
+# kept the first chart of a new tab waiting about a third of a second on a 2-core machine).
+with_b = switch_column.toggle(
+    "Selection B",
+    key="frontier-second",
+    help="A second selection beside the first (another model, task or context length), to compare them side by side "
+    "and in the paired test and the report.",
 )
 
 selections: list[Selection] = []
 run_filters: list[RunFilter] = []
 selection_trials: list[pd.DataFrame] = []
-for column, name in zip(st.columns(2), ("A", "B")):
+shown_selections = ("A", "B") if with_b else ("A",)
+for column, name in zip(st.columns(len(shown_selections)), shown_selections):
     with column:
-        st.subheader(f"Selection {name}")
+        heading, guide = st.columns([3, 2], vertical_alignment="bottom")
+        heading.subheader(f"Selection {name}")
+        how_to_read(guide, FRONTIER_GUIDE, key=f"frontier-guide-{name}")
         models = choices(runs, "model")
         model = st.selectbox("Model", models, format_func=short_model_name, key=f"frontier-model-{name}")
-        task = st.selectbox("Task", choices(runs, "task", model=model), key=f"frontier-task-{name}")
+        task_column, length_column = st.columns(2)
+        task = task_column.selectbox("Task", choices(runs, "task", model=model), key=f"frontier-task-{name}")
         lengths = choices(runs, "context_length", model=model, task=task)
         ranked = most_runs(runs, "context_length", model=model, task=task)
         preferred = ranked[min(len(ranked) - 1, 1 if name == "B" else 0)] if ranked else None
-        length = st.selectbox(
+        length = length_column.selectbox(
             "Context length (tokens)",
             lengths,
             key=f"frontier-length-{name}",
@@ -83,7 +91,6 @@ for column, name in zip(st.columns(2), ("A", "B")):
             models=(model,), tasks=(task,), context_lengths=() if context_length is None else (context_length,)
         )
         points, figure = read_frontier(store, run_filter, axis, metric)
-        how_to_read(column, FRONTIER_GUIDE, key=f"frontier-guide-{name}")
         show_chart(
             column,
             figure,
@@ -135,7 +142,7 @@ st.download_button(
     on_click="ignore",
     icon=":material/download:",
     key="download-frontier-report",
-    help="Both selections' charts, their points and the runs behind them, each chart with its guide, as one HTML "
+    help="The selections' charts, their points and the runs behind them, each chart with its guide, as one HTML "
     "file that opens offline.",
 )
 

@@ -238,9 +238,10 @@ def frontier_report(
     runs: pd.DataFrame,
     trials: pd.DataFrame | None = None,
 ) -> Report:
-    """The Frontier page's two selections: each one's frontier on ``axis`` against ``metric`` (keys of
-    :data:`~kvlab.runs.tables.FRONTIER_AXES` and :data:`~kvlab.runs.tables.METRICS`) with its points, and the runs
-    behind them (``Store.list_runs`` rows, with their intervals and tie shares from their ``trials``)."""
+    """The Frontier page's selections (one, or two side by side): each one's frontier on ``axis`` against
+    ``metric`` (keys of :data:`~kvlab.runs.tables.FRONTIER_AXES` and :data:`~kvlab.runs.tables.METRICS`) with its
+    points, and the runs behind them (``Store.list_runs`` rows, with their intervals and tie shares from their
+    ``trials``)."""
     return Report(
         title="kvlab: quality against memory, " + " and ".join(f"selection {s.name}" for s in selections),
         summary=(

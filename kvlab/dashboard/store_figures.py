@@ -64,9 +64,11 @@ FRONTIER_GUIDE = ChartGuide(
     axes=(
         "One line per policy, parameter setting and mode: a colour per policy, a marker per parameter setting "
         "and a dash per mode (solid for prefill, dashed for streaming). Across, the memory each budget kept "
-        "(measured from the cache tensors, or the kept fraction), up, the quality its trials reached, with its 95 % "
-        "interval as a whisker (Wilson's for right-or-wrong answers, a bootstrap for recall). On the bytes-read "
-        "axis, a run that recorded no reads sits at the bytes it held, and the axis title says so. Lines are drawn "
+        "(measured from each trial's cache tensors per sequence and averaged, in binary units: KiB, MiB, GiB; or the "
+        "kept fraction), up, the quality its trials reached, with its 95 % interval as a whisker (Wilson's for "
+        "right-or-wrong answers, a bootstrap for recall). Bytes read per decoded token are less than those held "
+        "only for policies that read a subset of the cache; on that axis a run stored before reads were recorded "
+        "sits at the bytes it held, and the axis title says so. Lines are drawn "
         "a little apart (4 % of memory, or 1.5 points of kept fraction, per line) so that points at the same "
         "budget do not hide one another; the hover gives the measured values and names every line at that budget. "
         "The legend lists the lines under their policy, with the parameters all of them changed beside the "
@@ -113,9 +115,11 @@ RUN_MEMORY_GUIDE = ChartGuide(
 #: A frontier's height without its legend (the plot, its axes and margins), the height of one row of its legend,
 #: and the most its legend may take: a legend of more rows scrolls inside that height, so the plot keeps its size
 #: however many lines are drawn.
-FRONTIER_PLOT_PX = 490
+FRONTIER_PLOT_PX = 500
 LEGEND_ROW_PX = 19
 LEGEND_MAX_PX = 210
+#: The band under a frontier's plot that holds its x axis' ticks and title, above the legend.
+AXIS_BAND_PX = 60
 
 
 def _empty(text: str) -> go.Figure:
@@ -225,9 +229,10 @@ def frontier_figure(
     transparent, so that points of different policies at the same budget are all seen; each point's hover names
     every line at its budget with its measured values. Each trace carries its line's full name as ``meta``.
 
-    The legend sits above the plot. The figure leaves it room for one group per row, as on the narrowest charts (a
-    half-width column at 1,280 pixels), up to :data:`LEGEND_MAX_PX`; a longer legend scrolls, so the plot keeps its
-    height however many lines there are.
+    The legend sits under the plot, so that the plot starts right under a selection's controls and is in sight when
+    a page opens at 1,280 or 1,920 pixels. The figure leaves it room for one group per row, as on the narrowest
+    charts (a half-width column at 1,280 pixels), up to :data:`LEGEND_MAX_PX`; a longer legend scrolls, so the plot
+    keeps its height however many lines there are.
     """
     if points.empty:
         return _empty("No stored runs for this selection.")
@@ -281,18 +286,20 @@ def frontier_figure(
     figure = go.Figure(data=traces)
     x_axis = _log_byte_axis(points["drawn"]) if bytes_axis else _fraction_axis(points["drawn"])
     rows = len(legend) + int((legend["title"] != "").groupby(legend["group"]).any().sum())  # lines and titles
+    legend_px = min(LEGEND_MAX_PX, LEGEND_ROW_PX * rows)
     figure.update_layout(
-        height=FRONTIER_PLOT_PX + min(LEGEND_MAX_PX, LEGEND_ROW_PX * rows),
-        margin=dict(l=60, r=20, t=20, b=50),
+        height=FRONTIER_PLOT_PX + legend_px,
+        margin=dict(l=60, r=20, t=20, b=AXIS_BAND_PX + legend_px),
         hovermode="closest",
         xaxis=dict(title=x_title, **x_axis),
         yaxis=dict(title=metric.title, range=[-3, 103] if metric.percent else None),
-        # Above the plot, where it is read before the lines; groups side by side, each policy's lines under its
-        # name. A click toggles the line clicked, not its policy's every line.
+        # Under the plot and its axis title; groups side by side, each policy's lines under its name. A click
+        # toggles the line clicked, not its policy's every line.
         legend=dict(
             orientation="h",
-            yanchor="bottom",
-            y=1.02,
+            yref="container",  # its top at the foot of the axis' band, however tall the plot is drawn
+            yanchor="top",
+            y=legend_px / (FRONTIER_PLOT_PX + legend_px),
             x=0,
             traceorder="grouped",
             groupclick="toggleitem",

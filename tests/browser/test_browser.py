@@ -218,6 +218,12 @@ def test_every_page_in_a_browser(page, screenshots, record_property):
 
     go_to(page, "Frontier")
     at_both_sizes(page, screenshots, "frontier")
+    for width, height in VIEWPORTS:  # the first selection's plot is in sight as the page opens, its legend under it
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(1200)
+        plot_top = page.evaluate("document.querySelector('.kvlab-chart .nsewdrag').getBoundingClientRect().top")
+        assert plot_top < height, f"the Frontier's first plot starts {plot_top:.0f} px down a {height} px view"
+    page.set_viewport_size({"width": WIDTH, "height": 800})
     chart = page.locator(".js-plotly-plot").first
     download_chart(page, chart, b"\x89PNG")
     page.get_by_text("SVG", exact=True).click()  # the sidebar's format for chart images

@@ -11,6 +11,7 @@ import pytest
 
 from kvlab.claims import EVIDENCE_DB
 from kvlab.dashboard.store_figures import (
+    AXIS_BAND_PX,
     FRONTIER_PLOT_PX,
     LEGEND_MAX_PX,
     LEGEND_ROW_PX,
@@ -96,6 +97,10 @@ def test_the_shipped_frontier_keeps_its_plot_whatever_the_number_of_lines():
     assert len(lines) > 30
     assert figure.layout.height == FRONTIER_PLOT_PX + LEGEND_MAX_PX  # not taller with more lines: it scrolls
     assert figure.layout.legend.maxheight == LEGEND_MAX_PX and figure.layout.legend.traceorder == "grouped"
+    legend = figure.layout.legend  # under the plot (which comes first) and its axis' band, in the bottom margin
+    assert legend.yref == "container" and legend.yanchor == "top"
+    assert legend.y * figure.layout.height == pytest.approx(LEGEND_MAX_PX)
+    assert figure.layout.margin.b == AXIS_BAND_PX + LEGEND_MAX_PX
     assert len({trace.legendgroup for trace in lines}) == points["policy"].nunique() < len(lines) / 2
     assert len({(trace.line.color, trace.marker.symbol, trace.line.dash) for trace in lines}) == len(lines)
     longest = max(len(str(trace.meta)) for trace in lines)

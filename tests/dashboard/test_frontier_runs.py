@@ -111,7 +111,7 @@ def test_runs_comparison_charts_and_report(seeded, downloads):
 @pytest.mark.slow
 def test_frontier_in_binary_units_with_every_policy_visible(seeded):
     app = open_page("views/frontier.py")
-    widget(app.radio, "Memory axis").set_value("kv_bytes")
+    widget(app.selectbox, "Memory axis").set_value("kv_bytes")
     rerun(app)
     figure = figures(app)[0]
     assert figure["layout"]["xaxis"]["type"] == "log"

@@ -279,11 +279,16 @@ def test_out_of_memory_in_a_needle_grid_is_a_sentence(db, monkeypatch):
 def test_the_frontier_from_stored_runs(seeded):
     app = open_page("views/frontier.py")
     figures = [chart.figure for chart in drawn_charts(app)]
+    assert len(figures) == 1 and len(app.dataframe) == 2  # selection A alone (and the claim) until B is asked for
+    widget(app.toggle, "Selection B").set_value(True)
+    app.run()
+    figures = [chart.figure for chart in drawn_charts(app)]
     assert len(figures) == 2
+    assert [box.value for box in app.selectbox if box.label == "Context length (tokens)"] == [4096, 1024]
     names = {trace["meta"] for trace in figures[0]["data"]}
     assert {"full cache", "h2o · prefill", "streaming · prefill", "Pareto front"} <= names
     assert figures[0]["layout"]["xaxis"]["title"]["text"] == "kept fraction of the context"
-    widget(app.radio, "Memory axis").set_value("kv_bytes")
+    widget(app.selectbox, "Memory axis").set_value("kv_bytes")
     app.run()
     figures = [chart.figure for chart in drawn_charts(app)]
     assert figures[0]["layout"]["xaxis"]["type"] == "log"

@@ -189,7 +189,7 @@ def xs(trace: dict) -> list[float]:
 @pytest.mark.slow
 def test_the_frontier_and_the_runs_page_tell_a_policy_with_options_from_the_plain_one(tiered_runs):
     app = open_page("views/frontier.py")
-    widget(app.radio, "Memory axis").set_value("kv_bytes")
+    widget(app.selectbox, "Memory axis").set_value("kv_bytes")
     app.run()
     frontier = drawn_charts(app)[0].figure
     points = {trace["meta"]: xs(trace) for trace in frontier["data"] if trace["meta"] != "Pareto front"}
